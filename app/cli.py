@@ -1,2 +1,188 @@
-def main() -> None:
-    raise SystemExit("forge: CLI not implemented yet")
+"""`forge serve | migrate | generate | chat | bench`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+from engine import Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
+from engine.loader import ModelLoadError
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
+    p.add_argument("--backend", default=None, choices=["auto", "numpy", "cupy"])
+    p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
+    p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+
+
+def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge", description="Forge: streaming chat service and inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve the chat UI, WebSocket/SSE, OpenAI-compatible API and admin page")
+    _engine_args(p)
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
+    p.add_argument("--api-key", default=None, help="require this bearer key on /v1 routes")
+    p.add_argument("--admin-token", default=None, help="require this token on /admin")
+
+    p = sub.add_parser("migrate", help="apply database migrations up to head")
+    p.add_argument("--db", dest="database_url", default=None)
+
+    p = sub.add_parser("generate", help="complete one prompt, streaming to the terminal")
+    p.add_argument("prompt")
+    p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    _sampling_args(p, temperature=0.7)
+    _engine_args(p)
+
+    p = sub.add_parser("chat", help="interactive terminal chat (history reuses the KV cache)")
+    _sampling_args(p, temperature=0.7)
+    _engine_args(p)
+
+    p = sub.add_parser("bench", help="benchmark the engine in-process (tokens/s, TTFT, ITL)")
+    _engine_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            from app.config import Settings
+            from app.server import serve
+
+            overrides = {k: getattr(args, k) for k in (
+                "model", "backend", "kv_memory", "threads", "host", "port", "database_url", "api_key", "admin_token"
+            )}
+            serve(Settings.from_env(**overrides))
+        elif args.command == "migrate":
+            from app.config import Settings
+            from app.store.migrate import upgrade
+
+            url = Settings.from_env(database_url=args.database_url).database_url
+            asyncio.run(upgrade(url))
+            print(f"database at head: {url}")
+        elif args.command == "bench":
+            from app.bench import run_bench
+
+            run_bench(_load(args), as_json=args.json, quick=args.quick)
+        elif args.command == "generate":
+            asyncio.run(_generate(_load(args), args))
+        elif args.command == "chat":
+            asyncio.run(_chat(_load(args), args))
+    except (ModelLoadError, InvalidRequest, EngineOverloaded, ValueError) as exc:
+        print(f"forge {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+def _load(args: argparse.Namespace) -> Engine:
+    return Engine.load(
+        model=args.model or "default",
+        backend=args.backend or "auto",
+        kv_memory=args.kv_memory or "1GiB",
+        threads=args.threads,
+    )
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=list(args.stop),
+    )
+
+
+def _messages(system: str | None, turns: list[dict]) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + turns
+
+
+async def _generate(engine: Engine, args: argparse.Namespace) -> None:
+    try:
+        if args.raw:
+            prompt_ids = engine.tokenizer.encode(args.prompt, add_special=False)
+        else:
+            prompt_ids = engine.render_chat(_messages(args.system, [{"role": "user", "content": args.prompt}]))
+        text, token_ids, final = [], [], None
+        async for ev in engine.generate(GenerationRequest(prompt_ids, _params(args))):
+            text.append(ev.text)
+            token_ids.extend(ev.token_ids)
+            if not args.json and ev.text:
+                print(ev.text, end="", flush=True)
+            if ev.final:
+                final = ev
+        if final.finish_reason == "error":
+            raise ValueError(final.error)
+        if args.json:
+            print(json.dumps({
+                "text": "".join(text),
+                "token_ids": token_ids,
+                "prompt_token_ids": prompt_ids,
+                "finish_reason": final.finish_reason,
+                "usage": asdict(final.usage),
+                "timings": asdict(final.timings),
+            }, ensure_ascii=False))
+        else:
+            print()
+    finally:
+        await engine.shutdown()
+
+
+async def _chat(engine: Engine, args: argparse.Namespace) -> None:
+    print(f"forge chat on {engine.model_info['name']} — /reset clears the history, /exit or Ctrl-D quits")
+    turns: list[dict] = []
+    try:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "\n› ")
+            except EOFError:
+                break
+            line = line.strip()
+            if line in ("/exit", "/quit"):
+                break
+            if line == "/reset":
+                turns.clear()
+                print("(history cleared)")
+                continue
+            if not line:
+                continue
+            turns.append({"role": "user", "content": line})
+            prompt_ids = engine.render_chat(_messages(args.system, turns))
+            reply, final = [], None
+            async for ev in engine.generate(GenerationRequest(prompt_ids, _params(args))):
+                reply.append(ev.text)
+                print(ev.text, end="", flush=True)
+                final = ev if ev.final else final
+            turns.append({"role": "assistant", "content": "".join(reply)})
+            u, t = final.usage, final.timings
+            print(f"\n[{u.completion_tokens} tokens, {u.cached_tokens}/{u.prompt_tokens} prompt tokens cached, "
+                  f"TTFT {t.ttft * 1000:.0f} ms]", file=sys.stderr)
+    finally:
+        await engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

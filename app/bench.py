@@ -1,0 +1,145 @@
+"""`forge bench`: the engine in-process on a fixed workload; prints a table or JSON.
+
+Numbers are wall-clock on whatever machine runs it: compare them within one run or
+across runs on the same kind of machine, never as absolute truths.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import statistics
+import time
+
+from engine import Engine, GenerationRequest, SamplingParams
+
+WORDS = (
+    "river mountain quiet lantern harbor copper meadow signal winter orbit canvas thunder "
+    "garden pepper violin marble compass ember willow falcon glacier summit velvet cobalt"
+).split()
+
+
+def _text(n_words: int, salt: int) -> str:
+    return " ".join(WORDS[(i * 7 + salt * 13 + i // len(WORDS)) % len(WORDS)] for i in range(n_words))
+
+
+def _raw_prompt(engine: Engine, n_tokens: int, salt: int) -> list[int]:
+    ids = engine.tokenizer.encode(f"Document {salt}: " + _text(n_tokens * 2, salt))
+    return ids[:n_tokens]
+
+
+async def _run(engine: Engine, prompt: list[int], max_tokens: int) -> dict:
+    """One request; returns its final event's numbers and the arrival time of every token."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    stamps: list[float] = []
+    text: list[str] = []
+    start = time.perf_counter()
+    final = None
+    async for ev in engine.generate(GenerationRequest(prompt, params)):
+        text.append(ev.text)
+        if ev.token_ids:
+            stamps.append(time.perf_counter())
+        if ev.final:
+            final = ev
+    return {"start": start, "stamps": stamps, "text": "".join(text), "usage": final.usage, "timings": final.timings}
+
+
+def _cold(engine: Engine) -> None:
+    engine.core.blocks.reset_prefix_cache()  # only while idle: the step thread is parked
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+async def _bench(engine: Engine, quick: bool) -> dict:
+    decode_len = 32 if quick else 128
+    await _run(engine, _raw_prompt(engine, 64, 999), 4)  # warm-up
+
+    _cold(engine)
+    prefill_len = 500
+    r = await _run(engine, _raw_prompt(engine, prefill_len, 1), 1)
+    prefill_tok_s = prefill_len / r["timings"].ttft
+
+    ttfts = []
+    for i in range(3 if quick else 5):
+        _cold(engine)
+        prompt = engine.render_chat([{"role": "user", "content": f"Give me {i + 2} tips to sleep better tonight."}])
+        ttfts.append((await _run(engine, prompt, 1))["timings"].ttft)
+    chat_prompt_len = len(prompt)
+
+    _cold(engine)
+    r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
+    decode_tok_s = (len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0])
+
+    aggregate, e2e, itl = {}, {}, []
+    for n in (8, 32):
+        _cold(engine)
+        runs = await asyncio.gather(*(_run(engine, _raw_prompt(engine, 32, 100 + n + i), decode_len) for i in range(n)))
+        t0 = max(run["stamps"][0] for run in runs)  # everyone is decoding from here ...
+        t1 = min(run["stamps"][-1] for run in runs)  # ... until the first one ends
+        window = sum(sum(t0 < s <= t1 for s in run["stamps"]) for run in runs)
+        aggregate[str(n)] = window / (t1 - t0) if t1 > t0 else 0.0
+        total = sum(len(run["stamps"]) for run in runs)
+        e2e[str(n)] = total / (max(run["stamps"][-1] for run in runs) - min(run["start"] for run in runs))
+        if n == 32:
+            itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:])]
+
+    _cold(engine)
+    turns, history, chat = 8, [], []
+    for turn in range(1, turns + 1):
+        history.append({"role": "user", "content": f"Question {turn}: " + _text(12, turn)})
+        prompt = engine.render_chat(history)
+        r = await _run(engine, prompt, 16)
+        history.append({"role": "assistant", "content": r["text"]})
+        chat.append({"turn": turn, "prompt_tokens": r["usage"].prompt_tokens,
+                     "cached_tokens": r["usage"].cached_tokens, "ttft_ms": r["timings"].ttft * 1000})
+
+    return {
+        "model": engine.model_info["name"],
+        "backend": engine.model_info["backend"],
+        "threads": engine.threads,
+        "kv_blocks": engine.model_info["kv_blocks"],
+        "prefill_tokens": prefill_len,
+        "prefill_tok_s": prefill_tok_s,
+        "chat_prompt_tokens": chat_prompt_len,
+        "ttft_ms": statistics.median(ttfts) * 1000,
+        "decode_tokens": decode_len,
+        "decode_tok_s": decode_tok_s,
+        "aggregate_tok_s": aggregate,
+        "end_to_end_tok_s": e2e,
+        "itl_ms": {"p50": _pct(itl, 0.5) * 1000, "p95": _pct(itl, 0.95) * 1000},
+        "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
+        "chat_turns": chat,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_bench(engine: Engine, as_json: bool = False, quick: bool = False) -> dict:
+    async def main() -> dict:
+        try:
+            return await _bench(engine, quick)
+        finally:
+            await engine.shutdown()
+
+    result = asyncio.run(main())
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return result
+    rows = [
+        ("model / backend / threads", f"{result['model']} / {result['backend']} / {result['threads']}"),
+        (f"prefill ({result['prefill_tokens']}-token prompt)", f"{result['prefill_tok_s']:.0f} tok/s"),
+        (f"TTFT ({result['chat_prompt_tokens']}-token chat prompt)", f"{result['ttft_ms']:.0f} ms"),
+        (f"single-stream decode ({result['decode_tokens']} tokens)", f"{result['decode_tok_s']:.1f} tok/s"),
+        ("aggregate decode, 8 sequences", f"{result['aggregate_tok_s']['8']:.0f} tok/s"),
+        ("aggregate decode, 32 sequences", f"{result['aggregate_tok_s']['32']:.0f} tok/s"),
+        ("inter-token latency p50 / p95 (32 seqs)", f"{result['itl_ms']['p50']:.0f} / {result['itl_ms']['p95']:.0f} ms"),
+        ("chat TTFT turn 1 / turn 8", f"{result['chat_ttft_ms']['turn1']:.0f} / {result['chat_ttft_ms']['turn8']:.0f} ms"),
+        ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
+        ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return result

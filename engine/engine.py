@@ -1,0 +1,225 @@
+"""`Engine`: the asyncio-friendly façade the app talks to.
+
+One step loop runs on its own thread (the model math releases the GIL in BLAS / on the
+GPU). Requests and aborts cross into it through a thread-safe queue; events come back to
+each caller's event loop with `loop.call_soon_threadsafe`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from threadpoolctl import threadpool_limits
+
+from engine.chat_template import render_chat
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.loader import LoadedModel, load_model
+from engine.model.llama import LlamaModel
+from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest
+from kernels import get_backend
+
+log = logging.getLogger("forge.engine")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """'1GiB', '512MiB', '2G', 1073741824 -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a size (e.g. 512MiB, 1GiB)")
+    unit = (m.group(2) or "").lower().removesuffix("b")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+
+
+class Engine:
+    """Load once, then `generate` from any number of asyncio tasks at once."""
+
+    def __init__(self, core: LLMEngine, threads: int | None = None) -> None:
+        self.core = core
+        self.tokenizer = core.tokenizer
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._submitted = 0  # requests handed to the thread and not yet queued there
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="forge-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(
+        cls,
+        model: str = "default",
+        backend: str = "auto",
+        kv_memory: str | int = "1GiB",
+        max_waiting: int = 256,
+        max_num_seqs: int = 64,
+        max_batched_tokens: int = 512,
+        block_size: int = 16,
+        threads: int | None = None,
+    ) -> "Engine":
+        """Load weights and tokenizer (blocking, a few seconds) and start the step loop."""
+        t0 = time.perf_counter()
+        loaded = load_model(model)
+        be = get_backend(backend)
+        llama = LlamaModel(loaded.config, loaded.weights, be)
+        loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
+        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
+        engine = cls(LLMEngine(loaded, llama, config), threads)
+        log.info(
+            "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
+            loaded.name, loaded.config.arch, loaded.quant, be.name, time.perf_counter() - t0,
+            engine.core.blocks.num_blocks, block_size,
+        )
+        return engine
+
+    # ---- facts ---------------------------------------------------------------------
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.core.loaded
+
+    @property
+    def max_context(self) -> int:
+        return self.core.max_context
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        m, c = self.core.loaded, self.core.loaded.config
+        return {
+            "name": m.name,
+            "path": m.path,
+            "arch": c.arch,
+            "quant": m.quant,
+            "backend": self.core.backend.name,
+            "context_length": self.max_context,
+            "vocab_size": c.vocab_size,
+            "num_layers": c.num_layers,
+            "hidden_size": c.hidden_size,
+            "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads,
+            "num_params": self.core.model.num_params,
+            "kv_block_size": self.core.blocks.block_size,
+            "kv_blocks": self.core.blocks.num_blocks,
+            "threads": self.threads,
+        }
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The conversation in the model's own chat template, as token ids."""
+        tok = self.tokenizer
+        text = render_chat(
+            self.core.loaded.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+        )
+        return tok.encode(text, add_special=False)
+
+    def stats(self) -> dict[str, Any]:
+        return self.core.stats()
+
+    # ---- generation ----------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Token deltas, then one final event per sample. Raises InvalidRequest or
+        EngineOverloaded before anything is queued. Leaving early aborts the request."""
+        if self._stopping:
+            raise EngineOverloaded("engine is shutting down")
+        self.core.validate(request)
+        with self._lock:
+            if len(self.core.scheduler.waiting) + self._submitted >= self.core.config.max_waiting:
+                raise EngineOverloaded(
+                    f"server overloaded: {self.core.config.max_waiting} requests are already waiting"
+                )
+            self._submitted += 1
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request.request_id] = stream
+        self._commands.put(("add", request, time.monotonic()))
+        remaining = request.params.n
+        try:
+            while remaining:
+                event = await stream.events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                remaining -= event.final
+                yield event
+        finally:
+            if remaining:
+                self.abort(request.request_id)
+            self._streams.pop(request.request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """End a request (finish reason "abort") within one step. Thread-safe."""
+        self._commands.put(("abort", request_id))
+
+    async def shutdown(self) -> None:
+        """Stop the loop; in-flight requests end with finish reason "abort"."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._commands.put(("stop",))
+        await asyncio.to_thread(self._thread.join)
+
+    # ---- the step thread -----------------------------------------------------------
+    def _loop(self) -> None:
+        with threadpool_limits(limits=self.threads):
+            while True:
+                if not self._drain(block=not self.core.has_work()):
+                    break
+                try:
+                    events = self.core.step()
+                except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
+                    log.exception("engine step failed")
+                    events = self.core.fail_all(f"engine step failed: {exc}")
+                self._dispatch(events)
+        self._dispatch(self.core.abort_all())
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        while True:
+            try:
+                cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if cmd[0] == "stop":
+                return False
+            if cmd[0] == "add":
+                _, request, arrival = cmd
+                with self._lock:
+                    self._submitted -= 1
+                try:
+                    self.core.add_request(request, arrival)
+                except Exception as exc:
+                    self._send(request.request_id, exc)
+            elif cmd[0] == "abort":
+                self._dispatch(self.core.abort(cmd[1]))
+
+    def _dispatch(self, events: list[GenerationEvent]) -> None:
+        for event in events:
+            self._send(event.request_id, event)
+
+    def _send(self, request_id: str, item: GenerationEvent | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            try:
+                stream.loop.call_soon_threadsafe(stream.events.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                self._streams.pop(request_id, None)

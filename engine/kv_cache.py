@@ -1,0 +1,170 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, ref counts and hash-chained prefix reuse.
+
+The K/V tensors themselves live in the backend (one array per layer for K and for V,
+shaped [num_blocks, block_size, kv_heads, head_dim]); this module only decides which
+block each token goes to.
+
+Prefix reuse: a full block is keyed by hash(parent_key, its token ids). A new sequence
+walks the keys of its prompt and shares every leading block already cached (ref counted,
+never copied). A freed block keeps its key and waits on an LRU free list; it is evicted
+only when a fresh block is needed. Partial blocks are never shared.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    key: int | None = None
+    parent_key: int | None = None
+    tokens: tuple[int, ...] = ()  # kept for the collision check
+
+
+@dataclass(slots=True)
+class PrefixStats:
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+
+
+def block_key(parent_key: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent_key, tokens))
+
+
+@dataclass(slots=True)
+class BlockManager:
+    """Owns every block's state; sequences hold block ids in `seq.block_table`."""
+
+    num_blocks: int
+    block_size: int
+    blocks: list[Block] = field(init=False)
+    free: OrderedDict[int, None] = field(init=False)  # ref_count == 0, least recently used first
+    cached: dict[int, int] = field(init=False)  # key -> block id
+    stats: PrefixStats = field(default_factory=PrefixStats)
+
+    def __post_init__(self) -> None:
+        assert self.num_blocks > 0 and self.block_size > 0
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free = OrderedDict((i, None) for i in range(self.num_blocks))
+        self.cached = {}
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks `seq` needs to hold `num_new_tokens` more computed tokens."""
+        total = seq.num_computed + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(seq.block_table))
+
+    def match_prefix(self, token_ids: list[int]) -> list[int]:
+        """Block ids caching the leading full blocks of `token_ids` (no refs taken).
+
+        At least one token is always left uncached so the model produces logits for it.
+        """
+        bs = self.block_size
+        matched: list[int] = []
+        parent: int | None = None
+        for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
+            tokens = tuple(token_ids[start : start + bs])
+            key = block_key(parent, tokens)
+            bid = self.cached.get(key)
+            if bid is None:
+                break
+            block = self.blocks[bid]
+            if block.tokens != tokens or block.parent_key != parent:  # hash collision
+                break
+            matched.append(bid)
+            parent = key
+        return matched
+
+    # ---- mutations -----------------------------------------------------------------
+    def admit(self, seq: Sequence) -> int:
+        """Share the cached prefix of a new (or preempted) sequence; returns tokens reused."""
+        assert not seq.block_table and seq.num_computed == 0
+        matched = self.match_prefix(seq.token_ids)
+        for bid in matched:
+            self._take(bid)
+        seq.block_table = matched
+        seq.num_computed = len(matched) * self.block_size
+        return seq.num_computed
+
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Give `seq` blocks for `num_new_tokens` more tokens; False (nothing changed) if full."""
+        need = self.blocks_needed(seq, num_new_tokens)
+        if need > len(self.free):
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._fresh())
+        return True
+
+    def commit(self, seq: Sequence) -> None:
+        """Key every newly completed full block of `seq` and offer it to the prefix cache."""
+        bs = self.block_size
+        full = seq.num_computed // bs
+        first = full
+        while first > 0 and self.blocks[seq.block_table[first - 1]].key is None:
+            first -= 1
+        parent = self.blocks[seq.block_table[first - 1]].key if first else None
+        for i in range(first, full):
+            block = self.blocks[seq.block_table[i]]
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            key = block_key(parent, tokens)
+            block.key, block.parent_key, block.tokens = key, parent, tokens
+            # Another sequence may have cached the same content first: keep that one.
+            self.cached.setdefault(key, block.block_id)
+            parent = key
+
+    def release(self, seq: Sequence) -> None:
+        """Drop `seq`'s references. Cached blocks stay reusable until evicted."""
+        # Tail blocks go to the free list first so that they are evicted before the shared
+        # head of the chain (deep blocks are the least likely to be hit again).
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            assert block.ref_count > 0, f"double free of block {bid}"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[bid] = None
+                if block.key is None:  # nothing worth keeping: reuse it first
+                    self.free.move_to_end(bid, last=False)
+        seq.block_table = []
+        seq.num_computed = 0
+
+    def reset_prefix_cache(self) -> None:
+        for bid in list(self.cached.values()):
+            self._forget(self.blocks[bid])
+
+    # ---- internals -----------------------------------------------------------------
+    def _take(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            del self.free[bid]
+        block.ref_count += 1
+
+    def _fresh(self) -> int:
+        bid, _ = self.free.popitem(last=False)
+        block = self.blocks[bid]
+        assert block.ref_count == 0
+        if block.key is not None:
+            self.stats.evictions += 1
+            self._forget(block)
+        block.ref_count = 1
+        return bid
+
+    def _forget(self, block: Block) -> None:
+        if block.key is not None and self.cached.get(block.key) == block.block_id:
+            del self.cached[block.key]
+        block.key, block.parent_key, block.tokens = None, None, ()

@@ -1,0 +1,95 @@
+"""Llama-family forward pass over a flattened varlen batch (Llama 2/3, TinyLlama, SmolLM,
+Mistral, Qwen2), reading and writing K/V through the paged cache.
+
+One call runs every scheduled sequence at once: prefill chunks and single decode tokens
+are concatenated into T rows; attention finds each sequence's context through its block
+table. Logits are computed only for the rows that will be sampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.model.rope import rope_cos_sin, rope_inv_freq
+from kernels.attention_meta import AttentionMetadata
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: Any
+    qkv: Any  # [(H + 2 * Hkv) * Dh, D]: q, k and v projections fused into one GEMM
+    qkv_bias: Any | None
+    o: Any
+    ffn_norm: Any
+    gate_up: Any  # [2F, D]: gate and up fused
+    down: Any
+
+
+class LlamaModel:
+    """Weights on a backend plus the forward pass. Stateless apart from the KV arrays passed in."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Any) -> None:
+        self.config, self.backend = config, backend
+        be = backend
+        self.num_params = sum(int(w.size) for w in weights.values())
+        self.layers: list[LayerWeights] = []
+        for i in range(config.num_layers):
+            w = lambda name: weights[f"layers.{i}.{name}"]  # noqa: E731
+            bias = None
+            if config.attention_bias:
+                bias = be.asarray(np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]))
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=be.asarray(w("attn_norm")),
+                    qkv=be.asarray(np.concatenate([w("q"), w("k"), w("v")])),
+                    qkv_bias=bias,
+                    o=be.asarray(w("o")),
+                    ffn_norm=be.asarray(w("ffn_norm")),
+                    gate_up=be.asarray(np.concatenate([w("gate"), w("up")])),
+                    down=be.asarray(w("down")),
+                )
+            )
+        self.embed = be.asarray(weights["embed"])
+        self.lm_head = self.embed if config.tie_word_embeddings else be.asarray(weights["lm_head"])
+        self.final_norm = be.asarray(weights["final_norm"])
+        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.scale = 1.0 / float(np.sqrt(config.head_dim))
+
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[Any, Any]],
+        logits_rows: np.ndarray,
+    ) -> np.ndarray:
+        """Run T tokens; return float32 host logits [len(logits_rows), vocab]."""
+        cfg, be = self.config, self.backend
+        T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_end, k_end = H * Dh, (H + Hkv) * Dh
+        cos, sin = (be.asarray(a) for a in rope_cos_sin(self.inv_freq, positions))
+
+        h = be.embedding(self.embed, be.asarray(token_ids))
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = h
+                x = be.rms_norm(h, layer.attn_norm, cfg.rms_eps)
+            else:
+                x, residual = be.add_rms_norm(h, residual, layer.attn_norm, cfg.rms_eps)
+            qkv = be.linear(x, layer.qkv, layer.qkv_bias)
+            q = be.rope(qkv[:, :q_end].reshape(T, H, Dh), cos, sin)
+            k = be.rope(qkv[:, q_end:k_end].reshape(T, Hkv, Dh), cos, sin)
+            v = qkv[:, k_end:].reshape(T, Hkv, Dh)
+            be.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            attn = be.paged_attention(q, k_cache, v_cache, meta, self.scale)
+            h = be.linear(attn.reshape(T, H * Dh), layer.o)
+            x, residual = be.add_rms_norm(h, residual, layer.ffn_norm, cfg.rms_eps)
+            h = be.linear(be.silu_mul(be.linear(x, layer.gate_up)), layer.down)
+
+        rows = be.asarray(logits_rows)
+        x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, cfg.rms_eps)
+        return be.to_numpy(be.linear(x, self.lm_head))

@@ -1,0 +1,74 @@
+"""One sequence being generated: its tokens, its blocks and how far its KV is computed."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.sampling import SamplerRow
+    from engine.tokenizer import IncrementalDetokenizer
+    from engine.types import GenerationRequest
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Sample `index` of a request. `token_ids` is prompt + output; KV exists for the first
+    `num_computed` of them. The scheduler moves it between queues; the block manager owns
+    `block_table`; the engine appends sampled tokens."""
+
+    seq_id: int
+    request: GenerationRequest
+    index: int
+    token_ids: list[int]
+    prompt_len: int
+    sampler: SamplerRow
+    detok: IncrementalDetokenizer
+    arrival: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0  # prompt tokens served by the prefix cache (first admission)
+    admitted: bool = False
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose KV still has to be computed before the next sample."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def prompt_array(self) -> np.ndarray:
+        return np.asarray(self.token_ids[: self.prompt_len], dtype=np.int64)

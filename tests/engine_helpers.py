@@ -1,0 +1,45 @@
+"""Drive the synchronous engine core to completion (tests only)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.types import GenerationEvent, GenerationRequest, SamplingParams
+
+
+@dataclass
+class Result:
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    final: GenerationEvent | None = None
+
+
+def make_core(default_model, **config) -> LLMEngine:
+    loaded, model = default_model
+    return LLMEngine(loaded, model, EngineConfig(**config))
+
+
+def greedy(prompt: list[int], max_tokens: int = 16, **kw) -> GenerationRequest:
+    return GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw))
+
+
+def collect(events: list[GenerationEvent], results: dict[tuple[str, int], Result]) -> None:
+    for ev in events:
+        r = results.setdefault((ev.request_id, ev.index), Result())
+        r.token_ids += ev.token_ids
+        r.text += ev.text
+        if ev.final:
+            r.final = ev
+
+
+def run_all(core: LLMEngine, requests: list[GenerationRequest], max_steps: int = 10_000) -> dict[str, Result]:
+    """Submit everything, step until idle; results by request id (sample 0)."""
+    results: dict[tuple[str, int], Result] = {}
+    for req in requests:
+        core.add_request(req)
+    for _ in range(max_steps):
+        if not core.has_work():
+            break
+        collect(core.step(), results)
+    assert not core.has_work(), "engine did not finish"
+    return {rid: r for (rid, idx), r in results.items() if idx == 0}

@@ -1,0 +1,139 @@
+"""BlockManager invariants: allocation, sharing, eviction, the hash chain and LRU order."""
+from __future__ import annotations
+
+import pytest
+
+from engine import kv_cache
+from engine.kv_cache import BlockManager
+from engine.sequence import Sequence
+from engine.types import GenerationRequest
+
+BS = 4
+
+
+def make_seq(tokens: list[int], seq_id: int = 0) -> Sequence:
+    req = GenerationRequest(list(tokens))
+    return Sequence(seq_id, req, 0, list(tokens), len(tokens), sampler=None, detok=None)
+
+
+def run_prompt(bm: BlockManager, seq: Sequence) -> int:
+    """Admit, reserve and 'compute' the whole sequence, as the scheduler + engine would."""
+    cached = bm.admit(seq)
+    assert bm.reserve(seq, seq.remaining)
+    seq.num_computed = seq.num_tokens
+    bm.commit(seq)
+    return cached
+
+
+def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
+    refs = [0] * bm.num_blocks
+    for seq in live:
+        for bid in seq.block_table:
+            refs[bid] += 1
+    for block in bm.blocks:
+        assert block.ref_count == refs[block.block_id]
+        assert (block.ref_count == 0) == (block.block_id in bm.free)
+    for key, bid in bm.cached.items():
+        assert bm.blocks[bid].key == key
+
+
+def test_allocate_and_free_return_every_block():
+    bm = BlockManager(8, BS)
+    seq = make_seq(list(range(10)))
+    assert run_prompt(bm, seq) == 0
+    assert len(seq.block_table) == 3 and bm.num_free == 5
+    check_invariants(bm, [seq])
+    bm.release(seq)
+    assert bm.num_free == 8 and seq.block_table == []
+    check_invariants(bm, [])
+
+
+def test_second_request_shares_full_prefix_blocks_without_copy():
+    bm = BlockManager(16, BS)
+    a = make_seq(list(range(10)))
+    run_prompt(bm, a)
+    b = make_seq(list(range(8)) + [99, 98, 97], seq_id=1)
+    assert run_prompt(bm, b) == 8
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.block_table[2] != a.block_table[2]
+    assert bm.blocks[a.block_table[0]].ref_count == 2
+    check_invariants(bm, [a, b])
+
+
+def test_hit_mid_block_is_not_reused():
+    bm = BlockManager(16, BS)
+    run_prompt(bm, make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    assert run_prompt(bm, make_seq([1, 2, 3, 4, 5, 6, 0, 0, 0], seq_id=1)) == 4
+
+
+def test_fully_cached_prompt_still_leaves_one_token_to_compute():
+    bm = BlockManager(16, BS)
+    a = make_seq(list(range(8)))
+    run_prompt(bm, a)
+    bm.release(a)
+    b = make_seq(list(range(8)), seq_id=1)
+    assert bm.admit(b) == 4  # the last block is recomputed so the model sees its last token
+
+
+def test_freed_blocks_stay_cached_until_space_is_needed():
+    bm = BlockManager(4, BS)
+    a = make_seq(list(range(8)))
+    run_prompt(bm, a)
+    bm.release(a)
+    assert bm.num_free == 4 and len(bm.cached) == 2
+    b = make_seq(list(range(8)) + [50], seq_id=1)
+    assert run_prompt(bm, b) == 8  # still there after release
+    bm.release(b)
+    c = make_seq(list(range(100, 116)), seq_id=2)  # needs all four blocks: evicts everything
+    assert run_prompt(bm, c) == 0
+    assert bm.stats.evictions == 2
+    assert bm.match_prefix(list(range(8)) + [50]) == []
+    check_invariants(bm, [c])
+
+
+def test_lru_evicts_least_recently_freed_and_tail_before_head():
+    bm = BlockManager(6, BS)
+    a = make_seq(list(range(0, 8)))  # blocks a0 a1
+    b = make_seq(list(range(100, 108)), seq_id=1)  # blocks b0 b1
+    run_prompt(bm, a)
+    run_prompt(bm, b)
+    a_blocks, b_blocks = list(a.block_table), list(b.block_table)
+    bm.release(a)
+    bm.release(b)
+    # Two never-used blocks are handed out first, then a's tail, then a's head.
+    order = [bm._fresh() for _ in range(6)]
+    assert order[2:] == [a_blocks[1], a_blocks[0], b_blocks[1], b_blocks[0]]
+
+
+def test_reserve_fails_without_side_effects_when_full():
+    bm = BlockManager(2, BS)
+    seq = make_seq(list(range(12)))
+    bm.admit(seq)
+    assert not bm.reserve(seq, 12)
+    assert seq.block_table == [] and bm.num_free == 2
+
+
+def test_hash_collision_is_detected(monkeypatch):
+    monkeypatch.setattr(kv_cache, "block_key", lambda parent, tokens: 42)  # every block collides
+    bm = BlockManager(8, BS)
+    run_prompt(bm, make_seq([1, 2, 3, 4, 5]))
+    other = make_seq([9, 9, 9, 9, 5], seq_id=1)
+    assert bm.admit(other) == 0  # same key, different tokens: not shared
+
+
+def test_chain_key_depends_on_parent():
+    bm = BlockManager(8, BS)
+    run_prompt(bm, make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0]))
+    # Same second block, different first block: the second must not match on its own.
+    assert bm.match_prefix([0, 0, 0, 0, 5, 6, 7, 8, 0]) == []
+
+
+def test_double_free_is_caught():
+    bm = BlockManager(4, BS)
+    seq = make_seq([1, 2, 3])
+    run_prompt(bm, seq)
+    table = list(seq.block_table)
+    bm.release(seq)
+    seq.block_table = table
+    with pytest.raises(AssertionError):
+        bm.release(seq)
