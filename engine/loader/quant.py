@@ -1,0 +1,232 @@
+"""Vectorized NumPy dequantizers for GGML tensor types -> float32.
+
+Block layouts follow ggml-common.h. Each dequantizer mirrors the float operation order of
+llama.cpp's gguf-py reference (`gguf.quants`) so results are bit-identical to it; tests
+check that on random blocks and on the default model. Work is done in chunks of blocks so
+the temporaries stay in cache, which makes this several times faster than the reference.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+QK_K = 256
+_CHUNK_VALUES = 1 << 17  # values per chunk: keeps each chunk's temporaries around 0.5-2 MB
+
+
+@dataclass(frozen=True, slots=True)
+class GGMLType:
+    id: int
+    name: str
+    block_size: int  # values per block
+    type_size: int  # bytes per block
+
+
+# Every GGML type id we can name (so errors say "IQ2_XXS", not "16"); only some are supported.
+GGML_TYPES: dict[int, GGMLType] = {
+    t.id: t
+    for t in [
+        GGMLType(0, "F32", 1, 4),
+        GGMLType(1, "F16", 1, 2),
+        GGMLType(2, "Q4_0", 32, 18),
+        GGMLType(3, "Q4_1", 32, 20),
+        GGMLType(6, "Q5_0", 32, 22),
+        GGMLType(7, "Q5_1", 32, 24),
+        GGMLType(8, "Q8_0", 32, 34),
+        GGMLType(9, "Q8_1", 32, 40),
+        GGMLType(10, "Q2_K", 256, 84),
+        GGMLType(11, "Q3_K", 256, 110),
+        GGMLType(12, "Q4_K", 256, 144),
+        GGMLType(13, "Q5_K", 256, 176),
+        GGMLType(14, "Q6_K", 256, 210),
+        GGMLType(15, "Q8_K", 256, 292),
+        GGMLType(16, "IQ2_XXS", 256, 66),
+        GGMLType(17, "IQ2_XS", 256, 74),
+        GGMLType(18, "IQ3_XXS", 256, 98),
+        GGMLType(19, "IQ1_S", 256, 50),
+        GGMLType(20, "IQ4_NL", 32, 18),
+        GGMLType(21, "IQ3_S", 256, 110),
+        GGMLType(22, "IQ2_S", 256, 82),
+        GGMLType(23, "IQ4_XS", 256, 136),
+        GGMLType(24, "I8", 1, 1),
+        GGMLType(25, "I16", 1, 2),
+        GGMLType(26, "I32", 1, 4),
+        GGMLType(27, "I64", 1, 8),
+        GGMLType(28, "F64", 1, 8),
+        GGMLType(29, "IQ1_M", 256, 56),
+        GGMLType(30, "BF16", 1, 2),
+        GGMLType(34, "TQ1_0", 256, 54),
+        GGMLType(35, "TQ2_0", 256, 66),
+        GGMLType(39, "MXFP4", 32, 17),
+    ]
+}
+
+
+def type_name(type_id: int) -> str:
+    t = GGML_TYPES.get(type_id)
+    return t.name if t else f"unknown type id {type_id}"
+
+
+def _f16(b: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of every block (n, type_size) -> (n, 1) float32."""
+    return b.view(np.float16)[:, at // 2 : at // 2 + 1].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, k) bytes -> (n, 2, k): low nibbles, then high nibbles."""
+    return np.stack([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
+
+
+def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
+    d, qs = _f16(b, 0), b[:, 2:18]
+    np.multiply(d, (qs & np.uint8(0x0F)).view(np.int8) - np.int8(8), out=out[:, :16], dtype=np.float32)
+    np.multiply(d, (qs >> np.uint8(4)).view(np.int8) - np.int8(8), out=out[:, 16:], dtype=np.float32)
+
+
+def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
+    d, m, qs = _f16(b, 0), _f16(b, 2), b[:, 4:20]
+    np.multiply(d, qs & np.uint8(0x0F), out=out[:, :16], dtype=np.float32)
+    np.multiply(d, qs >> np.uint8(4), out=out[:, 16:], dtype=np.float32)
+    out += m
+
+
+def _q5_bits(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 5-bit values (n, 32): low nibbles + bit j of the little-endian u32 qh."""
+    high = np.unpackbits(qh, axis=1, bitorder="little")  # (n, 32): bit j of qh -> value j
+    return _nibbles(qs).reshape(len(qs), 32) | (high << np.uint8(4))
+
+
+def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(b, 0)
+    q = _q5_bits(b[:, 2:6], b[:, 6:22]).view(np.int8) - np.int8(16)
+    np.multiply(d, q, out=out, dtype=np.float32)
+
+
+def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(b, 0)
+    m = _f16(b, 2)
+    q = _q5_bits(b[:, 4:8], b[:, 8:24])
+    np.multiply(d, q, out=out, dtype=np.float32)
+    out += m
+
+
+def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(b, 0)
+    np.multiply(b[:, 2:34].view(np.int8), d, out=out, dtype=np.float32)
+
+
+def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    scales, qs = b[:, 0:16], b[:, 16:80]
+    d, dmin = _f16(b, 80), _f16(b, 82)
+    dl = (d * (scales & np.uint8(0x0F))).reshape(n, 16, 1)
+    ml = (dmin * (scales >> np.uint8(4))).reshape(n, 16, 1)
+    shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = ((qs.reshape(n, 2, 1, 32) >> shift) & np.uint8(3)).reshape(n, 16, 16)
+    o = out.reshape(n, 16, 16)
+    np.multiply(dl, q, out=o, dtype=np.float32)
+    o -= ml
+
+
+def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    hmask, qs, sc = b[:, 0:32], b[:, 32:96], b[:, 96:108]
+    d = _f16(b, 108)
+    # 16 six-bit scales: low 4 bits from bytes 0-7 (both nibbles), high 2 bits from bytes 8-11.
+    low = _nibbles(sc[:, 0:8]).reshape(n, 16)
+    high = (sc[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    scales = ((low | ((high & np.uint8(3)) << np.uint8(4))).view(np.int8) - np.int8(32)).astype(np.float32)
+    dl = (d * scales).reshape(n, 16, 1)
+    ql = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    qh = (hmask.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    # the high bit *subtracts* 4 when it is clear
+    q = ql.reshape(n, 16, 16).view(np.int8) - ((qh.reshape(n, 16, 16) ^ np.uint8(1)) << np.uint8(2)).view(np.int8)
+    np.multiply(dl, q, out=out.reshape(n, 16, 16), dtype=np.float32)
+
+
+def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scale = np.concatenate([d & np.uint8(0x3F), (md & np.uint8(0x0F)) | ((d >> np.uint8(2)) & np.uint8(0x30))], axis=1)
+    mins = np.concatenate([m & np.uint8(0x3F), (md >> np.uint8(4)) | ((m >> np.uint8(2)) & np.uint8(0x30))], axis=1)
+    return scale, mins
+
+
+def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    dl = (d * sc).reshape(n, 8, 1)
+    ml = (dmin * mn).reshape(n, 8, 1)
+    q = _nibbles(b[:, 16:144].reshape(n * 4, 32)).reshape(n, 8, 32)
+    o = out.reshape(n, 8, 32)
+    np.multiply(dl, q, out=o, dtype=np.float32)
+    o -= ml
+
+
+def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    dl = (d * sc).reshape(n, 8, 1)
+    ml = (dmin * mn).reshape(n, 8, 1)
+    qh = (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)
+    q = _nibbles(b[:, 48:176].reshape(n * 4, 32)).reshape(n, 8, 32) | (qh << np.uint8(4))
+    o = out.reshape(n, 8, 32)
+    np.multiply(dl, q, out=o, dtype=np.float32)
+    o -= ml
+
+
+def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    ql, qh, scales = b[:, 0:128], b[:, 128:192], b[:, 192:208].view(np.int8)
+    d = _f16(b, 208)
+    dl = (d * scales).reshape(n, 16, 1)
+    low = _nibbles(ql.reshape(n * 2, 64)).reshape(n, 8, 32)
+    high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)).reshape(n, 8, 32)
+    q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
+    np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16), dtype=np.float32)
+
+
+_BLOCK_FNS: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {
+    2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
+    10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k,
+}
+_FLOAT_TYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype("<u2")}  # 30: BF16 as raw bits
+SUPPORTED_TYPES: frozenset[int] = frozenset(_BLOCK_FNS) | frozenset(_FLOAT_TYPES)
+
+
+def nbytes_of(type_id: int, n_values: int) -> int:
+    """Bytes that `n_values` values of this type occupy (n_values a multiple of its block size)."""
+    t = GGML_TYPES[type_id]
+    return n_values // t.block_size * t.type_size
+
+
+def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw little-endian tensor bytes (any uint8 array/view, e.g. an mmap slice) -> new C-contiguous float32 array of `shape`.
+
+    Raises ValueError for an unsupported type or a byte count that does not match `shape`.
+    """
+    if type_id not in SUPPORTED_TYPES:
+        raise ValueError(f"unsupported tensor type {type_name(type_id)}")
+    t = GGML_TYPES[type_id]
+    n_values = int(np.prod(shape, dtype=np.int64))
+    if n_values % t.block_size:
+        raise ValueError(f"{n_values} values is not a whole number of {t.name} blocks of {t.block_size}")
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size != nbytes_of(type_id, n_values):
+        raise ValueError(f"{t.name} tensor of shape {shape} needs {nbytes_of(type_id, n_values)} bytes, got {raw.size}")
+    if type_id in _FLOAT_TYPES:
+        src = raw.view(_FLOAT_TYPES[type_id])
+        if type_id == 30:
+            return (src.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
+        return src.astype(np.float32).reshape(shape)  # astype copies, even for F32
+    out = np.empty((n_values // t.block_size, t.block_size), dtype=np.float32)
+    blocks = raw.reshape(-1, t.type_size)
+    step = max(1, _CHUNK_VALUES // t.block_size)
+    fn = _BLOCK_FNS[type_id]
+    for i in range(0, len(blocks), step):
+        fn(blocks[i : i + step], out[i : i + step])
+    return out.reshape(shape)

@@ -1,0 +1,285 @@
+"""NumPy backend: the reference ops and the product's CPU path (float32, OpenBLAS matmuls)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernels.attention_meta import AttentionMetadata
+
+# Softmax scratch per prefill tile is bounded to about this many float32 scores.
+_TILE_SCORES = 1 << 22
+# A decode group pads every sequence to its longest; split groups where padding would exceed 2x.
+_DECODE_PAD_RATIO = 2
+# Prefill query tile: small enough that causally hidden keys are mostly skipped, big enough for GEMM.
+_PREFILL_TILE_ROWS = 128
+# Decode scores via one block-diagonal GEMM per sequence up to this many kv heads (see _decode_group).
+_BLOCK_DIAG_MAX_KV_HEADS = 4
+
+
+class NumpyBackend:
+    """All ops on host numpy arrays in float32. Heavy work goes through np.matmul (BLAS).
+
+    paged_attention reuses scratch buffers kept on the instance (sized by the largest batch seen),
+    so use one instance per thread.
+    """
+
+    name = "numpy"
+    xp = np
+
+    def __init__(self) -> None:
+        self._scratch: dict[str, np.ndarray] = {}
+
+    # ---- transfers -------------------------------------------------------
+    def asarray(self, a: Any, dtype: Any = None) -> np.ndarray:
+        """Host data -> backend array (no copy when already the right type)."""
+        return np.asarray(a, dtype=dtype)
+
+    def to_numpy(self, a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for on the CPU."""
+
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float32) -> np.ndarray:
+        """[num_blocks, block_size, Hkv, Dh], zero-filled so unread slots are always finite."""
+        if min(num_blocks, block_size, num_kv_heads, head_dim) <= 0:
+            raise ValueError(
+                f"kv cache dims must be positive: num_blocks={num_blocks} block_size={block_size} "
+                f"num_kv_heads={num_kv_heads} head_dim={head_dim}"
+            )
+        if np.dtype(dtype) != np.float32:
+            raise ValueError(f"the numpy backend keeps the KV cache in float32, got dtype {np.dtype(dtype)}")
+        return np.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
+
+    # ---- elementwise / norms --------------------------------------------
+    def embedding(self, table: np.ndarray, ids: Any) -> np.ndarray:
+        """table [V, D], ids [T] -> float32 [T, D]."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"embedding ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+            raise ValueError(f"embedding ids out of range [0, {table.shape[0]}): min {ids.min()} max {ids.max()}")
+        return np.take(table, ids, axis=0).astype(np.float32, copy=False)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        """x [T, D] float32 -> x / sqrt(mean(x^2) + eps) * weight."""
+        _check_2d("rms_norm", x, weight)
+        ms = np.einsum("ij,ij->i", x, x)
+        ms *= 1.0 / x.shape[1]
+        ms += eps
+        np.sqrt(ms, out=ms)
+        out = x / ms[:, None]
+        out *= weight
+        return out
+
+    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Fused residual add: new_residual = x + residual; returns (rms_norm(new_residual), new_residual)."""
+        if x.shape != residual.shape:
+            raise ValueError(f"add_rms_norm: x {x.shape} and residual {residual.shape} differ")
+        new_residual = x + residual
+        return self.rms_norm(new_residual, weight, eps), new_residual
+
+    def linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """x [T, K] @ weight[N, K].T (+ bias [N]) -> [T, N]."""
+        if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
+            raise ValueError(f"linear: x {x.shape} does not match weight {weight.shape} ([N, K], x [T, K])")
+        if x.dtype != np.float32 or weight.dtype != np.float32:
+            raise ValueError(f"linear: x and weight must be float32, got {x.dtype} and {weight.dtype}")
+        out = np.matmul(x, weight.T)
+        if bias is not None:
+            if bias.shape != (weight.shape[0],):
+                raise ValueError(f"linear: bias {bias.shape} should be ({weight.shape[0]},)")
+            out += bias
+        return out
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Rotate-half (NeoX/HF) RoPE on x [T, H, Dh] with cos/sin [T, Dh//2]; in place, returns x."""
+        if x.ndim != 3 or x.shape[2] % 2:
+            raise ValueError(f"rope: x must be [T, H, Dh] with even Dh, got {x.shape}")
+        half = x.shape[2] // 2
+        if cos.shape != (x.shape[0], half) or sin.shape != cos.shape:
+            raise ValueError(f"rope: cos {cos.shape} / sin {sin.shape} should be ({x.shape[0]}, {half})")
+        c, s = cos[:, None, :], sin[:, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        x1s = x1 * s
+        t = x1 * c
+        t -= x2 * s
+        x2 *= c
+        x2 += x1s
+        x1[...] = t
+        return x
+
+    def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
+        """gate_up [T, 2F] = [gate | up] -> silu(gate) * up [T, F]."""
+        if gate_up.ndim != 2 or gate_up.shape[1] % 2:
+            raise ValueError(f"silu_mul: gate_up must be [T, 2F], got {gate_up.shape}")
+        f = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :f], gate_up[:, f:]
+        # silu(g) = g / (1 + exp(-g)); exp overflows to inf for g < -88, giving the exact limit -0.
+        out = np.negative(gate)
+        with np.errstate(over="ignore"):
+            np.exp(out, out=out)
+        out += 1.0
+        np.divide(gate, out, out=out)
+        out *= up
+        return out
+
+    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+        """[T, V] -> host int64 [T] (first maximum per row)."""
+        return np.argmax(logits, axis=-1)
+
+    # ---- KV cache + attention -------------------------------------------
+    def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+        """Scatter k, v [T, Hkv, Dh] into the caches at flat slots slot_mapping [T]."""
+        nb, bs, hkv, dh = k_cache.shape
+        if v_cache.shape != k_cache.shape:
+            raise ValueError(f"write_kv: k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
+        T = slot_mapping.shape[0]
+        if k.shape != (T, hkv, dh) or v.shape != (T, hkv, dh):
+            raise ValueError(f"write_kv: k {k.shape} / v {v.shape} should be ({T}, {hkv}, {dh}) for {T} slots")
+        if T and (slot_mapping.min() < 0 or slot_mapping.max() >= nb * bs):
+            raise ValueError(f"write_kv: slot_mapping out of range [0, {nb * bs}): min {slot_mapping.min()} max {slot_mapping.max()}")
+        k_cache.reshape(nb * bs, hkv, dh)[slot_mapping] = k
+        v_cache.reshape(nb * bs, hkv, dh)[slot_mapping] = v
+
+    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float) -> np.ndarray:
+        """Causal attention of each sequence's new queries over its whole paged context.
+
+        q [T, H, Dh]; q head h reads kv head h // (H // Hkv). Query j of seq b's n new tokens sits at
+        position context_lens[b] - n + j and sees positions <= that. Returns [T, H, Dh] float32.
+        """
+        T, H, Dh = q.shape
+        nb, bs, Hkv, dh = k_cache.shape
+        if dh != Dh or H % Hkv:
+            raise ValueError(f"paged_attention: q {q.shape} does not fit cache {k_cache.shape} (Dh equal, H divisible by Hkv)")
+        qs, ctx = meta.host_query_start(), meta.host_context_lens()
+        B = ctx.shape[0]
+        if qs.shape != (B + 1,) or qs[-1] != T:
+            raise ValueError(f"paged_attention: query_start {qs.tolist()} does not cover {T} query rows")
+        q_lens = np.diff(qs)
+        if np.any(q_lens < 1) or np.any(ctx < q_lens):
+            raise ValueError(f"paged_attention: bad lengths, query_lens {q_lens.tolist()} context_lens {ctx.tolist()}")
+        tables = np.asarray(meta.block_tables)
+        if tables.shape[0] != B or tables.shape[1] * bs < ctx.max(initial=0):
+            raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {ctx.max()}")
+        if tables.size and (tables.min() < 0 or tables.max() >= nb):
+            raise ValueError(f"paged_attention: block_tables hold block ids outside [0, {nb}): min {tables.min()} max {tables.max()}")
+        out = np.empty((T, H, Dh), dtype=np.float32)
+        dec = np.flatnonzero(q_lens == 1)
+        if dec.size:
+            self._decode(q, k_cache, v_cache, tables, ctx, qs, dec, scale, out)
+        for b in np.flatnonzero(q_lens > 1):
+            self._prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
+        return out
+
+    def _buffer(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Reused scratch (avoids page-faulting fresh megabytes every layer)."""
+        n = int(np.prod(shape))
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < n:
+            buf = self._scratch[key] = np.empty(max(n, 1), dtype=np.float32)
+        return buf[:n].reshape(shape)
+
+    def _decode(self, q, k_cache, v_cache, tables, ctx, qs, seqs, scale, out) -> None:
+        """Sequences with one new token: batched, padded to the longest in each length group."""
+        bs = k_cache.shape[1]
+        order = seqs[np.argsort(-ctx[seqs], kind="stable")]
+        nblk = -(-ctx[order] // bs)
+        i = 0
+        while i < order.size:
+            j = i + 1
+            while j < order.size and nblk[j] * _DECODE_PAD_RATIO >= nblk[i]:
+                j += 1
+            self._decode_group(q, k_cache, v_cache, tables, ctx, qs, order[i:j], int(nblk[i]), scale, out)
+            i = j
+
+    def _decode_group(self, q, k_cache, v_cache, tables, ctx, qs, seqs, nblk, scale, out) -> None:
+        B = seqs.size
+        _, bs, Hkv, Dh = k_cache.shape
+        H = q.shape[1]
+        G = H // Hkv
+        L = nblk * bs
+        bt = tables[seqs, :nblk]
+        k = np.take(k_cache, bt, axis=0, out=self._buffer("k", (B, nblk, bs, Hkv, Dh)), mode="clip")
+        v = np.take(v_cache, bt, axis=0, out=self._buffer("v", (B, nblk, bs, Hkv, Dh)), mode="clip")
+        rows = qs[seqs]
+        q4 = q[rows].reshape(B, Hkv, G, Dh)
+        q4 *= scale
+        p = self._buffer("p", (B, H, L))
+        if Hkv <= _BLOCK_DIAG_MAX_KV_HEADS:
+            # One GEMM per sequence over all kv heads: [L, Hkv*Dh] @ block-diagonal [Hkv*Dh, H].
+            # It does Hkv times the useful flops but beats Hkv thin GEMMs per sequence on small Hkv.
+            qbd = self._buffer("qbd", (B, Hkv, Dh, Hkv, G))
+            qbd.fill(0.0)
+            for i in range(Hkv):
+                qbd[:, i, :, i, :] = q4[:, i].transpose(0, 2, 1)
+            s = np.matmul(k.reshape(B, L, Hkv * Dh), qbd.reshape(B, Hkv * Dh, H))  # [B, L, H]
+            np.copyto(p, s.transpose(0, 2, 1))
+        else:
+            np.matmul(q4, k.reshape(B, L, Hkv, Dh).transpose(0, 2, 3, 1), out=p.reshape(B, Hkv, G, L))
+        if ctx[seqs].min() < L:
+            pad = np.arange(L)[None, :] >= ctx[seqs][:, None]
+            np.copyto(p, -np.inf, where=pad[:, None, :])
+        _softmax_unnormalized(p)
+        denom = p.sum(axis=-1, keepdims=True)  # [B, H, 1]
+        if Hkv <= _BLOCK_DIAG_MAX_KV_HEADS:
+            o = np.matmul(p, v.reshape(B, L, Hkv * Dh)).reshape(B, Hkv, G, Hkv, Dh)  # [B, H, Hkv*Dh], keep diagonal
+            o4 = np.empty((B, Hkv, G, Dh), dtype=np.float32)
+            for i in range(Hkv):
+                o4[:, i] = o[:, i, :, i, :]
+        else:
+            o4 = np.matmul(p.reshape(B, Hkv, G, L), v.reshape(B, L, Hkv, Dh).transpose(0, 2, 1, 3))
+        o3 = o4.reshape(B, H, Dh)
+        o3 /= denom
+        out[rows] = o3
+
+    def _prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
+        """One sequence with n > 1 new tokens over its c-token context, query rows tiled causally."""
+        n = r1 - r0
+        _, bs, Hkv, Dh = k_cache.shape
+        H = q.shape[1]
+        G = H // Hkv
+        nblk = -(-c // bs)
+        bt = table[:nblk]
+        k = np.take(k_cache, bt, axis=0, out=self._buffer("k", (nblk, bs, Hkv, Dh)), mode="clip").reshape(nblk * bs, Hkv, Dh)
+        v = np.take(v_cache, bt, axis=0, out=self._buffer("v", (nblk, bs, Hkv, Dh)), mode="clip").reshape(nblk * bs, Hkv, Dh)
+        # Contiguous per-head operands: BLAS is ~3x slower on the strided per-head views.
+        kt = self._buffer("kt", (Hkv, Dh, c))
+        np.copyto(kt, k[:c].transpose(1, 2, 0))
+        vh = self._buffer("vh", (Hkv, c, Dh))
+        np.copyto(vh, v[:c].transpose(1, 0, 2))
+        # [n, H, Dh] -> [Hkv, n*G, Dh] so each kv head is one GEMM over all its query rows.
+        qh = q[r0:r1].reshape(n, Hkv, G, Dh).transpose(1, 0, 2, 3).reshape(Hkv, n * G, Dh) * scale
+        tile = max(16, min(_PREFILL_TILE_ROWS, _TILE_SCORES // (H * c)))
+        start = c - n  # position of query row 0
+        for i0 in range(0, n, tile):
+            i1 = min(n, i0 + tile)
+            kend = start + i1  # keys this tile can see: [0, kend)
+            s = np.matmul(qh[:, i0 * G : i1 * G], kt[:, :, :kend], out=self._buffer("s", (Hkv, (i1 - i0) * G, kend)))
+            lo = start + i0 + 1  # columns before lo are visible to every row of the tile
+            if lo < kend:
+                future = np.arange(lo, kend)[None, :] > (start + np.arange(i0, i1))[:, None]  # [rows, kend-lo]
+                s4 = s.reshape(Hkv, i1 - i0, G, kend)[..., lo:]
+                np.copyto(s4, -np.inf, where=future[None, :, None, :])
+            _softmax_unnormalized(s)
+            denom = s.sum(axis=-1, keepdims=True)
+            o = np.matmul(s, vh[:, :kend])  # [Hkv, rows*G, Dh]
+            o /= denom
+            out[r0 + i0 : r0 + i1] = o.reshape(Hkv, i1 - i0, G, Dh).transpose(1, 0, 2, 3).reshape(i1 - i0, H, Dh)
+
+
+def _softmax_unnormalized(s: np.ndarray) -> None:
+    """In place: s <- exp(s - max(s)) along the last axis (rows always hold a finite entry)."""
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+
+
+def _check_2d(op: str, x: np.ndarray, weight: np.ndarray) -> None:
+    d = weight.shape[0]
+    if weight.ndim != 1 or weight.dtype != np.float32:
+        raise ValueError(f"{op}: weight must be a 1-D float32 vector, got shape {weight.shape} dtype {weight.dtype}")
+    if x.ndim != 2 or x.shape[1] != d:
+        raise ValueError(f"{op}: x must be [T, {d}] to match the weight, got {x.shape}")
+    if x.dtype != np.float32:
+        raise ValueError(f"{op}: x must be float32, got {x.dtype}")

@@ -1,0 +1,317 @@
+"""The chat UI against the real service and the real default model: sessions, streaming,
+Stop, Regenerate, Edit-and-resend, Copy, settings, stats, reload, reconnect.
+
+Greedy (temperature 0) replies are compared with the reference outputs in tests/fixtures.
+"""
+from __future__ import annotations
+
+import json
+
+FRANCE = 0  # fixture prompt: "What is the capital of France?" -> EOS after 8 tokens
+FACTORIAL = 1  # fixture prompt: a Python function, 32 tokens, opens a ``` fence
+LONG_PROMPT = "Write a long story about a dragon who learns to fly."
+
+NO_STREAMING = "() => !document.querySelector('[data-testid=message][data-status=streaming]')"
+
+
+def _prompt(reference: dict, i: int) -> tuple[str, str, int]:
+    p = reference["prompts"][i]
+    return p["messages"][-1]["content"], p["generated_text_skip_special"], p["n_generated"]
+
+
+def _record_growth(page) -> None:
+    """Record the streaming reply's visible length at every DOM change, in window.__growth."""
+    page.evaluate("""() => {
+        window.__growth = [];
+        new MutationObserver(() => {
+            const m = document.querySelector(
+                '[data-testid=message][data-role=assistant][data-status=streaming] [data-testid=message-content]');
+            if (m) window.__growth.push(m.textContent.length);
+        }).observe(document.getElementById('messages'),
+                   {subtree: true, childList: true, characterData: true, attributes: true});
+    }""")
+
+
+def test_send_streams_the_reply_token_by_token_and_stores_it(chat, server, reference, screenshot):
+    question, expected, n_tokens = _prompt(reference, FRANCE)
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=24, temperature=0)
+    stored = server.session(sid)
+    assert stored["settings"]["max_tokens"] == 24 and stored["settings"]["temperature"] == 0
+
+    # Shift+Enter is a new line, not a send
+    box = page.get_by_test_id("composer-input")
+    box.fill("first line")
+    box.press("Shift+Enter")
+    box.press_sequentially("second line")
+    assert box.input_value() == "first line\nsecond line"
+    assert chat.messages().count() == 0
+    box.fill("")
+
+    _record_growth(page)
+    chat.send(question)
+    reply = chat.assistant()
+    reply.wait_for()
+    assert chat.wait_finished(reply) == "complete"
+    screenshot(page, "chat-reply")
+
+    growth = page.evaluate("window.__growth")
+    assert len({n for n in growth if n > 0}) >= 2, f"the reply did not grow in steps: {growth}"
+    assert box.input_value() == ""
+
+    stored = server.session(sid)
+    user, assistant = stored["messages"]
+    assert (user["role"], user["content"]) == ("user", question)
+    assert assistant["role"] == "assistant" and assistant["status"] == "complete"
+    assert assistant["content"] == expected  # greedy: the reference output
+    assert assistant["completion_tokens"] == n_tokens
+
+    shown = chat.displayed()
+    assert [(m["role"], m["id"]) for m in shown] == [("user", user["id"]), ("assistant", assistant["id"])]
+    assert shown[0]["text"] == question
+    assert shown[1]["text"].strip() == expected
+    assert chat.copied_text(reply) == expected
+
+    stats = reply.get_by_test_id("message-stats")
+    assert stats.locator("[data-stat=tokens]").inner_text() == f"{assistant['completion_tokens']} tokens"
+    assert stats.locator("[data-stat=cached]").inner_text() == (
+        f"{assistant['cached_tokens']} / {assistant['prompt_tokens']} cached")
+    assert stats.locator("[data-stat=tokens-per-s]").inner_text() == f"{assistant['tokens_per_s']:.1f} tok/s"
+
+    # the server titled the session from the first message; the sidebar shows it
+    title = stored["title"]
+    assert title != "New chat"
+    item = page.locator(f'[data-testid="session-item"][data-id="{sid}"]')
+    assert item.get_by_test_id("session-name").inner_text() == title
+    assert page.get_by_test_id("session-title").inner_text() == title
+
+
+def test_stop_ends_the_reply_and_keeps_the_partial_text(chat, server, screenshot):
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=400, temperature=0)
+    chat.send(LONG_PROMPT)
+    reply = chat.assistant()
+    reply.wait_for()
+    page.wait_for_function("() => { const m = document.querySelector("
+                           "'[data-testid=message][data-role=assistant][data-status=streaming] "
+                           "[data-testid=message-content]'); return m && m.textContent.length > 0; }")
+    assert page.get_by_test_id("send").is_hidden()
+    page.get_by_test_id("stop").click()
+    assert chat.wait_finished(reply) == "stopped"
+    assert reply.get_by_test_id("message-status").inner_text() == "Stopped"
+    assert page.get_by_test_id("send").is_visible()
+    screenshot(page, "chat-stopped")
+
+    stored = server.session(sid)["messages"][-1]
+    assert stored["status"] == "stopped" and stored["finish_reason"] == "abort"
+    assert 0 < stored["completion_tokens"] < 400
+    assert chat.copied_text(reply) == stored["content"]
+
+
+def test_regenerate_replaces_the_last_reply(chat, server, reference):
+    question, expected, _ = _prompt(reference, FRANCE)
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=24, temperature=0)
+    chat.send(question)
+    first = chat.assistant()
+    first.wait_for()
+    chat.wait_finished(first)
+    first_id = first.get_attribute("data-id")
+
+    first.hover()
+    first.get_by_test_id("message-regenerate").click()
+    page.wait_for_function(
+        "old => { const a = [...document.querySelectorAll('[data-testid=message][data-role=assistant]')];"
+        " return a.length === 1 && a[0].dataset.id !== old; }", arg=first_id)
+    second = chat.assistant()
+    assert chat.wait_finished(second) == "complete"
+
+    stored = server.session(sid)["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[1]["id"] == second.get_attribute("data-id") != first_id
+    assert stored[1]["content"] == expected  # greedy again: the same text, a new message
+    # the same prompt again: its leading blocks come from the prefix cache, and the stats say so
+    assert stored[1]["cached_tokens"] > 0
+    cached = second.get_by_test_id("message-stats").locator("[data-stat=cached]").inner_text()
+    assert cached == f"{stored[1]['cached_tokens']} / {stored[1]['prompt_tokens']} cached"
+
+
+def test_edit_and_resend_replaces_the_rest_of_the_conversation(chat, server, reference):
+    question, expected, _ = _prompt(reference, FRANCE)
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=12, temperature=0)
+    chat.send("What is the capital of Germany?")
+    old_reply = chat.assistant()
+    old_reply.wait_for()
+    chat.wait_finished(old_reply)
+    old_reply_id = old_reply.get_attribute("data-id")
+
+    user = chat.messages().first
+    user.hover()
+    user.get_by_test_id("message-edit").click()
+    edit = user.get_by_test_id("edit-input")
+    edit.fill(question)
+    user.get_by_test_id("edit-submit").click()
+    page.wait_for_function(
+        "old => { const a = [...document.querySelectorAll('[data-testid=message][data-role=assistant]')];"
+        " return a.length === 1 && a[0].dataset.id !== old; }", arg=old_reply_id)
+    assert chat.wait_finished(chat.assistant()) == "complete"
+
+    stored = server.session(sid)["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[0]["content"] == question
+    assert stored[1]["id"] != old_reply_id
+    assert stored[1]["content"] == expected  # the reply to the edited question
+    shown = chat.displayed()
+    assert [m["id"] for m in shown] == [stored[0]["id"], stored[1]["id"]]
+    assert shown[0]["text"] == question
+
+
+def test_reload_and_switching_sessions_show_the_stored_history(chat, server, reference, screenshot):
+    question, expected, _ = _prompt(reference, FRANCE)
+    page = chat.open().page
+    other = chat.new_session()
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=24, temperature=0)
+    chat.send(question)
+    reply = chat.assistant()
+    reply.wait_for()
+    chat.wait_finished(reply)
+    before = chat.displayed()
+
+    page.reload()
+    chat.wait_connected()
+    page.wait_for_function("n => document.querySelectorAll('[data-testid=message]').length === n", arg=len(before))
+    assert chat.session_id == sid
+    assert chat.displayed() == before
+    stored = server.session(sid)["messages"]
+    assert [m["id"] for m in before] == [m["id"] for m in stored]
+    screenshot(page, "chat-after-reload")
+
+    # another session is empty; coming back shows the history again
+    page.locator(f'[data-testid="session-item"][data-id="{other}"] [data-testid="session-open"]').click()
+    page.wait_for_function("id => location.hash === '#/s/' + id", arg=other)
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=message]').length === 0")
+    assert page.get_by_test_id("empty-state").is_visible()
+    page.locator(f'[data-testid="session-item"][data-id="{sid}"] [data-testid="session-open"]').click()
+    page.wait_for_function("n => document.querySelectorAll('[data-testid=message]').length === n", arg=len(before))
+    assert chat.displayed() == before
+
+
+def test_code_in_a_reply_renders_as_a_code_block(chat, server, reference, screenshot):
+    question, expected, n_tokens = _prompt(reference, FACTORIAL)
+    assert expected.startswith("```python\n")
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=n_tokens, temperature=0)
+    chat.send(question)
+    reply = chat.assistant()
+    reply.wait_for()
+    assert chat.wait_finished(reply) == "complete"
+    stored = server.session(sid)["messages"][-1]
+    assert stored["content"] == expected and stored["finish_reason"] == "length"
+    assert reply.get_by_test_id("message-status").inner_text() == "Max tokens reached"
+
+    block = reply.locator(".code-block")
+    assert block.count() == 1
+    assert block.locator(".code-lang").inner_text() == "python"
+    code = block.locator("pre > code")
+    assert code.get_attribute("class") == "language-python"
+    assert code.text_content() == expected.removeprefix("```python\n")  # the fence is open: code to the end
+    screenshot(page, "chat-code-block")
+
+
+def test_sidebar_rename_delete_and_export(chat, server, page):
+    chat.open()
+    keep = chat.new_session()
+    doomed = chat.new_session()
+
+    item = page.locator(f'[data-testid="session-item"][data-id="{keep}"]')
+    item.hover()
+    item.get_by_test_id("session-rename").click()
+    field = page.get_by_test_id("session-rename-input")
+    field.fill("Trip planning")
+    field.press("Enter")
+    item.get_by_test_id("session-name").filter(has_text="Trip planning").wait_for()
+    assert server.session(keep)["title"] == "Trip planning"
+
+    gone = page.locator(f'[data-testid="session-item"][data-id="{doomed}"]')
+    gone.hover()
+    gone.get_by_test_id("session-delete").click()  # first click asks
+    assert server.http.get(f"/api/sessions/{doomed}").status_code == 200
+    gone.get_by_test_id("session-delete").click()  # second click deletes
+    gone.wait_for(state="detached")
+    assert server.http.get(f"/api/sessions/{doomed}").status_code == 404
+    assert "#/s/" not in page.url  # the open session was deleted
+
+    item.get_by_test_id("session-open").click()
+    page.wait_for_function("id => location.hash === '#/s/' + id", arg=keep)
+    with page.expect_download() as dl:
+        page.get_by_test_id("export-session").click()
+    data = json.loads(open(dl.value.path(), encoding="utf-8").read())
+    assert data == server.http.get(f"/api/sessions/{keep}/export").json()
+    assert data["forge_export"] == 1 and data["session"]["title"] == "Trip planning"
+
+
+def test_settings_errors_are_shown(chat, server, page):
+    chat.open()
+    sid = chat.new_session()
+    page.get_by_test_id("toggle-settings").click()
+    page.get_by_test_id("settings-top-p").fill("0")
+    page.get_by_test_id("settings-save").click()
+    assert "Top p" in page.get_by_test_id("settings-error").inner_text()
+
+    page.get_by_test_id("settings-top-p").fill("0.9")
+    page.get_by_test_id("settings-max-tokens").fill("99999999")  # the server refuses it
+    page.get_by_test_id("settings-save").click()
+    page.get_by_test_id("settings-error").filter(has_text="max_tokens").wait_for()
+    assert server.session(sid)["settings"]["max_tokens"] != 99999999
+
+    page.get_by_test_id("settings-max-tokens").fill("64")
+    page.get_by_test_id("settings-system-prompt").fill("You are terse.")
+    page.get_by_test_id("settings-save").click()
+    page.get_by_test_id("settings-saved").wait_for(state="visible")
+    stored = server.session(sid)
+    assert stored["settings"]["max_tokens"] == 64 and stored["settings"]["top_p"] == 0.9
+    assert stored["system_prompt"] == "You are terse."
+    assert page.get_by_test_id("settings-error").inner_text() == ""
+
+
+def test_socket_drop_reconnects_and_shows_the_stored_state(chat, server, page, screenshot):
+    routes = []
+
+    def proxy(ws) -> None:
+        routes.append((ws, ws.connect_to_server()))
+
+    page.route_web_socket("**/ws", proxy)
+    chat.open()
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=400, temperature=0)
+    chat.send(LONG_PROMPT)
+    chat.assistant().wait_for()
+    page.wait_for_function("() => { const m = document.querySelector("
+                           "'[data-testid=message][data-role=assistant][data-status=streaming] "
+                           "[data-testid=message-content]'); return m && m.textContent.length > 0; }")
+    assert len(routes) == 1
+    reply_id = chat.assistant().get_attribute("data-id")
+    to_page, to_server = routes[0]
+    to_page.close(code=4000, reason="test: connection lost")
+    to_server.close(code=4000, reason="test: connection lost")
+
+    page.wait_for_selector('[data-testid="conn-status"]:not([data-state="open"])')
+    screenshot(page, "chat-reconnecting")
+    chat.wait_connected()
+    assert len(routes) == 2
+    # the page learns the reply's fate only from the stored history ("stopped" by the server)
+    page.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
+
+    stored = server.session(sid)["messages"]
+    assert [m["status"] for m in stored] == ["complete", "stopped"]  # the server stopped the orphaned reply
+    shown = chat.displayed()
+    assert [(m["id"], m["status"]) for m in shown] == [(m["id"], m["status"]) for m in stored]
+    assert chat.copied_text(chat.assistant()) == stored[1]["content"]
+    assert page.get_by_test_id("send").is_visible()

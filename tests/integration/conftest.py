@@ -1,0 +1,153 @@
+"""Server fixtures for the service tests: a real `python -m app.server` (uvicorn) on 127.0.0.1 with the
+default model and a real SQLite file. One shared server for the whole test session; the persistence
+tests start their own (they kill it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-api-key"
+ADMIN_TOKEN = "test-admin-token"
+READY_TIMEOUT_S = 300.0  # model load takes seconds, more on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """`python -m app.server` in a subprocess; its output goes to `log_path`."""
+
+    db_path: Path
+    log_path: Path
+    api_key: str | None = API_KEY
+    admin_token: str | None = ADMIN_TOKEN
+    keepalive_s: float = 0.2
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite+aiosqlite:///{self.db_path}"
+
+    def start(self) -> "ServerProcess":
+        args = [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(self.port),
+                "--db", self.db_url, "--keepalive-s", str(self.keepalive_s), "--log-level", "info"]
+        if self.api_key:
+            args += ["--api-key", self.api_key]
+        if self.admin_token:
+            args += ["--admin-token", self.admin_token]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.wait_ready()
+        return self
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"server not ready after {READY_TIMEOUT_S}s:\n{self.log_tail()}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL if it hangs)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    # -- small helpers for tests --------------------------------------------------------------
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    def stats(self) -> dict:
+        r = httpx.get(self.url + "/admin/api/stats", headers=self.admin_headers(), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+
+def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
+    """Poll the admin feed until the engine has nothing waiting or running; return those stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = server.stats()
+        eng = stats["engine"]
+        if eng["running"] == 0 and eng["waiting"] == 0:
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine still busy after {timeout}s: {json.dumps(eng)}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The shared server: API key and admin token set, SSE keep-alive every 0.2 s."""
+    tmp = tmp_path_factory.mktemp("forge-server")
+    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict:
+    """The default model's reference outputs (Hugging Face transformers, float32, greedy)."""
+    return json.loads((REPO / "tests" / "fixtures" / "smollm2_reference.json").read_text())

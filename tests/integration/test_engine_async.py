@@ -1,0 +1,100 @@
+"""The asyncio façade: concurrent consumers, cancellation and shutdown on the real model."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import Engine, GenerationRequest, InvalidRequest, SamplingParams
+from engine_helpers import make_core
+
+
+@pytest.fixture
+async def engine(default_model):
+    eng = Engine(make_core(default_model, kv_memory=64 << 20), threads=2)
+    yield eng
+    await eng.shutdown()
+
+
+async def wait_until(predicate, timeout=30.0):
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def chat(engine, text, max_tokens=24, **kw):
+    prompt = engine.render_chat([{"role": "user", "content": text}])
+    return GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw))
+
+
+async def drain(engine, req):
+    text, final = [], None
+    async for ev in engine.generate(req):
+        text.append(ev.text)
+        final = ev if ev.final else final
+    return "".join(text), final
+
+
+async def test_concurrent_streams_complete_with_usage_and_timings(engine, reference):
+    case = reference["prompts"][0]
+    req = GenerationRequest(case["prompt_ids"], SamplingParams(max_tokens=32, temperature=0.0))
+    (text, final), (text2, final2) = await asyncio.gather(drain(engine, req), drain(engine, chat(engine, "Hi there")))
+    assert text == case["generated_text_skip_special"]
+    assert final.finish_reason == "stop"
+    assert final.usage.prompt_tokens == case["n_prompt"] and final.usage.completion_tokens == case["n_generated"]
+    assert 0 < final.timings.ttft <= final.timings.total
+    assert final2.finish_reason in ("stop", "length") and text2
+
+
+async def test_consumer_leaving_early_aborts_and_frees_blocks(engine):
+    req = chat(engine, "Tell me a very long story about a lighthouse.", max_tokens=400, ignore_eos=True)
+    got = 0
+    async for ev in engine.generate(req):
+        got += len(ev.token_ids)
+        if got >= 3:
+            break
+    await wait_until(lambda: engine.stats()["running"] == 0 and engine.stats()["kv_blocks_used"] == 0)
+    assert engine.stats()["requests_finished"].get("abort") == 1
+
+
+async def test_abort_by_id_ends_the_stream(engine):
+    req = chat(engine, "Count to one thousand.", max_tokens=400, ignore_eos=True)
+    events = []
+    async for ev in engine.generate(req):
+        events.append(ev)
+        if len(events) == 2:
+            engine.abort(req.request_id)
+    assert events[-1].finish_reason == "abort"
+    assert len(events) < 50
+
+
+async def test_invalid_request_raises_before_queueing(engine):
+    req = chat(engine, "x", max_tokens=0)
+    with pytest.raises(InvalidRequest) as info:
+        async for _ in engine.generate(req):
+            pass
+    assert info.value.param == "max_tokens"
+    assert engine.stats()["waiting"] == 0
+
+
+async def test_render_chat_matches_reference_prompt(engine, reference):
+    for case in reference["prompts"]:
+        assert engine.render_chat(case["messages"]) == case["prompt_ids"]
+
+
+async def test_shutdown_aborts_in_flight(default_model):
+    eng = Engine(make_core(default_model, kv_memory=64 << 20), threads=2)
+    req = chat(eng, "Write an essay.", max_tokens=1000, ignore_eos=True)
+    events = []
+
+    async def consume():
+        async for ev in eng.generate(req):
+            events.append(ev)
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: len(events) >= 2)
+    await eng.shutdown()
+    await asyncio.wait_for(task, 10)
+    assert events[-1].finish_reason == "abort"

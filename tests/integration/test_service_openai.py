@@ -1,0 +1,144 @@
+"""The OpenAI-compatible shim through the official `openai` client, against the real server and model."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import API_KEY, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _france(reference: dict) -> tuple[list[dict], str]:
+    case = reference["prompts"][0]
+    return case["messages"], case["generated_text_skip_special"]
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, server: ServerProcess) -> None:
+    models = client.models.list().data
+    assert len(models) == 1
+    stats = server.stats()
+    assert models[0].id == stats["model"]["name"]
+    assert client.models.retrieve(models[0].id).id == models[0].id
+
+
+def test_chat_non_streaming_greedy_matches_reference(client: openai.OpenAI, model_id: str, reference: dict) -> None:
+    messages, expected = _france(reference)
+    r = client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=32)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == expected
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == reference["prompts"][0]["n_prompt"]
+    assert r.usage.completion_tokens == reference["prompts"][0]["n_generated"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_equals_non_streaming_and_reuses_prefix(client: openai.OpenAI, model_id: str,
+                                                               reference: dict) -> None:
+    messages, expected = _france(reference)
+    client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=32)
+    stream = client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=32,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and chunks[-1].choices == []
+    usage = usage_chunks[0].usage
+    assert usage.completion_tokens == reference["prompts"][0]["n_generated"]
+    # Stateless requests still share the prompt's KV blocks through the prefix cache.
+    assert 0 < usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+
+
+def test_completions_endpoint_stop_and_logprobs(client: openai.OpenAI, model_id: str) -> None:
+    r = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                  logprobs=2)
+    text = r.choices[0].text
+    assert r.object == "text_completion" and text
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == text
+    assert all(v <= 0 for v in lp.token_logprobs)
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    # A stop string taken from the greedy text truncates it there.
+    word = text.split()[1] if len(text.split()) > 1 else text.strip()
+    stopped = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8,
+                                        temperature=0, stop=[word])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[: text.index(word)]
+
+
+def test_chat_logprobs_and_n(client: openai.OpenAI, model_id: str) -> None:
+    r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4,
+                                       temperature=0, n=2, logprobs=True, top_logprobs=3)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].message.content == r.choices[1].message.content  # greedy: both samples agree
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens // 2
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"max_tokens": -5}, "max_tokens"),
+    ({"temperature": 3.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 0}, "n"),
+    ({"logit_bias": {"not-a-token": 5}}, "logit_bias"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+])
+def test_refused_parameters_name_the_parameter(client: openai.OpenAI, model_id: str, extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
+                                       extra_body=extra)
+    assert exc.value.status_code == 400
+    body = exc.value.body
+    assert body["param"] == param and param in body["message"]
+
+
+def test_unknown_model_and_tool_role_are_refused(client: openai.OpenAI, model_id: str) -> None:
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert exc.value.body["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model_id, max_tokens=2,
+                                       messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
+    assert exc.value.body["param"].startswith("messages[0]")
+
+
+def test_api_key_is_required(server: ServerProcess, model_id: str) -> None:
+    anonymous = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        anonymous.models.list()
+    assert exc.value.status_code == 401
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_streaming_keepalive_comments_have_no_empty_data_lines(server: ServerProcess, model_id: str) -> None:
+    # The shared server sends `: keep-alive` every 0.2 s while no token is ready (e.g. during prefill).
+    long_prompt = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 60
+    lines: list[str] = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={"model": model_id, "messages": [{"role": "user", "content": long_prompt}],
+                            "max_tokens": 4, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = list(r.iter_lines())
+    assert ": keep-alive" in lines
+    assert "data:" not in [ln.strip() for ln in lines]
+    assert lines[-2:] == ["data: [DONE]", ""] or [ln for ln in lines if ln][-1] == "data: [DONE]"
