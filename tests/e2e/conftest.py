@@ -85,6 +85,7 @@ def _free_port() -> int:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`python -m app.server` on a free port with a fresh SQLite file; waits for /ready."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(SHOTS, ignore_errors=True)  # only this run's screenshots
     port = _free_port()
     db = tmp_path_factory.mktemp("e2e-db") / "forge.db"
     log_path = OUTPUT / "e2e-server.log"

@@ -222,6 +222,9 @@ def test_code_in_a_reply_renders_as_a_code_block(chat, server, reference, screen
     code = block.locator("pre > code")
     assert code.get_attribute("class") == "language-python"
     assert code.text_content() == expected.removeprefix("```python\n")  # the fence is open: code to the end
+    block.get_by_test_id("code-copy").click()
+    block.get_by_test_id("code-copy").filter(has_text="Copied").wait_for()
+    assert page.evaluate("navigator.clipboard.readText()") == code.text_content()
     screenshot(page, "chat-code-block")
 
 
@@ -315,3 +318,44 @@ def test_socket_drop_reconnects_and_shows_the_stored_state(chat, server, page, s
     assert [(m["id"], m["status"]) for m in shown] == [(m["id"], m["status"]) for m in stored]
     assert chat.copied_text(chat.assistant()) == stored[1]["content"]
     assert page.get_by_test_id("send").is_visible()
+
+
+def test_import_button_opens_the_imported_session(chat, server, page):
+    source = server.create_session(title="Exported elsewhere")["id"]
+    export = server.http.get(f"/api/sessions/{source}/export").json()
+    export["messages"] = [
+        {"role": "user", "content": "Hello there", "status": "complete"},
+        {"role": "assistant", "content": "Hi! *How* can I help?", "status": "complete", "finish_reason": "stop",
+         "prompt_tokens": 30, "cached_tokens": 16, "completion_tokens": 9, "ttft_ms": 120.0, "tokens_per_s": 25.0},
+    ]
+    chat.open()
+    page.set_input_files("#import-file", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not json"}])
+    page.get_by_test_id("toast").filter(has_text="notes.txt is not a JSON export").wait_for()
+
+    page.set_input_files("#import-file", files=[{"name": "chat.json", "mimeType": "application/json",
+                                                 "buffer": json.dumps(export).encode()}])
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=message]').length === 2")
+    sid = chat.session_id
+    assert sid != source
+    stored = server.session(sid)
+    assert stored["title"] == "Exported elsewhere"
+    shown = chat.displayed()
+    assert [m["id"] for m in shown] == [m["id"] for m in stored["messages"]]
+    assert shown[0]["text"] == "Hello there"
+    assert chat.assistant().locator("em").inner_text() == "How"
+    assert chat.assistant().get_by_test_id("message-stats").inner_text().split() == \
+        ["9", "tokens", "·", "25.0", "tok/s", "·", "16", "/", "30", "cached", "·", "TTFT", "120", "ms"]
+
+
+def test_sending_without_a_session_creates_one(chat, server, page):
+    chat.open()
+    assert "#/s/" not in page.url
+    chat.send("Hi")
+    reply = chat.assistant()
+    reply.wait_for()
+    sid = chat.session_id
+    page.get_by_test_id("stop").click()  # the default settings allow a long reply: stop it
+    assert chat.wait_finished(reply) in ("stopped", "complete")
+    stored = server.session(sid)["messages"]
+    assert [(m["role"], m["content"]) for m in stored][:1] == [("user", "Hi")]
+    assert page.locator(f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]').count() == 1

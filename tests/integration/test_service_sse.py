@@ -88,7 +88,8 @@ def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess
     with http.stream("POST", f"/api/sessions/{sid}/messages",
                      json={"content": "Write a very long poem about mountains."}) as r:
         deltas = 0
-        for line in r.iter_lines():
+        lines = r.iter_lines()  # kept referenced: a closed line iterator closes the response too
+        for line in lines:
             if line == "event: delta":
                 deltas += 1
             if deltas == 2:
@@ -96,6 +97,7 @@ def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess
         mid = server.stats()
         assert mid["engine"]["running"] == 1
         assert [s["id"] for s in mid["active_sessions"] if s["status"] == "generating"] == [sid]
+        lines.close()
     after = wait_idle(server)  # the sequence is gone ...
     assert after["engine"]["kv_blocks_used"] == before  # ... and its blocks are free
     deadline = time.monotonic() + 10

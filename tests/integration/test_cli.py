@@ -1,0 +1,54 @@
+"""`forge generate` and `forge chat` as a user runs them: real processes, the default model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FORGE = str(Path(sys.executable).parent / "forge")
+
+
+def forge(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([FORGE, *args, "--threads", "1"], input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_json_reproduces_reference_greedy_ids(reference):
+    case = reference["prompts"][0]
+    run = forge("generate", "--temperature", "0", "--max-tokens", "32", "--json", case["messages"][0]["content"])
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["prompt_token_ids"] == case["prompt_ids"]
+    assert out["token_ids"] == case["generated_ids"]
+    assert out["text"] == case["generated_text_skip_special"]
+    assert out["finish_reason"] == "stop"
+    assert out["usage"] == {"prompt_tokens": case["n_prompt"], "cached_tokens": 0, "completion_tokens": case["n_generated"]}
+    assert 0 < out["timings"]["ttft"] <= out["timings"]["total"]
+
+
+def test_generate_streams_text_and_raw_mode_skips_the_template():
+    run = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "--json", "Once upon a time")
+    out = json.loads(run.stdout)
+    assert out["prompt_token_ids"][0] != 1  # no <|im_start|>: the prompt went in as written
+    assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
+    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "Once upon a time")
+    assert streamed.returncode == 0
+    assert streamed.stdout.rstrip("\n") == out["text"]
+
+
+def test_chat_keeps_history_and_reuses_the_cache():
+    run = forge("chat", "--temperature", "0", "--max-tokens", "12", stdin="Hello!\nWhat did I just say?\n/exit\n")
+    assert run.returncode == 0, run.stderr
+    stats = [line for line in run.stderr.splitlines() if "prompt tokens cached" in line]
+    assert len(stats) == 2
+    cached_turn2 = int(stats[1].split(",")[1].split("/")[0])
+    assert cached_turn2 >= 32  # the first turn's full blocks came from the cache
+
+
+def test_bad_input_gets_a_clear_message_and_exit_code():
+    missing = forge("generate", "--model", "/nope/model.gguf", "hi")
+    assert missing.returncode == 2
+    assert "/nope/model.gguf" in missing.stderr and "Traceback" not in missing.stderr
+    bad_temp = forge("generate", "--temperature", "-1", "hi")
+    assert bad_temp.returncode == 2
+    assert "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
