@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_source_compiles(path):
 def test_kernel_names_match_the_backend():
     from kernels import cupy_backend
 
-    used = set(re.findall(r'_kernel\("([\w.]+)", "(\w+)"\)', open(cupy_backend.__file__).read()))
+    used = set(re.findall(r'_kernel\("([\w.]+)", "(\w+)"\)', Path(cupy_backend.__file__).read_text()))
     expected = {(f, k) for f, ks in EXPECTED_KERNELS.items() for k in ks}
     assert used == expected
 
