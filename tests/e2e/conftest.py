@@ -148,15 +148,18 @@ def context(browser, server: Server, request: pytest.FixtureRequest) -> Iterator
 
 @pytest.fixture()
 def page(context, request: pytest.FixtureRequest) -> Iterator[object]:
-    """A fresh page; uncaught page errors fail the test; a failing test leaves a screenshot."""
+    """A fresh page; uncaught page errors or console errors fail the test; a failing test leaves a screenshot."""
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    # console errors too (CSP violations, failed imports); a refused HTTP request logs one by design
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error"
+          and not m.text.startswith("Failed to load resource") else None)
     yield pg
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed and not pg.is_closed():
         shot(pg, f"FAILED-{request.node.name}")
-    assert not errors, f"uncaught errors in the page: {errors}"
+    assert not errors, f"errors in the page: {errors}"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -255,7 +258,7 @@ class Chat:
         message.hover()
         message.get_by_test_id("message-copy").click()
         message.locator('[data-testid="message-copy"][data-copied="1"]').wait_for()
-        return self.page.evaluate("navigator.clipboard.readText()")
+        return message.page.evaluate("navigator.clipboard.readText()")
 
 
 @pytest.fixture(scope="session")

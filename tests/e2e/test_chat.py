@@ -350,12 +350,40 @@ def test_import_button_opens_the_imported_session(chat, server, page):
 def test_sending_without_a_session_creates_one(chat, server, page):
     chat.open()
     assert "#/s/" not in page.url
-    chat.send("Hi")
+    chat.send(LONG_PROMPT)
     reply = chat.assistant()
     reply.wait_for()
     sid = chat.session_id
     page.get_by_test_id("stop").click()  # the default settings allow a long reply: stop it
-    assert chat.wait_finished(reply) in ("stopped", "complete")
+    assert chat.wait_finished(reply) == "stopped"
     stored = server.session(sid)["messages"]
-    assert [(m["role"], m["content"]) for m in stored][:1] == [("user", "Hi")]
+    assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "stopped")]
+    assert stored[0]["content"] == LONG_PROMPT
     assert page.locator(f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]').count() == 1
+
+
+def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context):
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=400, temperature=0)
+    chat.send(LONG_PROMPT)
+    reply = chat.assistant()
+    reply.wait_for()
+    reply_id = reply.get_attribute("data-id")
+
+    other = context.new_page()
+    other.goto(f"/#/s/{sid}")
+    other.wait_for_selector('[data-testid="conn-status"][data-state="open"]')
+    # the reply streams to the first tab; the second one follows its stored progress
+    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="streaming"]')
+    other.wait_for_function(
+        "id => document.querySelector(`[data-testid=message][data-id=\"${id}\"] [data-testid=message-content]`)"
+        ".textContent.length > 0", arg=reply_id)
+    assert other.get_by_test_id("stop").is_visible()
+
+    page.get_by_test_id("stop").click()
+    assert chat.wait_finished(reply) == "stopped"
+    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
+    stored = server.session(sid)["messages"][-1]
+    assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
+    other.close()

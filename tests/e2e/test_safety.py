@@ -65,7 +65,10 @@ def test_user_message_with_html_renders_literally(chat, server, screenshot):
     assert page.get_by_test_id("session-title").text_content() == title
     item = page.locator(f'[data-testid="session-item"][data-id="{sid}"]')
     assert item.get_by_test_id("session-name").text_content() == title
-    assert page.locator("body script:not([type=module])").count() == 0
+    assert page.locator("body script").count() == 0
+    # defence in depth: the page allows only its own scripts
+    csp = page.get_attribute('meta[http-equiv="Content-Security-Policy"]', "content")
+    assert "script-src 'self'" in csp and "object-src 'none'" in csp
     screenshot(page, "safety-user-html")
 
 
