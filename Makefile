@@ -43,5 +43,8 @@ test: $(DEVSTAMP) chromium
 test-fast: $(DEVSTAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
 
+test-e2e: $(DEVSTAMP) chromium
+	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             from app.store.migrate import upgrade
 
             url = Settings.from_env(database_url=args.database_url).database_url
-            asyncio.run(upgrade(url))
+            upgrade(url)
             print(f"database at head: {url}")
         elif args.command == "bench":
             from app.bench import run_bench

@@ -37,7 +37,7 @@ class ServerProcess:
     log_path: Path
     api_key: str | None = API_KEY
     admin_token: str | None = ADMIN_TOKEN
-    keepalive_s: float = 0.2
+    keepalive_s: float = 0.05
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -137,7 +137,7 @@ def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The shared server: API key and admin token set, SSE keep-alive every 0.2 s."""
+    """The shared server: API key and admin token set, SSE keep-alive every 0.05 s."""
     tmp = tmp_path_factory.mktemp("forge-server")
     srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log")
     srv.start()

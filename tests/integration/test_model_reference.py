@@ -53,3 +53,19 @@ def test_greedy_ids_equal_reference(core, reference):
         assert results[f"eos{i}"].final.finish_reason == ("stop" if case["stopped_at_eos"] else "length")
         assert results[f"all{i}"].token_ids == case["greedy32_no_eos_stop_ids"]
         assert results[f"eos{i}"].text == case["generated_text_skip_special"]
+
+
+def test_top1_logit_at_every_greedy_step_matches_reference(core, reference):
+    """Teacher-forced over the 32 reference steps: every step's top-1 logit agrees."""
+    bs = core.blocks.block_size
+    worst = 0.0
+    for case in reference["prompts"]:
+        ids = case["prompt_ids"] + case["greedy32_no_eos_stop_ids"]
+        n_prompt, steps = len(case["prompt_ids"]), len(case["greedy32_no_eos_stop_ids"])
+        meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // bs)))], bs, core.backend)
+        rows = np.arange(n_prompt - 1, n_prompt - 1 + steps)
+        logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.kv_caches, rows)
+        assert logits.argmax(axis=1).tolist() == case["greedy32_no_eos_stop_ids"]
+        diff = np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()
+        worst = max(worst, float(diff))
+    assert worst < 1e-4, f"worst top-1 logit difference {worst:.2e}"

@@ -130,7 +130,7 @@ def test_api_key_is_required(server: ServerProcess, model_id: str) -> None:
 
 
 def test_streaming_keepalive_comments_have_no_empty_data_lines(server: ServerProcess, model_id: str) -> None:
-    # The shared server sends `: keep-alive` every 0.2 s while no token is ready (e.g. during prefill).
+    # The shared server sends `: keep-alive` every 0.05 s while no token is ready (e.g. during prefill).
     long_prompt = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 60
     lines: list[str] = []
     with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
@@ -142,3 +142,18 @@ def test_streaming_keepalive_comments_have_no_empty_data_lines(server: ServerPro
     assert ": keep-alive" in lines
     assert "data:" not in [ln.strip() for ln in lines]
     assert lines[-2:] == ["data: [DONE]", ""] or [ln for ln in lines if ln][-1] == "data: [DONE]"
+
+
+def test_seed_and_logit_bias_are_honoured(client: openai.OpenAI, model_id: str, reference: dict) -> None:
+    messages, _ = _france(reference)
+    sampled = [client.chat.completions.create(model=model_id, messages=messages, temperature=1.0, max_tokens=8,
+                                              seed=1234).choices[0].message.content for _ in range(2)]
+    assert sampled[0] == sampled[1]  # same seed, same sample
+
+    def first_token(**extra) -> str:  # type: ignore[no-untyped-def]
+        r = client.chat.completions.create(model=model_id, messages=messages, temperature=0, max_tokens=1,
+                                           logprobs=True, **extra)
+        return r.choices[0].logprobs.content[0].token
+
+    greedy_id = reference["prompts"][0]["generated_ids"][0]
+    assert first_token() != first_token(logit_bias={str(greedy_id): -100})  # the banned token can't come first

@@ -1,0 +1,1 @@
+"""HTTP and WebSocket surface: sessions REST + SSE, the WebSocket protocol, the OpenAI shim, admin."""

@@ -1,0 +1,95 @@
+"""One error type for the service and its OpenAI-style JSON body: {"error": {message, type, param, code}}."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+log = logging.getLogger("forge.api")
+
+# code -> HTTP status. The codes are the WebSocket protocol's error codes too (docs/protocol.md).
+STATUS = {
+    "bad_request": 400,
+    "invalid_parameter": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "busy": 409,
+    "payload_too_large": 413,
+    "overloaded": 503,
+    "unavailable": 503,
+    "internal": 500,
+    # OpenAI shim codes
+    "unsupported_parameter": 400,
+    "context_length_exceeded": 400,
+    "invalid_api_key": 401,
+    "model_not_found": 404,
+}
+_TYPES = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 503: "overloaded_error", 500: "server_error"}
+
+
+class ServiceError(Exception):
+    """A refusal with a stable `code`, a message naming the problem and, where one field is at fault, `param`."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        assert code in STATUS, code
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = status or STATUS[code]
+
+    def body(self) -> dict[str, Any]:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def event(self, **extra: Any) -> dict[str, Any]:
+        """As a WebSocket/SSE `error` event."""
+        ev: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
+        if self.param is not None:
+            ev["param"] = self.param
+        ev.update({k: v for k, v in extra.items() if v is not None})
+        return ev
+
+
+def error_response(err: ServiceError, headers: dict[str, str] | None = None) -> Response:
+    return Response(err.body(), status_code=err.status, headers=headers)
+
+
+def _service_error_handler(_: Request, exc: ServiceError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return error_response(exc, headers)
+
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large"}
+
+
+def _http_error_handler(request: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    code = _HTTP_CODES.get(status, "internal" if status >= 500 else "bad_request")
+    if status == 404:
+        message = f"no route for {request.method} {request.url.path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    elif status == 413:
+        message = "request body is too large"
+    elif status >= 500:
+        log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
+        message = "internal server error"
+    else:
+        message = str(exc.detail)
+    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": code}}
+    return Response(body, status_code=status, headers=getattr(exc, "headers", None))
+
+
+def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(ServiceError("internal", "internal server error"))
+
+
+EXCEPTION_HANDLERS = {
+    ServiceError: _service_error_handler,
+    HTTPException: _http_error_handler,
+    Exception: _unexpected_error_handler,
+}

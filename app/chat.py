@@ -1,0 +1,390 @@
+"""One chat turn: store the user message, render the whole conversation, stream the engine's reply,
+store the reply as it grows (at most SAVE_INTERVAL_S apart, and at the end).
+
+A turn runs in its own task, independent of the socket or HTTP response that started it: the
+transport only receives its events through a `sink`. When the transport goes away it calls
+`cancel`, the engine aborts the sequence within a step, and the turn stores what it has as
+"stopped" (or "interrupted" when the server is shutting down).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
+
+from app.api.errors import ServiceError
+from app.api.fields import DEFAULT_TITLE
+from app.metrics import Metrics
+from app.store import Store
+
+log = logging.getLogger("forge.chat")
+
+SAVE_INTERVAL_S = 0.5
+TITLE_CHARS = 60
+Sink = Callable[[dict[str, Any] | None], None]  # receives events, then None when the turn is over
+
+_STATUS = {"stop": "complete", "length": "complete", "timeout": "stopped", "error": "error"}
+
+
+@dataclass(slots=True)
+class Turn:
+    """A reply being generated for one session."""
+
+    session_id: str
+    message_id: str
+    request_id: str
+    title: str
+    sink: Sink
+    client_id: str | None = None
+    task: asyncio.Task | None = None
+    cancelled: bool = False
+    done: bool = False
+    started: float = field(default_factory=time.time)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.client_id is not None:
+            event["client_id"] = self.client_id
+        try:
+            self.sink(event)
+        except Exception:  # a consumer's problem must not break the turn
+            log.exception("event sink failed for session %s", self.session_id)
+
+
+@dataclass(slots=True)
+class _Undo:
+    """The session as it was before the turn: restored if the engine refuses it before generating."""
+
+    session: dict[str, Any]
+    messages: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class _Plan:
+    history: list[dict[str, Any]]  # messages that go to the template, the new user message included
+    user_content: str | None = None
+    edit: tuple[str, str] | None = None
+    keep_through: int | None = None
+    title: str | None = None
+    kept: list[dict[str, Any]] = field(default_factory=list)  # stored messages that remain (edit/regenerate)
+
+
+async def _empty() -> Any:
+    return
+    yield  # an async generator with nothing in it
+
+
+async def aclose_stream(gen: Any) -> None:
+    """Close an engine stream early: leaving it aborts the request and frees its KV blocks."""
+    close = getattr(gen, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def title_from(content: str) -> str:
+    line = re.sub(r"\s+", " ", content.strip().splitlines()[0] if content.strip() else "").strip()
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+class ChatService:
+    """Starts, tracks and cancels chat turns; at most one running turn per session."""
+
+    def __init__(self, engine: Any, store: Store, metrics: Metrics, max_waiting: int = 256) -> None:
+        self.engine = engine
+        self.store = store
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.turns: dict[str, Turn] = {}  # session id -> running turn
+        self._reserved: set[str] = set()  # sessions whose turn is being set up
+        self._open: dict[str, list[Any]] = {}  # session id -> [title, sockets showing it]
+        self.shutting_down = False
+
+    # -- starting turns -------------------------------------------------------------------
+
+    async def send(self, session_id: str, content: str, sink: Sink, client_id: str | None = None) -> Turn:
+        """Append a user message and stream a reply. Raises ServiceError before storing anything."""
+        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content))
+
+    async def edit(self, session_id: str, message_id: str, content: str, sink: Sink,
+                   client_id: str | None = None) -> Turn:
+        """Replace a user message's content, drop every later message, stream a new reply."""
+        return await self._begin(session_id, sink, client_id,
+                                 lambda s, msgs: self._plan_edit(msgs, session_id, message_id, content))
+
+    async def regenerate(self, session_id: str, sink: Sink, client_id: str | None = None) -> Turn:
+        """Drop the last assistant reply (if the session ends with one) and stream a new one."""
+        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs))
+
+    def _plan_send(self, session: dict[str, Any], messages: list[dict[str, Any]], content: str) -> _Plan:
+        title = None
+        if session["title"] == DEFAULT_TITLE and not any(m["role"] == "user" for m in messages):
+            title = title_from(content) or None
+        return _Plan(history=messages + [{"role": "user", "content": content}], user_content=content, title=title)
+
+    def _plan_edit(self, messages: list[dict[str, Any]], session_id: str, message_id: str, content: str) -> _Plan:
+        idx = next((i for i, m in enumerate(messages) if m["id"] == message_id), None)
+        if idx is None:
+            raise ServiceError("not_found", f"message '{message_id}' not found in session '{session_id}'", param="message_id")
+        target = messages[idx]
+        if target["role"] != "user":
+            raise ServiceError("invalid_parameter",
+                               f"message '{message_id}' is an {target['role']} message; only user messages can be edited",
+                               param="message_id")
+        edited = dict(target, content=content)
+        kept = messages[:idx] + [edited]
+        return _Plan(history=kept, edit=(message_id, content), keep_through=target["position"], kept=kept)
+
+    def _plan_regenerate(self, messages: list[dict[str, Any]]) -> _Plan:
+        kept = list(messages)
+        if kept and kept[-1]["role"] == "assistant":
+            kept.pop()
+        if not kept or kept[-1]["role"] != "user":
+            raise ServiceError("invalid_parameter", "nothing to regenerate: the session does not end with a user message "
+                               "or an assistant reply to one")
+        return _Plan(history=kept, keep_through=kept[-1]["position"], kept=kept)
+
+    async def _begin(self, session_id: str, sink: Sink, client_id: str | None,
+                     plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan]) -> Turn:
+        if self.shutting_down:
+            raise ServiceError("unavailable", "the server is shutting down")
+        if session_id in self.turns or session_id in self._reserved:
+            raise ServiceError("busy", f"a reply is already being generated in session '{session_id}'", param="session_id")
+        self._reserved.add(session_id)
+        try:
+            found = await self.store.get_history(session_id)
+            if found is None:
+                raise ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
+            before, messages = found
+            plan = plan_for(before, messages)
+            prompt = self._render(before, plan.history)
+            params = self._sampling(before["settings"], len(prompt))
+            stats = self.engine.stats()
+            if stats.get("waiting", 0) >= self.max_waiting:
+                raise ServiceError("overloaded", f"the engine's waiting queue is full ({self.max_waiting}); retry later")
+            started = await self.store.start_reply(session_id, user_content=plan.user_content, edit=plan.edit,
+                                                   keep_through=plan.keep_through, title=plan.title)
+            if started is None:
+                raise ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
+            session, user, reply = started
+            turn = Turn(session_id=session_id, message_id=reply["id"], request_id=uuid.uuid4().hex,
+                        title=session["title"], sink=sink, client_id=client_id)
+            if user is not None:
+                turn.emit({"type": "message.created", "session_id": session_id, "message": user})
+            else:
+                turn.emit({"type": "history", "session_id": session_id, "messages": plan.kept})
+            turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
+            if plan.title is not None:
+                turn.emit({"type": "session", "session": session})
+            undo = _Undo(before, messages)
+            req = GenerationRequest(prompt_token_ids=prompt, params=params, request_id=turn.request_id)
+            self.turns[session_id] = turn
+            turn.task = asyncio.create_task(self._run(turn, req, undo), name=f"turn-{session_id}")
+            return turn
+        finally:
+            self._reserved.discard(session_id)
+
+    def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
+        msgs: list[dict[str, str]] = []
+        if session.get("system_prompt"):
+            msgs.append({"role": "system", "content": session["system_prompt"]})
+        for m in history:
+            # Replies that failed or never produced text are not part of the conversation.
+            if m["role"] == "assistant" and (not m["content"] or m.get("status") == "error"):
+                continue
+            msgs.append({"role": m["role"], "content": m["content"]})
+        try:
+            return list(self.engine.render_chat(msgs, add_generation_prompt=True))
+        except ValueError as e:
+            raise ServiceError("invalid_parameter", f"the model's chat template refused the conversation: {e}") from None
+
+    def _sampling(self, settings: dict[str, Any], prompt_len: int) -> SamplingParams:
+        room = int(self.engine.max_context) - prompt_len
+        if room < 1:
+            raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
+                               f"{self.engine.max_context}: start a new session or edit an earlier message",
+                               param="content")
+        params = SamplingParams(max_tokens=min(int(settings.get("max_tokens", 512)), room),
+                                temperature=float(settings.get("temperature", 0.7)),
+                                top_p=float(settings.get("top_p", 1.0)))
+        try:
+            params.validate(int(self.engine.model_info.get("vocab_size", 1 << 31)))
+        except InvalidRequest as e:
+            raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
+        return params
+
+    # -- running a turn -------------------------------------------------------------------
+
+    async def _run(self, turn: Turn, req: GenerationRequest, undo: "_Undo") -> None:
+        parts: list[str] = []
+        completion = 0
+        final = None
+        refused: Exception | None = None
+        failure: str | None = None
+        killed = False
+        tracker = self.metrics.tracker("chat")
+        last_save = time.monotonic()
+        gen: Any = None
+        if self.shutting_down:  # interrupt_all() ran while this turn was being set up
+            turn.cancelled = True
+        try:
+            gen = self.engine.generate(req) if not turn.cancelled else _empty()
+            try:
+                async for ev in gen:
+                    tracker.observe(ev)
+                    completion += len(ev.token_ids)
+                    if ev.text:
+                        parts.append(ev.text)
+                        turn.emit({"type": "delta", "session_id": turn.session_id, "message_id": turn.message_id,
+                                   "text": ev.text})
+                    if ev.finish_reason is not None:
+                        final = ev
+                        break
+                    if time.monotonic() - last_save >= SAVE_INTERVAL_S:
+                        last_save = time.monotonic()
+                        await self._save_progress(turn, "".join(parts), completion)
+            finally:
+                await aclose_stream(gen)
+        except (EngineOverloaded, InvalidRequest) as e:
+            if parts or completion:
+                failure = str(e)
+            else:
+                refused = e
+        except asyncio.CancelledError:
+            killed = True  # only drain() cancels a turn: store what we have, then stop
+        except Exception:
+            log.exception("generation failed in session %s", turn.session_id)
+            failure = "generation failed"
+        finally:
+            tracker.close()
+        try:
+            await self._finish(turn, parts, completion, final, refused, failure, killed, undo, len(req.prompt_token_ids))
+        except Exception:
+            log.exception("could not finish the turn in session %s", turn.session_id)
+        finally:
+            turn.done = True
+            if self.turns.get(turn.session_id) is turn:
+                del self.turns[turn.session_id]
+            turn.sink(None)
+        if killed:
+            raise asyncio.CancelledError
+
+    async def _finish(self, turn: Turn, parts: list[str], completion: int, final: Any, refused: Exception | None,
+                      failure: str | None, killed: bool, undo: "_Undo", prompt_len: int) -> None:
+        ids = {"session_id": turn.session_id, "message_id": turn.message_id}
+        if refused is not None:
+            # Nothing was generated: undo the turn so nothing is stored half-way.
+            await self.store.restore(undo.session, undo.messages)
+            self._forget(turn)
+            code = "overloaded" if isinstance(refused, EngineOverloaded) else "invalid_parameter"
+            param = getattr(refused, "param", None)
+            turn.emit(ServiceError(code, str(refused), param=param).event(**ids))
+            return
+        reason = final.finish_reason if final is not None else ("abort" if (turn.cancelled or killed) else "error")
+        if reason == "abort":
+            status = "interrupted" if self.shutting_down else "stopped"
+        else:
+            status = _STATUS.get(reason, "error")
+        if final is not None and reason == "error":
+            failure = final.error or "generation failed"
+        usage = final.usage if final is not None and final.usage is not None else None
+        prompt_tokens = usage.prompt_tokens if usage else prompt_len
+        cached = usage.cached_tokens if usage else None
+        completion = usage.completion_tokens if usage else completion
+        timings = final.timings if final is not None else None
+        ttft_ms = round(timings.ttft * 1000.0, 3) if timings and completion > 0 else None
+        total_ms = round(timings.total * 1000.0, 3) if timings else None
+        tps = None
+        if timings and completion >= 2 and timings.total > timings.ttft:
+            tps = round((completion - 1) / (timings.total - timings.ttft), 3)
+        text = "".join(parts)
+        try:
+            await self.store.finish_reply(turn.message_id, content=text, status=status, finish_reason=reason,
+                                          prompt_tokens=prompt_tokens, cached_tokens=cached,
+                                          completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps)
+        except Exception:
+            log.exception("could not store the reply %s", turn.message_id)
+            failure = failure or "the reply could not be stored"
+        self._forget(turn)
+        if failure is not None:
+            turn.emit(ServiceError("internal", failure).event(**ids))
+        turn.emit({"type": "done", **ids, "status": status, "finish_reason": reason,
+                   "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
+                   "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}})
+
+    async def _save_progress(self, turn: Turn, text: str, completion: int) -> None:
+        try:
+            await self.store.save_progress(turn.message_id, text, completion)
+        except Exception as e:  # a busy database must not end the reply; the final write retries the lot
+            log.warning("could not store the progress of reply %s: %s", turn.message_id, e)
+
+    def _forget(self, turn: Turn) -> None:
+        # Before the last event goes out, so a client reacting to it finds the session free.
+        if self.turns.get(turn.session_id) is turn:
+            del self.turns[turn.session_id]
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def cancel(self, session_id: str) -> bool:
+        """Abort the running turn of a session (its partial reply is stored as "stopped")."""
+        turn = self.turns.get(session_id)
+        if turn is None or turn.done:
+            return False
+        turn.cancelled = True
+        self.engine.abort(turn.request_id)
+        return True
+
+    def cancel_turn(self, turn: Turn) -> None:
+        """Abort this turn if it is still running (a transport that started it went away)."""
+        if not turn.done:
+            turn.cancelled = True
+            self.engine.abort(turn.request_id)
+
+    async def cancel_and_wait(self, session_id: str, timeout: float = 10.0) -> None:
+        turn = self.turns.get(session_id)
+        if turn is not None and self.cancel(session_id) and turn.task is not None:
+            await asyncio.wait({turn.task}, timeout=timeout)
+
+    def interrupt_all(self) -> None:
+        """Server shutdown: refuse new turns, abort the running ones (stored as "interrupted")."""
+        self.shutting_down = True
+        for turn in list(self.turns.values()):
+            if not turn.done:
+                self.engine.abort(turn.request_id)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for the running turns to store their replies; cancel what is still running after `timeout`."""
+        tasks = {t.task for t in self.turns.values() if t.task is not None}
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+
+    def opened(self, session_id: str, title: str) -> None:
+        """A client (WebSocket) shows this session; see `active`."""
+        entry = self._open.setdefault(session_id, [title, 0])
+        entry[0] = title
+        entry[1] += 1
+
+    def closed(self, session_id: str) -> None:
+        entry = self._open.get(session_id)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._open[session_id]
+
+    def active(self) -> list[dict[str, Any]]:
+        """Sessions generating a reply ("generating") or open on a connected client ("open")."""
+        out = [{"id": t.session_id, "title": t.title, "status": "generating", "message_id": t.message_id,
+                "viewers": self._open.get(t.session_id, [None, 0])[1]} for t in self.turns.values()]
+        out += [{"id": sid, "title": title, "status": "open", "message_id": None, "viewers": count}
+                for sid, (title, count) in self._open.items() if sid not in self.turns]
+        return out

@@ -1,0 +1,85 @@
+"""`create_app(settings, engine=None) -> Litestar`: routes, error handlers and the lifespan that
+opens the database (after migrating it), loads the engine and, on shutdown, stores in-flight
+replies as "interrupted" before stopping the engine."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+
+from app.api import admin, openai, pages, sessions, ws
+from app.api.errors import EXCEPTION_HANDLERS
+from app.api.state import Services
+from app.chat import ChatService
+from app.config import Settings
+from app.metrics import Metrics
+from app.store import Store
+from app.store.migrate import upgrade
+
+log = logging.getLogger("forge.app")
+
+MAX_BODY_BYTES = 8 << 20  # an imported session can be large; chat content is capped separately
+
+
+def _load_engine(settings: Settings) -> Any:
+    from engine import Engine  # heavy import, only when the app loads the model itself
+
+    return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
+                       max_waiting=settings.max_waiting, threads=settings.threads)
+
+
+def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
+    """The Forge service. With `engine=None` the lifespan loads (and later shuts down) the model itself;
+    a passed engine stays the caller's to shut down. `migrate=False` when the caller already upgraded."""
+    settings = settings or Settings.from_env()
+    svc = Services(settings=settings, metrics=Metrics())
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        if migrate:
+            await asyncio.to_thread(upgrade, settings.database_url)
+        store = Store(settings.database_url)
+        await store.ping()
+        stale = await store.mark_interrupted()
+        if stale:
+            log.warning("marked %d reply(ies) left streaming by a previous process as interrupted", stale)
+        eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
+        svc.store, svc.engine = store, eng
+        svc.metrics.bind_engine(eng)
+        svc.chat = ChatService(eng, store, svc.metrics, max_waiting=settings.max_waiting)
+        svc.started_at = time.time()
+        log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
+                 store.engine.url.render_as_string(hide_password=True))
+        try:
+            yield
+        finally:
+            svc.chat.interrupt_all()
+            await svc.chat.drain(settings.shutdown_grace_s)
+            if engine is None:
+                await eng.shutdown()
+            await store.close()
+            log.info("stopped")
+
+    return Litestar(
+        route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
+                        pages.static_router, sessions.router, openai.router, ws.chat_socket],
+        lifespan=[lifespan],
+        state=State({"forge": svc}),
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=MAX_BODY_BYTES,
+        openapi_config=None,
+        logging_config=None,
+    )
+
+
+def interrupt(app: Litestar) -> None:
+    """Server is stopping (SIGTERM): refuse new turns, abort running ones so they are stored as interrupted."""
+    svc: Services = app.state.forge
+    if svc.chat is not None:
+        svc.chat.interrupt_all()

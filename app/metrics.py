@@ -1,0 +1,200 @@
+"""Prometheus metrics (own registry per app) and the recent-window numbers behind /admin/api/stats."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+disable_created_metrics()  # no `*_created` series next to every counter and histogram
+
+WINDOW_S = 60.0  # percentiles for the admin page cover this much recent history
+RATE_WINDOW_S = 5.0  # tokens/s for the admin page
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+class _Window:
+    """(time, value) samples of the last WINDOW_S seconds."""
+
+    def __init__(self, maxlen: int = 20_000) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=maxlen)
+
+    def add(self, value: float, now: float | None = None) -> None:
+        self.samples.append((time.monotonic() if now is None else now, value))
+
+    def recent(self, span: float) -> list[float]:
+        cutoff = time.monotonic() - span
+        while self.samples and self.samples[0][0] < cutoff:
+            self.samples.popleft()
+        return [v for _, v in self.samples]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+class Metrics:
+    """The service's metrics. `engine_stats` / `model_info` are read at scrape time."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.started = time.monotonic()
+        self.engine_stats: Callable[[], dict[str, Any]] | None = None
+        self.model_info: dict[str, Any] = {}
+        self.ws_open = 0
+        r = self.registry
+        self.ttft = Histogram("forge_time_to_first_token_seconds", "Submission to first generated token.",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("forge_inter_token_latency_seconds", "Time between consecutive generated tokens.",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.latency = Histogram("forge_request_latency_seconds", "Submission to the end of a generation request.",
+                                 buckets=REQUEST_BUCKETS, registry=r)
+        self.ws_connections = Counter("forge_websocket_connections", "WebSocket connections accepted.", registry=r)
+        self.ws_active = Gauge("forge_websocket_connections_active", "WebSocket connections open now.", registry=r)
+        self.http_requests = Counter("forge_generation_requests", "Generation requests by entry point.",
+                                     ["api"], registry=r)
+        r.register(_EngineCollector(self))
+        self._ttft_window = _Window()
+        self._itl_window = _Window()
+        self._tokens_window = _Window()
+
+    def ws_opened(self) -> None:
+        self.ws_connections.inc()
+        self.ws_active.inc()
+        self.ws_open += 1
+
+    def ws_closed(self) -> None:
+        self.ws_active.dec()
+        self.ws_open -= 1
+
+    def bind_engine(self, engine: Any) -> None:
+        self.engine_stats = engine.stats
+        self.model_info = dict(engine.model_info)
+
+    def tracker(self, api: str) -> "RequestTracker":
+        """Start timing one generation request from entry point `api` ("chat", "openai")."""
+        self.http_requests.labels(api=api).inc()
+        return RequestTracker(self)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Recent-window latency percentiles (ms) and generated tokens/s."""
+        ttft = self._ttft_window.recent(WINDOW_S)
+        itl = self._itl_window.recent(WINDOW_S)
+        tokens = sum(self._tokens_window.recent(RATE_WINDOW_S))
+        span = min(RATE_WINDOW_S, max(time.monotonic() - self.started, 1e-3))
+
+        def ms(values: list[float], q: float) -> float | None:
+            p = percentile(values, q)
+            return None if p is None else round(p * 1000.0, 3)
+
+        return {
+            "window_s": WINDOW_S,
+            "ttft_ms": {"p50": ms(ttft, 50), "p95": ms(ttft, 95), "count": len(ttft)},
+            "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "count": len(itl)},
+            "tokens_per_s": round(tokens / span, 3),
+            "websocket_connections": self.ws_open,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+        }
+
+
+class RequestTracker:
+    """Feeds one request's events into the histograms and windows."""
+
+    __slots__ = ("m", "last", "ttft", "total", "closed")
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+        self.last: dict[int, float] = {}  # per sample index: when its previous tokens arrived
+        self.ttft: float | None = None
+        self.total: float | None = None
+        self.closed = False
+
+    def observe(self, ev: Any) -> None:
+        """Call with every GenerationEvent of the request."""
+        n = len(ev.token_ids)
+        if n:
+            now = time.monotonic()
+            prev = self.last.get(ev.index)
+            if prev is not None:
+                per_token = (now - prev) / n
+                for _ in range(n):
+                    self.m.itl.observe(per_token)
+                    self.m._itl_window.add(per_token, now)
+            self.last[ev.index] = now
+            self.m._tokens_window.add(n, now)
+        if ev.finish_reason is not None and ev.timings is not None:
+            if ev.usage is not None and ev.usage.completion_tokens > 0 and ev.timings.ttft > 0:
+                self.ttft = ev.timings.ttft if self.ttft is None else min(self.ttft, ev.timings.ttft)
+            self.total = ev.timings.total if self.total is None else max(self.total, ev.timings.total)
+
+    def close(self) -> None:
+        """The request is over: record its TTFT and latency once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.ttft is not None:
+            self.m.ttft.observe(self.ttft)
+            self.m._ttft_window.add(self.ttft)
+        if self.total is not None:
+            self.m.latency.observe(self.total)
+
+
+class _EngineCollector:
+    """Scrape-time view of engine.stats(): queue gauges, KV blocks, token and prefix-cache counters."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def describe(self) -> list:
+        return []  # dynamic: don't let the registry call collect() at registration
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        if self.m.model_info:
+            info = InfoMetricFamily("forge_model", "The model being served.")
+            info.add_metric([], {k: str(self.m.model_info.get(k, "")) for k in ("name", "arch", "quant", "backend")})
+            yield info
+        if self.m.engine_stats is None:
+            return
+        s = self.m.engine_stats()
+        gauges = (
+            ("forge_waiting_sequences", "Sequences waiting to be scheduled.", "waiting"),
+            ("forge_running_sequences", "Sequences being generated.", "running"),
+            ("forge_kv_blocks_used", "KV cache blocks in use.", "kv_blocks_used"),
+            ("forge_kv_blocks_total", "KV cache blocks in total.", "kv_blocks_total"),
+            ("forge_kv_usage_ratio", "Fraction of KV cache blocks in use.", "kv_usage"),
+            ("forge_prefix_cache_hit_rate", "Prefix cache hit tokens / queried tokens.", "prefix_hit_rate"),
+            ("forge_decode_tokens_per_second", "Recent engine decode throughput.", "decode_tok_s"),
+        )
+        for name, doc, key in gauges:
+            if key in s:
+                yield GaugeMetricFamily(name, doc, value=float(s[key]))
+        counters = (
+            ("forge_prompt_tokens", "Prompt tokens submitted.", "prompt_tokens_total"),
+            ("forge_cached_tokens", "Prompt tokens served from the prefix cache.", "cached_tokens_total"),
+            ("forge_generated_tokens", "Tokens generated.", "generated_tokens_total"),
+            ("forge_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_queried_tokens"),
+            ("forge_prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_hit_tokens"),
+            ("forge_engine_steps", "Engine steps run.", "steps"),
+        )
+        for name, doc, key in counters:
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+        finished = CounterMetricFamily("forge_requests_finished", "Finished requests by finish reason.",
+                                       labels=["reason"])
+        for reason, count in sorted(dict(s.get("requests_finished", {})).items()):
+            finished.add_metric([str(reason)], float(count))
+        yield finished

@@ -1,0 +1,124 @@
+"""`serve(settings)`: migrate the database, then run the app under uvicorn (one worker).
+
+SIGTERM / Ctrl-C: new turns are refused at once and running replies are aborted, stored as
+"interrupted", and their streams end; then the lifespan stops the engine.
+Also runnable as `python -m app.server [--port N] [--db URL] ...` (same flags as `forge serve`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from app.config import Settings
+from app.main import create_app, interrupt
+from app.store.migrate import upgrade
+
+log = logging.getLogger("forge.server")
+
+WS_MAX_FRAME_BYTES = 1 << 20  # bigger frames: close 1009 (docs/protocol.md)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus a hook that runs as soon as a shutdown signal arrives (before connections drain)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first:
+            try:
+                asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+            except RuntimeError:  # no loop yet / any more
+                pass
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
+
+
+def configure_logging(level: str) -> None:
+    """Forge's loggers at `level` (a no-op basicConfig when the CLI already configured the root logger)."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("forge").setLevel(level.upper())
+
+
+def preflight(settings: Settings) -> None:
+    """Fail fast, in one line, on the usual mistakes (a wrong model path, a bad KV size) before uvicorn
+    starts and the lifespan loads the model."""
+    from engine import parse_size
+    from engine.loader import ModelLoadError, resolve_model_path
+
+    try:
+        resolve_model_path(settings.model)
+        parse_size(settings.kv_memory)
+    except (ModelLoadError, ValueError) as e:
+        raise SystemExit(f"forge: {e}") from None
+
+
+def serve(settings: Settings) -> None:
+    """Run Forge until SIGTERM/SIGINT. Blocking. Exits non-zero when start-up fails."""
+    configure_logging(settings.log_level)
+    preflight(settings)
+    try:
+        upgrade(settings.database_url)
+    except Exception as e:
+        log.debug("migration failed", exc_info=True)
+        raise SystemExit(f"forge: cannot migrate the database {_safe_url(settings.database_url)!r}: {e}") from None
+    app = create_app(settings, migrate=False)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
+        ws_max_size=WS_MAX_FRAME_BYTES,
+        timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
+    )
+    server = _Server(config, on_exit=lambda: interrupt(app))
+    server.run()
+    if not server.started:
+        raise SystemExit(1)  # start-up failed (model or database); uvicorn logged why
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m app.server", description="Run the Forge service.")
+    p.add_argument("--model", help="'default' or a path to a GGUF file / HF folder (FORGE_MODEL)")
+    p.add_argument("--host", help="bind address (FORGE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (FORGE_PORT, default 8000)")
+    p.add_argument("--db", dest="database_url", help="SQLAlchemy async URL (FORGE_DATABASE_URL)")
+    p.add_argument("--backend", help="auto | numpy | cupy (FORGE_BACKEND)")
+    p.add_argument("--kv-memory", dest="kv_memory", help="KV cache size, e.g. 1GiB (FORGE_KV_MEMORY)")
+    p.add_argument("--api-key", dest="api_key", help="bearer key required on /v1 (FORGE_API_KEY)")
+    p.add_argument("--admin-token", dest="admin_token", help="token for /admin and /metrics (FORGE_ADMIN_TOKEN)")
+    p.add_argument("--max-waiting", dest="max_waiting", type=int, help="engine waiting-queue limit (FORGE_MAX_WAITING)")
+    p.add_argument("--threads", type=int, help="BLAS threads (FORGE_THREADS)")
+    p.add_argument("--log-level", dest="log_level", help="debug | info | warning (FORGE_LOG_LEVEL)")
+    p.add_argument("--keepalive-s", dest="keepalive_s", type=float, help="SSE keep-alive interval (FORGE_KEEPALIVE_S)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(**vars(args))
+    except ValueError as e:
+        sys.exit(f"forge: {e}")
+    serve(settings)
+
+
+if __name__ == "__main__":
+    main()
