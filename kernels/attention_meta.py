@@ -30,6 +30,7 @@ class AttentionMetadata:
     is_decode_only: bool
     query_start_host: np.ndarray | None = None
     context_lens_host: np.ndarray | None = None
+    plan: Any = None  # a backend's per-step work plan, computed by the first layer, reused by the rest
 
     @property
     def num_seqs(self) -> int:

@@ -149,10 +149,22 @@ class NumpyBackend:
         q [T, H, Dh]; q head h reads kv head h // (H // Hkv). Query j of seq b's n new tokens sits at
         position context_lens[b] - n + j and sees positions <= that. Returns [T, H, Dh] float32.
         """
-        T, H, Dh = q.shape
-        nb, bs, Hkv, dh = k_cache.shape
+        if meta.plan is None:  # validate and plan once per step; every layer reuses it
+            meta.plan = self._plan(q.shape, k_cache.shape, meta)
+        tables, ctx, qs, decode_groups, prefills = meta.plan
+        out = np.empty(q.shape, dtype=np.float32)
+        for seqs, nblk in decode_groups:
+            self._decode_group(q, k_cache, v_cache, tables, ctx, qs, seqs, nblk, scale, out)
+        for b in prefills:
+            self._prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
+        return out
+
+    @staticmethod
+    def _plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
+        T, H, Dh = q_shape
+        nb, bs, Hkv, dh = cache_shape
         if dh != Dh or H % Hkv:
-            raise ValueError(f"paged_attention: q {q.shape} does not fit cache {k_cache.shape} (Dh equal, H divisible by Hkv)")
+            raise ValueError(f"paged_attention: q {q_shape} does not fit cache {cache_shape} (Dh equal, H divisible by Hkv)")
         qs, ctx = meta.host_query_start(), meta.host_context_lens()
         B = ctx.shape[0]
         if qs.shape != (B + 1,) or qs[-1] != T:
@@ -165,13 +177,18 @@ class NumpyBackend:
             raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {ctx.max()}")
         if tables.size and (tables.min() < 0 or tables.max() >= nb):
             raise ValueError(f"paged_attention: block_tables hold block ids outside [0, {nb}): min {tables.min()} max {tables.max()}")
-        out = np.empty((T, H, Dh), dtype=np.float32)
+        # Decodes: batched, padded to the longest in each group; a group is split where padding would exceed 2x.
         dec = np.flatnonzero(q_lens == 1)
-        if dec.size:
-            self._decode(q, k_cache, v_cache, tables, ctx, qs, dec, scale, out)
-        for b in np.flatnonzero(q_lens > 1):
-            self._prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
-        return out
+        order = dec[np.argsort(-ctx[dec], kind="stable")]
+        nblk = -(-ctx[order] // bs)
+        groups, i = [], 0
+        while i < order.size:
+            j = i + 1
+            while j < order.size and nblk[j] * _DECODE_PAD_RATIO >= nblk[i]:
+                j += 1
+            groups.append((order[i:j], int(nblk[i])))
+            i = j
+        return tables, ctx, qs, groups, np.flatnonzero(q_lens > 1)
 
     def _buffer(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
         """Reused scratch (avoids page-faulting fresh megabytes every layer)."""
@@ -180,19 +197,6 @@ class NumpyBackend:
         if buf is None or buf.size < n:
             buf = self._scratch[key] = np.empty(max(n, 1), dtype=np.float32)
         return buf[:n].reshape(shape)
-
-    def _decode(self, q, k_cache, v_cache, tables, ctx, qs, seqs, scale, out) -> None:
-        """Sequences with one new token: batched, padded to the longest in each length group."""
-        bs = k_cache.shape[1]
-        order = seqs[np.argsort(-ctx[seqs], kind="stable")]
-        nblk = -(-ctx[order] // bs)
-        i = 0
-        while i < order.size:
-            j = i + 1
-            while j < order.size and nblk[j] * _DECODE_PAD_RATIO >= nblk[i]:
-                j += 1
-            self._decode_group(q, k_cache, v_cache, tables, ctx, qs, order[i:j], int(nblk[i]), scale, out)
-            i = j
 
     def _decode_group(self, q, k_cache, v_cache, tables, ctx, qs, seqs, nblk, scale, out) -> None:
         B = seqs.size
