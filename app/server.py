@@ -6,7 +6,6 @@ Also runnable as `python -m app.server [--port N] [--db URL] ...` (same flags as
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -94,30 +93,11 @@ def serve(settings: Settings) -> None:
         raise SystemExit(1)  # start-up failed (model or database); uvicorn logged why
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app.server", description="Run the Forge service.")
-    p.add_argument("--model", help="'default' or a path to a GGUF file / HF folder (FORGE_MODEL)")
-    p.add_argument("--host", help="bind address (FORGE_HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (FORGE_PORT, default 8000)")
-    p.add_argument("--db", dest="database_url", help="SQLAlchemy async URL (FORGE_DATABASE_URL)")
-    p.add_argument("--backend", help="auto | numpy | cupy (FORGE_BACKEND)")
-    p.add_argument("--kv-memory", dest="kv_memory", help="KV cache size, e.g. 1GiB (FORGE_KV_MEMORY)")
-    p.add_argument("--api-key", dest="api_key", help="bearer key required on /v1 (FORGE_API_KEY)")
-    p.add_argument("--admin-token", dest="admin_token", help="token for /admin and /metrics (FORGE_ADMIN_TOKEN)")
-    p.add_argument("--max-waiting", dest="max_waiting", type=int, help="engine waiting-queue limit (FORGE_MAX_WAITING)")
-    p.add_argument("--threads", type=int, help="BLAS threads (FORGE_THREADS)")
-    p.add_argument("--log-level", dest="log_level", help="debug | info | warning (FORGE_LOG_LEVEL)")
-    p.add_argument("--keepalive-s", dest="keepalive_s", type=float, help="SSE keep-alive interval (FORGE_KEEPALIVE_S)")
-    return p
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = Settings.from_env(**vars(args))
-    except ValueError as e:
-        sys.exit(f"forge: {e}")
-    serve(settings)
+    """`python -m app.server ARGS` is `forge serve ARGS`."""
+    from app.cli import main as cli_main
+
+    cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
