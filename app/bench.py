@@ -44,10 +44,6 @@ async def _run(engine: Engine, prompt: list[int], max_tokens: int) -> dict:
     return {"start": start, "stamps": stamps, "text": "".join(text), "usage": final.usage, "timings": final.timings}
 
 
-def _cold(engine: Engine) -> None:
-    engine.core.blocks.reset_prefix_cache()  # only while idle: the step thread is parked
-
-
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
@@ -57,25 +53,25 @@ async def _bench(engine: Engine, quick: bool) -> dict:
     decode_len = 32 if quick else 128
     await _run(engine, _raw_prompt(engine, 64, 999), 4)  # warm-up
 
-    _cold(engine)
+    await engine.reset_prefix_cache()
     prefill_len = 500
     r = await _run(engine, _raw_prompt(engine, prefill_len, 1), 1)
     prefill_tok_s = prefill_len / r["timings"].ttft
 
     ttfts = []
     for i in range(3 if quick else 5):
-        _cold(engine)
+        await engine.reset_prefix_cache()
         prompt = engine.render_chat([{"role": "user", "content": f"Give me {i + 2} tips to sleep better tonight."}])
         ttfts.append((await _run(engine, prompt, 1))["timings"].ttft)
     chat_prompt_len = len(prompt)
 
-    _cold(engine)
+    await engine.reset_prefix_cache()
     r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
     decode_tok_s = (len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0])
 
     aggregate, e2e, itl = {}, {}, []
     for n in (8, 32):
-        _cold(engine)
+        await engine.reset_prefix_cache()
         runs = await asyncio.gather(*(_run(engine, _raw_prompt(engine, 32, 100 + n + i), decode_len) for i in range(n)))
         t0 = max(run["stamps"][0] for run in runs)  # everyone is decoding from here ...
         t1 = min(run["stamps"][-1] for run in runs)  # ... until the first one ends
@@ -86,7 +82,7 @@ async def _bench(engine: Engine, quick: bool) -> dict:
         if n == 32:
             itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:])]
 
-    _cold(engine)
+    await engine.reset_prefix_cache()
     turns, history, chat = 8, [], []
     for turn in range(1, turns + 1):
         history.append({"role": "user", "content": f"Question {turn}: " + _text(12, turn)})

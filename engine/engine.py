@@ -7,6 +7,7 @@ each caller's event loop with `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import queue
@@ -165,6 +166,12 @@ class Engine:
                 self.abort(request.request_id)
             self._streams.pop(request.request_id, None)
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (blocks in use stay valid); applied between two steps."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("reset_prefix_cache", done))
+        await asyncio.wrap_future(done)
+
     def abort(self, request_id: str) -> None:
         """End a request (finish reason "abort") within one step. Thread-safe."""
         self._commands.put(("abort", request_id))
@@ -211,6 +218,9 @@ class Engine:
                     self._send(request.request_id, exc)
             elif cmd[0] == "abort":
                 self._dispatch(self.core.abort(cmd[1]))
+            elif cmd[0] == "reset_prefix_cache":
+                self.core.blocks.reset_prefix_cache()
+                cmd[1].set_result(None)
 
     def _dispatch(self, events: list[GenerationEvent]) -> None:
         for event in events:

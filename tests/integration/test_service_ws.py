@@ -26,8 +26,8 @@ async def cold_engine():
 
 
 async def cold_reply(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int]:
-    # Forget the earlier turns' blocks (the engine is idle here): this run computes every prompt token.
-    engine.core.blocks.reset_prefix_cache()
+    # Forget the earlier turns' blocks: this run computes every prompt token.
+    await engine.reset_prefix_cache()
     prompt = engine.render_chat(messages)
     text = []
     req = GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
