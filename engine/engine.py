@@ -24,7 +24,7 @@ from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
-from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest
+from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
 from kernels import get_backend
 
 log = logging.getLogger("forge.engine")
@@ -144,6 +144,8 @@ class Engine:
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
+        if request.request_id in self._streams:
+            raise InvalidRequest(f"request id {request.request_id!r} is already in use", param="request_id")
         with self._lock:
             if len(self.core.scheduler.waiting) + self._submitted >= self.core.config.max_waiting:
                 raise EngineOverloaded(

@@ -235,7 +235,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> GenerationEvent:
         """End `seq`, free its blocks and build its final event."""
-        tail = seq.detok.finish() if reason in ("stop", "length") else ""
+        tail = seq.detok.finish() if reason != "error" else ""  # held-back text is part of the reply
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
         self.finished_by_reason[reason] += 1
