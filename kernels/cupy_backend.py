@@ -115,13 +115,13 @@ class CupyBackend:
         return out, new_residual
 
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
-        """x [T, K] @ weight[N, K].T (+ bias [N]) -> [T, N] via cuBLAS."""
-        if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
-            raise ValueError(f"linear: x {x.shape} does not match weight {weight.shape} ([N, K], x [T, K])")
-        out = self._cp.matmul(x, weight.T)
+        """x [T, K] @ weight [K, N] (+ bias [N]) -> [T, N] via cuBLAS."""
+        if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[0]:
+            raise ValueError(f"linear: x {x.shape} does not match weight {weight.shape} ([K, N], x [T, K])")
+        out = self._cp.matmul(x, weight)
         if bias is not None:
-            if bias.shape != (weight.shape[0],):
-                raise ValueError(f"linear: bias {bias.shape} should be ({weight.shape[0]},)")
+            if bias.shape != (weight.shape[1],):
+                raise ValueError(f"linear: bias {bias.shape} should be ({weight.shape[1]},)")
             out += bias
         return out
 

@@ -19,13 +19,20 @@ from kernels.attention_meta import AttentionMetadata
 
 @dataclass(slots=True)
 class LayerWeights:
+    """One layer on the backend. Projections are input-major [in, out], as `backend.linear` takes them."""
+
     attn_norm: Any
-    qkv: Any  # [(H + 2 * Hkv) * Dh, D]: q, k and v projections fused into one GEMM
+    qkv: Any  # [D, (H + 2 * Hkv) * Dh]: q, k and v projections fused into one GEMM
     qkv_bias: Any | None
     o: Any
     ffn_norm: Any
-    gate_up: Any  # [2F, D]: gate and up fused
+    gate_up: Any  # [D, 2F]: gate and up fused
     down: Any
+
+
+def _input_major(*weights: np.ndarray) -> np.ndarray:
+    """HF [out, in] matrices, concatenated along `out`, as one C-contiguous [in, sum(out)]."""
+    return np.ascontiguousarray(np.concatenate(weights).T)
 
 
 class LlamaModel:
@@ -44,16 +51,17 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     attn_norm=be.asarray(w("attn_norm")),
-                    qkv=be.asarray(np.concatenate([w("q"), w("k"), w("v")])),
+                    qkv=be.asarray(_input_major(w("q"), w("k"), w("v"))),
                     qkv_bias=bias,
-                    o=be.asarray(w("o")),
+                    o=be.asarray(_input_major(w("o"))),
                     ffn_norm=be.asarray(w("ffn_norm")),
-                    gate_up=be.asarray(np.concatenate([w("gate"), w("up")])),
-                    down=be.asarray(w("down")),
+                    gate_up=be.asarray(_input_major(w("gate"), w("up"))),
+                    down=be.asarray(_input_major(w("down"))),
                 )
             )
         self.embed = be.asarray(weights["embed"])
-        self.lm_head = self.embed if config.tie_word_embeddings else be.asarray(weights["lm_head"])
+        # Tied models keep the [V, D] table for lookups and an input-major copy for the head.
+        self.lm_head = be.asarray(_input_major(weights["embed" if config.tie_word_embeddings else "lm_head"]))
         self.final_norm = be.asarray(weights["final_norm"])
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.scale = 1.0 / float(np.sqrt(config.head_dim))

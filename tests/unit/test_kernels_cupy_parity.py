@@ -69,7 +69,7 @@ def test_add_rms_norm(gpu, cpu, rng):
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
 def test_linear(gpu, cpu, rng, with_bias):
     x = rng.standard_normal((13, 576)).astype(np.float32)
-    w = rng.standard_normal((192, 576)).astype(np.float32)
+    w = rng.standard_normal((576, 192)).astype(np.float32)  # [K, N]
     b = rng.standard_normal(192).astype(np.float32) if with_bias else None
     got = gpu.linear(gpu.asarray(x), gpu.asarray(w), None if b is None else gpu.asarray(b))
     _close(gpu, got, cpu.linear(x, w, b), RTOL_SUM, ATOL_SUM)

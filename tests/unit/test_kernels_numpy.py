@@ -72,13 +72,13 @@ def test_add_rms_norm_returns_sum_and_its_norm(be, rng):
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
 def test_linear_matches_loops(be, rng, with_bias):
     x = rng.standard_normal((6, 40)).astype(np.float32)
-    w = rng.standard_normal((24, 40)).astype(np.float32)  # [N, K]
+    w = rng.standard_normal((40, 24)).astype(np.float32)  # [K, N]
     b = rng.standard_normal(24).astype(np.float32) if with_bias else None
     got = be.linear(x, w, b)
     ref = np.zeros((6, 24))
     for t in range(6):
         for n in range(24):
-            ref[t, n] = sum(float(x[t, k]) * float(w[n, k]) for k in range(40)) + (float(b[n]) if with_bias else 0.0)
+            ref[t, n] = sum(float(x[t, k]) * float(w[k, n]) for k in range(40)) + (float(b[n]) if with_bias else 0.0)
     assert got.shape == (6, 24)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
 
