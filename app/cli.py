@@ -174,12 +174,17 @@ async def _chat(engine: Engine, args: argparse.Namespace) -> None:
             if not line:
                 continue
             turns.append({"role": "user", "content": line})
-            prompt_ids = engine.render_chat(_messages(args.system, turns))
             reply, final = [], None
-            async for ev in engine.generate(GenerationRequest(prompt_ids, _params(args))):
-                reply.append(ev.text)
-                print(ev.text, end="", flush=True)
-                final = ev if ev.final else final
+            try:
+                prompt_ids = engine.render_chat(_messages(args.system, turns))
+                async for ev in engine.generate(GenerationRequest(prompt_ids, _params(args))):
+                    reply.append(ev.text)
+                    print(ev.text, end="", flush=True)
+                    final = ev if ev.final else final
+            except (InvalidRequest, EngineOverloaded, ValueError) as exc:  # e.g. the history outgrew the context
+                turns.pop()
+                print(f"(not sent: {exc}; /reset starts over)", file=sys.stderr)
+                continue
             turns.append({"role": "assistant", "content": "".join(reply)})
             u, t = final.usage, final.timings
             print(f"\n[{u.completion_tokens} tokens, {u.cached_tokens}/{u.prompt_tokens} prompt tokens cached, "

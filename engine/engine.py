@@ -29,7 +29,7 @@ from kernels import get_backend
 
 log = logging.getLogger("forge.engine")
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 
 
@@ -40,8 +40,7 @@ def parse_size(text: str | int) -> int:
     m = _SIZE.match(text)
     if not m:
         raise ValueError(f"cannot read {text!r} as a size (e.g. 512MiB, 1GiB)")
-    unit = (m.group(2) or "").lower().removesuffix("b")
-    return int(float(m.group(1)) * _UNITS[unit])
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 @dataclass(slots=True)
@@ -58,7 +57,8 @@ class Engine:
         self.tokenizer = core.tokenizer
         self.threads = threads or len(os.sched_getaffinity(0))
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}
+        self._active: set[str] = set()  # request ids with a consumer (asyncio side)
+        self._routes: dict[str, _Stream] = {}  # request id -> its consumer (step-thread side)
         self._submitted = 0  # requests handed to the thread and not yet queued there
         self._lock = threading.Lock()
         self._stopping = False
@@ -144,7 +144,7 @@ class Engine:
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
-        if request.request_id in self._streams:
+        if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already in use", param="request_id")
         with self._lock:
             if len(self.core.scheduler.waiting) + self._submitted >= self.core.config.max_waiting:
@@ -153,8 +153,10 @@ class Engine:
                 )
             self._submitted += 1
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request.request_id] = stream
-        self._commands.put(("add", request, time.monotonic()))
+        self._active.add(request.request_id)
+        # The stream travels with the request: the step thread routes its events (an abort of an
+        # earlier request with the same id can never reach this one).
+        self._commands.put(("add", request, time.monotonic(), stream))
         remaining = request.params.n
         try:
             while remaining:
@@ -166,10 +168,12 @@ class Engine:
         finally:
             if remaining:
                 self.abort(request.request_id)
-            self._streams.pop(request.request_id, None)
+            self._active.discard(request.request_id)
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use stay valid); applied between two steps."""
+        if self._stopping:
+            raise RuntimeError("engine is shut down")
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put(("reset_prefix_cache", done))
         await asyncio.wrap_future(done)
@@ -190,9 +194,9 @@ class Engine:
     def _loop(self) -> None:
         with threadpool_limits(limits=self.threads):
             while True:
-                if not self._drain(block=not self.core.has_work()):
-                    break
                 try:
+                    if not self._drain(block=not self.core.has_work()):
+                        break
                     events = self.core.step()
                 except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
                     log.exception("engine step failed")
@@ -211,27 +215,36 @@ class Engine:
             if cmd[0] == "stop":
                 return False
             if cmd[0] == "add":
-                _, request, arrival = cmd
+                _, request, arrival, stream = cmd
                 with self._lock:
                     self._submitted -= 1
+                self._routes[request.request_id] = stream
                 try:
                     self.core.add_request(request, arrival)
                 except Exception as exc:
                     self._send(request.request_id, exc)
+                    self._routes.pop(request.request_id, None)
             elif cmd[0] == "abort":
                 self._dispatch(self.core.abort(cmd[1]))
             elif cmd[0] == "reset_prefix_cache":
-                self.core.blocks.reset_prefix_cache()
-                cmd[1].set_result(None)
+                try:
+                    self.core.blocks.reset_prefix_cache()
+                    cmd[1].set_result(None)
+                except Exception as exc:
+                    cmd[1].set_exception(exc)
 
     def _dispatch(self, events: list[GenerationEvent]) -> None:
         for event in events:
             self._send(event.request_id, event)
+            if event.final and not self.core.is_running(event.request_id):
+                self._routes.pop(event.request_id, None)
 
     def _send(self, request_id: str, item: GenerationEvent | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            try:
-                stream.loop.call_soon_threadsafe(stream.events.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening
-                self._streams.pop(request_id, None)
+        stream = self._routes.get(request_id)
+        if stream is None:
+            return
+        try:
+            stream.loop.call_soon_threadsafe(stream.events.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self._routes.pop(request_id, None)
+            self._dispatch(self.core.abort(request_id))

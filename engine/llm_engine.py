@@ -17,7 +17,7 @@ from engine.loader import LoadedModel
 from engine.model.llama import LlamaModel
 from engine.sampling import SamplerRow, make_rng, sample
 from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from engine.sequence import Sequence, SeqStatus
+from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer
 from engine.types import (
     EngineOverloaded,
@@ -75,6 +75,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its live sequences
         self._pending_siblings: dict[str, list[Sequence]] = {}  # n > 1: wait for the prompt's blocks
+        self._num_deadlines = 0  # live requests with a timeout: _expire has nothing to scan without one
         self.counters = collections.Counter()
         self.finished_by_reason: collections.Counter[str] = collections.Counter()
         self._decode_window: collections.deque[tuple[float, int]] = collections.deque()
@@ -120,12 +121,16 @@ class LLMEngine:
             for i in range(params.n)
         ]
         self._groups[req.request_id] = seqs
+        self._num_deadlines += deadline is not None
         self.scheduler.add(seqs[0])
         if len(seqs) > 1:
             self._pending_siblings[req.request_id] = seqs[1:]
 
     def abort(self, request_id: str) -> list[GenerationEvent]:
-        return [self._finish(s, "abort") for s in self._live(request_id)]
+        return self._end_group(request_id, "abort")
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._groups
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._pending_siblings)
@@ -140,8 +145,9 @@ class LLMEngine:
         for seq in batch.seqs:
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
-                self.counters["prompt_tokens"] += seq.prompt_len
-                self.counters["cached_tokens"] += seq.num_cached
+                if seq.index == 0:
+                    self.counters["prompt_tokens"] += seq.prompt_len
+                    self.counters["cached_tokens"] += seq.num_cached
         try:
             logits, sampling = self._run_model(batch)
         except Exception as exc:  # the model itself failed: these sequences cannot go on
@@ -155,6 +161,10 @@ class LLMEngine:
         self.counters["batched_tokens"] += batch.num_tokens
         events += self._sample_and_emit(sampling, logits)
         self._release_siblings()
+        window = self._decode_window
+        window.append((time.monotonic(), len(sampling)))
+        while window[0][0] < window[-1][0] - 10.0:
+            window.popleft()
         return events
 
     def _run_model(self, batch: ScheduledBatch) -> tuple[np.ndarray, list[Sequence]]:
@@ -216,7 +226,6 @@ class LLMEngine:
         seq.token_ids.append(token)
         seq.sampler.output_ids.append(token)
         self.counters["generated_tokens"] += 1
-        self._decode_window.append((now, 1))
         params = seq.request.params
         is_eos = not params.ignore_eos and token in self.eos_ids
         reason = None
@@ -243,15 +252,14 @@ class LLMEngine:
         if seq in group:
             group.remove(seq)
         siblings = self._pending_siblings.get(seq.request_id)
-        if siblings and seq in siblings:
-            siblings.remove(seq)
-        if not group:
-            self._groups.pop(seq.request_id, None)
+        if not group and self._groups.pop(seq.request_id, None) is not None:
             self._pending_siblings.pop(seq.request_id, None)
-        elif reason in ("abort", "timeout", "error") and siblings and seq.index == 0:
-            # The prompt's prefill was cut short: the waiting siblings go on without it.
+            self._num_deadlines -= seq.deadline is not None
+        elif siblings and seq.index == 0:
+            # Sample 0 ended before releasing its siblings (it failed alone, or stopped at its
+            # first token): they go on without it.
             for sib in self._pending_siblings.pop(seq.request_id):
-                self.scheduler.add(sib)
+                self.scheduler.add(sib, front=True)
         now = time.monotonic()
         start = seq.first_scheduled or now
         timings = Timings(
@@ -266,34 +274,36 @@ class LLMEngine:
         for rid, siblings in list(self._pending_siblings.items()):
             leader = self._groups[rid][0] if self._groups.get(rid) else None
             if leader is None or leader.index != 0 or leader.num_computed >= leader.prompt_len:
-                for sib in self._pending_siblings.pop(rid):
-                    self.scheduler.add(sib)
+                # To the front: they should find the prompt's blocks still cached.
+                for sib in reversed(self._pending_siblings.pop(rid)):
+                    self.scheduler.add(sib, front=True)
 
     def _expire(self, now: float) -> list[GenerationEvent]:
-        expired = [
-            s for group in self._groups.values() for s in group if s.deadline is not None and now >= s.deadline
-        ]
-        return [self._finish(s, "timeout") for s in expired]
+        if not self._num_deadlines:
+            return []
+        expired = [rid for rid, group in self._groups.items() if group[0].deadline is not None and now >= group[0].deadline]
+        return [ev for rid in expired for ev in self._end_group(rid, "timeout")]
 
-    def _live(self, request_id: str) -> list[Sequence]:
-        return list(self._groups.get(request_id, []))
+    def _end_group(self, request_id: str, reason: str, error: str | None = None) -> list[GenerationEvent]:
+        """End every sample of a request (those still waiting for the prompt's blocks too)."""
+        self._pending_siblings.pop(request_id, None)
+        return [self._finish(s, reason, error) for s in list(self._groups.get(request_id, []))]
 
     def fail_all(self, message: str) -> list[GenerationEvent]:
-        return [self._finish(s, "error", message) for g in list(self._groups.values()) for s in list(g)]
+        return [ev for rid in list(self._groups) for ev in self._end_group(rid, "error", message)]
 
     def abort_all(self) -> list[GenerationEvent]:
-        return [self._finish(s, "abort") for g in list(self._groups.values()) for s in list(g)]
+        return [ev for rid in list(self._groups) for ev in self._end_group(rid, "abort")]
 
     # ---- numbers for /metrics and the admin page ------------------------------------
     def stats(self) -> dict:
+        """A snapshot; safe to call from any thread (it copies what the step thread mutates)."""
         now = time.monotonic()
-        window = self._decode_window
-        while window and now - window[0][0] > 10.0:
-            window.popleft()
+        window = [(t, n) for t, n in list(self._decode_window) if now - t <= 10.0]
         span = (now - window[0][0]) if window else 0.0
         ps = self.blocks.stats
         return {
-            "waiting": len(self.scheduler.waiting) + sum(len(v) for v in self._pending_siblings.values()),
+            "waiting": len(self.scheduler.waiting) + sum(map(len, list(self._pending_siblings.values()))),
             "running": len(self.scheduler.running),
             "kv_blocks_used": self.blocks.num_used,
             "kv_blocks_total": self.blocks.num_blocks,
@@ -305,7 +315,7 @@ class LLMEngine:
             "prompt_tokens_total": self.counters["prompt_tokens"],
             "cached_tokens_total": self.counters["cached_tokens"],
             "generated_tokens_total": self.counters["generated_tokens"],
-            "requests_finished": dict(self.finished_by_reason),
+            "requests_finished": dict(self.finished_by_reason.copy()),
             "preemptions": self.scheduler.num_preemptions,
             "decode_tok_s": sum(n for _, n in window) / span if span > 0.5 else 0.0,
             "steps": self.counters["steps"],

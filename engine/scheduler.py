@@ -32,9 +32,6 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new)
 
-    def __len__(self) -> int:
-        return len(self.seqs)
-
 
 @dataclass(slots=True)
 class Scheduler:
@@ -44,9 +41,12 @@ class Scheduler:
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, front: bool = False) -> None:
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -79,8 +79,9 @@ class Scheduler:
                 batch.num_new.append(chunk)
                 budget -= chunk
 
-        # 3. Admit waiting sequences while budget, slots and blocks last.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # 3. Admit waiting sequences while budget, slots and blocks last (not in a step that
+        #    had to preempt: the victim would come straight back and thrash).
+        while not batch.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = self.blocks.admit(seq)
             chunk = min(seq.remaining, budget)

@@ -6,8 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
     from engine.sampling import SamplerRow
     from engine.tokenizer import IncrementalDetokenizer
@@ -54,10 +52,6 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
-
-    @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
@@ -65,10 +59,3 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens whose KV still has to be computed before the next sample."""
         return len(self.token_ids) - self.num_computed
-
-    @property
-    def finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
-
-    def prompt_array(self) -> np.ndarray:
-        return np.asarray(self.token_ids[: self.prompt_len], dtype=np.int64)

@@ -5,9 +5,6 @@ import math
 import uuid
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "abort", "timeout", "error")
-
-
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full: the request was refused without being queued."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -98,3 +99,17 @@ async def test_shutdown_aborts_in_flight(default_model):
     await eng.shutdown()
     await asyncio.wait_for(task, 10)
     assert events[-1].finish_reason == "abort"
+
+
+async def test_reused_request_id_gets_its_own_events(engine):
+    first = chat(engine, "Tell me about the sea.", max_tokens=200, ignore_eos=True)
+    first.request_id = "same-id"
+    async with contextlib.aclosing(engine.generate(first)) as stream:
+        async for ev in stream:
+            if ev.token_ids:
+                break  # abandoned: its abort is still on the way when the next request starts
+    second = chat(engine, "Tell me about the sea.", max_tokens=6, ignore_eos=True)
+    second.request_id = "same-id"
+    events = [ev async for ev in engine.generate(second)]
+    assert events[-1].finish_reason == "length"
+    assert sum(len(ev.token_ids) for ev in events) == 6
