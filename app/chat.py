@@ -20,7 +20,7 @@ from typing import Any
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
 from app.api.errors import ServiceError
-from app.api.fields import DEFAULT_TITLE
+from app.api.fields import DEFAULT_SETTINGS, DEFAULT_TITLE
 from app.metrics import Metrics
 from app.store import Store
 
@@ -46,7 +46,6 @@ class Turn:
     task: asyncio.Task | None = None
     cancelled: bool = False
     done: bool = False
-    started: float = field(default_factory=time.time)
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.client_id is not None:
@@ -164,9 +163,7 @@ class ChatService:
             plan = plan_for(before, messages)
             prompt = self._render(before, plan.history)
             params = self._sampling(before["settings"], len(prompt))
-            stats = self.engine.stats()
-            if stats.get("waiting", 0) >= self.max_waiting:
-                raise ServiceError("overloaded", f"the engine's waiting queue is full ({self.max_waiting}); retry later")
+            self.check_capacity()
             started = await self.store.start_reply(session_id, user_content=plan.user_content, edit=plan.edit,
                                                    keep_through=plan.keep_through, title=plan.title)
             if started is None:
@@ -189,13 +186,21 @@ class ChatService:
         finally:
             self._reserved.discard(session_id)
 
+    def check_capacity(self) -> None:
+        """Raise ServiceError("overloaded") when the engine's waiting queue is full (checked before any work)."""
+        if self.engine.stats().get("waiting", 0) >= self.max_waiting:
+            raise ServiceError("overloaded", f"the engine's waiting queue is full ({self.max_waiting}); retry later")
+
     def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
         msgs: list[dict[str, str]] = []
         if session.get("system_prompt"):
             msgs.append({"role": "system", "content": session["system_prompt"]})
         for m in history:
-            # Replies that failed or never produced text are not part of the conversation.
+            # Replies that failed or never produced text are not part of the conversation; neither is the
+            # question they answered (templates may require user/assistant to alternate).
             if m["role"] == "assistant" and (not m["content"] or m.get("status") == "error"):
+                if msgs and msgs[-1]["role"] == "user":
+                    msgs.pop()
                 continue
             msgs.append({"role": m["role"], "content": m["content"]})
         try:
@@ -209,9 +214,9 @@ class ChatService:
             raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
                                f"{self.engine.max_context}: start a new session or edit an earlier message",
                                param="content")
-        params = SamplingParams(max_tokens=min(int(settings.get("max_tokens", 512)), room),
-                                temperature=float(settings.get("temperature", 0.7)),
-                                top_p=float(settings.get("top_p", 1.0)))
+        params = SamplingParams(max_tokens=min(int(settings.get("max_tokens", DEFAULT_SETTINGS["max_tokens"])), room),
+                                temperature=float(settings.get("temperature", DEFAULT_SETTINGS["temperature"])),
+                                top_p=float(settings.get("top_p", DEFAULT_SETTINGS["top_p"])))
         try:
             params.validate(int(self.engine.model_info.get("vocab_size", 1 << 31)))
         except InvalidRequest as e:
@@ -291,7 +296,8 @@ class ChatService:
         else:
             status = _STATUS.get(reason, "error")
         if final is not None and reason == "error":
-            failure = final.error or "generation failed"
+            log.error("generation failed in session %s: %s", turn.session_id, final.error)
+            failure = "generation failed"  # the engine's detail stays in the log
         usage = final.usage if final is not None and final.usage is not None else None
         prompt_tokens = usage.prompt_tokens if usage else prompt_len
         cached = usage.cached_tokens if usage else None

@@ -78,6 +78,17 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
     )
 
 
+async def drain(app: Litestar, timeout: float) -> None:
+    """Server is stopping: abort the running turns, wait (up to `timeout`) for them to store their
+    replies as interrupted, and for the WebSockets to send out their `done` events."""
+    svc: Services = app.state.forge
+    if svc.chat is None:
+        return
+    svc.chat.interrupt_all()
+    await svc.chat.drain(timeout)
+    await asyncio.gather(*(conn.flush() for conn in list(svc.connections)))
+
+
 def interrupt(app: Litestar) -> None:
     """Server is stopping (SIGTERM): refuse new turns, abort running ones so they are stored as interrupted."""
     svc: Services = app.state.forge

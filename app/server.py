@@ -9,37 +9,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import sys
-from collections.abc import Callable
+import time
 from types import FrameType
 
 import uvicorn
+from litestar import Litestar
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
-from app.main import create_app, interrupt
+from app.api.ws import MAX_FRAME_BYTES
+from app.main import create_app, drain, interrupt
 from app.store.migrate import upgrade
 
 log = logging.getLogger("forge.server")
 
-WS_MAX_FRAME_BYTES = 1 << 20  # bigger frames: close 1009 (docs/protocol.md)
-
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus a hook that runs as soon as a shutdown signal arrives (before connections drain)."""
+    """uvicorn, plus: running turns are aborted as soon as a shutdown signal arrives, and stored and
+    answered (`done`) before uvicorn closes the connections (WebSockets with 1012)."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, app: Litestar, grace_s: float) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._app = app
+        self._grace_s = grace_s
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         first = not self.should_exit
         super().handle_exit(sig, frame)
         if first:
             try:
-                asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+                asyncio.get_running_loop().call_soon_threadsafe(interrupt, self._app)
             except RuntimeError:  # no loop yet / any more
                 pass
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections while the turns finish
+        started = time.monotonic()
+        try:
+            await drain(self._app, self._grace_s)
+        except Exception:
+            log.exception("could not drain the running replies")
+        # One grace period in all: uvicorn waits for the connections only for what is left of it (the
+        # lifespan's own drain then finds nothing running).
+        left = self._grace_s - (time.monotonic() - started)
+        self.config.timeout_graceful_shutdown = max(1, math.ceil(left))
+        await super().shutdown(sockets)
 
 
 def _safe_url(url: str) -> str:
@@ -84,10 +101,10 @@ def serve(settings: Settings) -> None:
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
-        ws_max_size=WS_MAX_FRAME_BYTES,
+        ws_max_size=MAX_FRAME_BYTES,
         timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
     )
-    server = _Server(config, on_exit=lambda: interrupt(app))
+    server = _Server(config, app, settings.shutdown_grace_s)
     server.run()
     if not server.started:
         raise SystemExit(1)  # start-up failed (model or database); uvicorn logged why

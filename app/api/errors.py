@@ -75,7 +75,10 @@ def _http_error_handler(request: Request, exc: HTTPException) -> Response:
     elif status == 413:
         message = "request body is too large"
     elif status >= 500:
-        log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
+        if "client disconnected" in str(exc.detail):  # litestar: the body ended early; nobody gets the answer
+            log.debug("client left during the request body of %s %s", request.method, request.url.path)
+        else:
+            log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
         message = "internal server error"
     else:
         message = str(exc.detail)

@@ -21,6 +21,7 @@ from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, Sa
 
 from app.api.errors import ServiceError
 from app.api.fields import get_int, get_number, json_body, json_type
+from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, api_key_guard, ready_services
 from app.chat import aclose_stream
 
@@ -171,16 +172,16 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
         if not isinstance(opts, dict):
             raise ServiceError("bad_request", f"'stream_options' must be an object, got {json_type(opts)}",
                                param="stream_options")
-        for key in opts:
-            if key != "include_usage":
+        for key, value in opts.items():
+            if key != "include_usage" and value is not None:
                 raise _unsupported(f"stream_options.{key}")
         include_usage = _bool(opts, "include_usage")
     return stream, include_usage
 
 
 def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    for key in body:
-        if key not in allowed:
+    for key, value in body.items():
+        if key not in allowed and value is not None:  # null means "not given", for unknown keys too
             raise _unsupported(key)
 
 
@@ -192,8 +193,8 @@ def _chat_messages(raw: Any) -> list[dict[str, str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise ServiceError("bad_request", f"'{where}' must be an object, got {json_type(m)}", param=where)
-        for key in m:
-            if key not in ("role", "content"):
+        for key, value in m.items():
+            if key not in ("role", "content") and value is not None:
                 raise _unsupported(f"{where}.{key}")
         role = m.get("role")
         if not isinstance(role, str):
@@ -240,6 +241,7 @@ def _parse_chat(body: dict[str, Any], svc: Services) -> _Call:
         raise _invalid("messages", f"were refused by the model's chat template: {e}") from None
     params = _sampling(body, svc, len(prompt), mct if mct is not None else max_tokens,
                        (top or 0) if logprobs_on else None)
+    svc.chat.check_capacity()  # a 503 now, not an error in the middle of a stream
     return _Call(prompt=prompt, params=params, model=model, stream=stream, include_usage=include_usage,
                  top_logprobs=(top or 0) if logprobs_on else None)
 
@@ -278,6 +280,7 @@ def _parse_completion(body: dict[str, Any], svc: Services) -> _Call:
     if _given(body, "best_of") and get_int(body["best_of"], "best_of") != n:
         raise _unsupported("best_of", "only best_of == n (no server-side ranking)")
     params = _sampling(body, svc, len(prompt), max_tokens if max_tokens is not None else 16, logprobs)
+    svc.chat.check_capacity()
     return _Call(prompt=prompt, params=params, model=model, stream=stream, include_usage=include_usage,
                  echo_text=text if echo else "")
 
@@ -287,14 +290,19 @@ def _parse_completion(body: dict[str, Any], svc: Services) -> _Call:
 
 class _Job:
     """An engine request pumped into a queue by its own task (so a slow reader can time out and send
-    keep-alives without cancelling the engine stream). `cancel` aborts it."""
+    keep-alives without cancelling the engine stream). Nothing runs before `start`; `cancel` aborts it."""
 
     def __init__(self, svc: Services, call: _Call, api: str) -> None:
+        self.svc = svc
         self.engine = svc.engine
+        self.api = api
         self.req = GenerationRequest(prompt_token_ids=call.prompt, params=call.params, request_id=call.request_id)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.tracker = svc.metrics.tracker(api)
-        self.task = asyncio.create_task(self._pump(), name=f"openai-{call.request_id}")
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.tracker = self.svc.metrics.tracker(self.api)
+        self.task = asyncio.create_task(self._pump(), name=f"openai-{self.req.request_id}")
 
     async def _pump(self) -> None:
         gen: Any = None
@@ -313,7 +321,7 @@ class _Job:
             self.queue.put_nowait(None)
 
     def cancel(self) -> None:
-        if not self.task.done():
+        if self.task is not None and not self.task.done():
             self.engine.abort(self.req.request_id)
             self.task.cancel()
 
@@ -382,9 +390,24 @@ def _completion_logprobs(svc: Services, items: list[Any], offset: int) -> dict[s
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-async def _collect(svc: Services, job: _Job, n: int) -> tuple[list[_Choice], _Usage]:
+async def _watch_disconnect(request: Request, job: _Job) -> None:
+    """Cancel `job` when the client goes away (the body has been read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    log.debug("client left; aborting %s", job.req.request_id)
+    job.cancel()
+
+
+def _generation_failed(item: Any) -> ServiceError:
+    log.error("generation %s failed: %s", item.request_id, item.error)
+    return ServiceError("internal", "generation failed")  # the engine's detail stays in the log
+
+
+async def _collect(request: Request, job: _Job, n: int) -> tuple[list[_Choice], _Usage]:
     choices = [_Choice() for _ in range(n)]
     usage = _Usage(len(job.req.prompt_token_ids))
+    job.start()
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
         while (item := await job.queue.get()) is not None:
             if isinstance(item, Exception):
@@ -395,43 +418,39 @@ async def _collect(svc: Services, job: _Job, n: int) -> tuple[list[_Choice], _Us
                 c.logprobs.extend(item.logprobs)
             if item.finish_reason is not None:
                 if item.finish_reason == "error":
-                    log.error("generation failed: %s", item.error)
-                    raise ServiceError("internal", f"generation failed: {item.error or 'engine error'}")
+                    raise _generation_failed(item)
                 c.finish_reason = item.finish_reason
                 usage.add(item)
     finally:
+        watcher.cancel()
         job.cancel()
     return choices, usage
 
 
-def _sse(stream: AsyncIterator[str | None], keepalive_s: float) -> ServerSentEvent:
+def _sse(stream: AsyncIterator[str | None]) -> ServerSentEvent:
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         async for data in stream:
-            yield ServerSentEventMessage(comment="keep-alive", data=None) if data is None else \
-                ServerSentEventMessage(data=data)
+            yield keepalive() if data is None else ServerSentEventMessage(data=data)
 
     return ServerSentEvent(events())
 
 
-async def _stream_chunks(svc: Services, job: _Job, call: _Call, keepalive_s: float, make_chunk: Any,
+async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk: Any,
                          first: list[str] | None) -> AsyncIterator[str | None]:
-    """JSON chunks for an OpenAI stream; None for a keep-alive comment. Leaving early aborts the job."""
+    """JSON chunks for an OpenAI stream; None for a keep-alive comment. The job starts with the body
+    (a client gone before it never costs a generation); leaving early aborts it."""
     usage = _Usage(len(call.prompt))
     failed = False
+    job.start()
     try:
         for data in first or []:
             yield data
-        while True:
-            try:
-                item = await asyncio.wait_for(job.queue.get(), keepalive_s)
-            except asyncio.TimeoutError:
+        async for item in with_keepalives(job.queue, keepalive_s):
+            if item is None:
                 yield None
                 continue
-            if item is None:
-                break
             if isinstance(item, Exception) or item.finish_reason == "error":
-                err = _engine_error(item) if isinstance(item, Exception) else \
-                    ServiceError("internal", f"generation failed: {item.error or 'engine error'}")
+                err = _engine_error(item) if isinstance(item, Exception) else _generation_failed(item)
                 yield json.dumps(err.body())
                 failed = True
                 break
@@ -458,7 +477,7 @@ async def chat_completions(request: Request) -> Response:
     cid, created = f"chatcmpl-{call.request_id}", int(time.time())
     base = {"id": cid, "created": created, "model": call.model, "system_fingerprint": None}
     if not call.stream:
-        choices, usage = await _collect(svc, job, call.params.n)
+        choices, usage = await _collect(request, job, call.params.n)
         return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
             {"index": i, "message": {"role": "assistant", "content": "".join(c.text)}, "finish_reason": c.finish_reason,
              "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
@@ -483,7 +502,7 @@ async def chat_completions(request: Request) -> Response:
     first = [json.dumps({**base, "object": "chat.completion.chunk", **usage_null, "choices": [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
         for i in range(call.params.n)]
-    return _sse(_stream_chunks(svc, job, call, svc.settings.keepalive_s, chunk, first), svc.settings.keepalive_s)
+    return _sse(_stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
 @post("/completions", status_code=200)
@@ -498,7 +517,7 @@ async def completions(request: Request) -> Response:
             "system_fingerprint": None}
     want_lp = call.params.logprobs is not None
     if not call.stream:
-        choices, usage = await _collect(svc, job, call.params.n)
+        choices, usage = await _collect(request, job, call.params.n)
         return Response({**base, "object": "text_completion", "usage": usage.body(), "choices": [
             {"index": i, "text": call.echo_text + "".join(c.text), "finish_reason": c.finish_reason,
              "logprobs": _completion_logprobs(svc, c.logprobs, len(call.echo_text)) if want_lp else None}
@@ -525,7 +544,7 @@ async def completions(request: Request) -> Response:
         first = [json.dumps({**base, "object": "text_completion", **usage_null, "choices": [
             {"index": i, "text": call.echo_text, "logprobs": None, "finish_reason": None}]})
             for i in range(call.params.n)]
-    return _sse(_stream_chunks(svc, job, call, svc.settings.keepalive_s, chunk, first), svc.settings.keepalive_s)
+    return _sse(_stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
 def _model_card(svc: Services) -> dict[str, Any]:

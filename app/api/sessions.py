@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Router, delete, get, patch, post
+from litestar.background_tasks import BackgroundTask
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.api.errors import ServiceError
 from app.api.fields import (DEFAULT_TITLE, check_keys, content_field, json_body, json_type, parse_json_object,
                             session_fields, session_settings)
+from app.api.sse import keepalive, with_keepalives
 from app.api.state import ready_services
 from app.chat import ChatService, Turn
 
@@ -109,28 +111,26 @@ async def import_session(request: Request) -> dict[str, Any]:
 def turn_stream(chat: ChatService, turn: Turn, queue: asyncio.Queue, keepalive_s: float) -> ServerSentEvent:
     """The turn's events as named SSE events with ids; `: keep-alive` comments while none is ready.
 
-    Leaving early (the client disconnected) cancels the turn: its partial reply is stored as "stopped".
+    The client going away at any point (even before the body starts, when the generator never runs)
+    cancels the turn: its partial reply is stored as "stopped".
     """
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         seq = 0
         try:
-            while True:
-                try:
-                    ev = await asyncio.wait_for(queue.get(), keepalive_s)
-                except asyncio.TimeoutError:
-                    # data=None: no empty `data:` line (it would be an empty event to clients).
-                    yield ServerSentEventMessage(comment="keep-alive", data=None)
-                    continue
+            async for ev in with_keepalives(queue, keepalive_s):
                 if ev is None:
-                    return
+                    yield keepalive()
+                    continue
                 seq += 1
                 yield ServerSentEventMessage(data=json.dumps(ev, ensure_ascii=False), event=ev["type"], id=seq)
         finally:
-            if not turn.done:
-                chat.cancel_turn(turn)
+            chat.cancel_turn(turn)
 
-    return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"})
+    async def after() -> None:  # runs once the response is over, however it ended (a no-op after `done`)
+        chat.cancel_turn(turn)
+
+    return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"}, background=BackgroundTask(after))
 
 
 @post("/{session_id:str}/messages", status_code=200)

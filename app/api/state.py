@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -23,6 +23,7 @@ class Services:
     engine: Any = None
     chat: ChatService | None = None
     started_at: float = 0.0  # unix time the model was ready
+    connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
 
 
 def services(conn: ASGIConnection) -> Services:

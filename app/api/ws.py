@@ -17,7 +17,7 @@ from app.chat import Turn
 
 log = logging.getLogger("forge.ws")
 
-MAX_FRAME_BYTES = 1 << 20  # larger frames close the socket with 1009 (uvicorn enforces it too)
+MAX_FRAME_BYTES = 1 << 20  # larger frames close the socket with 1009 (uvicorn's ws_max_size too)
 WS_MESSAGE_TOO_BIG = 1009
 _BASE_KEYS = frozenset({"type", "client_id"})
 
@@ -29,6 +29,7 @@ class Connection:
         self.socket = socket
         self.svc = svc
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.sender: asyncio.Task | None = None
         self.turns: list[Turn] = []
         self.opened: set[str] = set()  # sessions this client showed interest in (admin "active sessions")
         self.handlers: dict[str, Callable[[dict[str, Any], str | None], Awaitable[None]]] = {
@@ -46,7 +47,7 @@ class Connection:
             self.outbox.put_nowait(event)
 
     async def run(self) -> None:
-        sender = asyncio.create_task(self._send_loop())
+        sender = self.sender = asyncio.create_task(self._send_loop())
         close_code: int | None = 1000
         try:
             while True:
@@ -75,7 +76,7 @@ class Connection:
             for sid in self.opened:
                 self.svc.chat.closed(sid)
             if close_code is not None:
-                await self._flush(sender)
+                await self.flush()
                 try:
                     await self.socket.close(code=close_code,
                                             reason="frame too large" if close_code == WS_MESSAGE_TOO_BIG else None)
@@ -83,17 +84,20 @@ class Connection:
                     pass
             sender.cancel()
 
-    async def _flush(self, sender: asyncio.Task) -> None:
-        for _ in range(100):
-            if self.outbox.empty() or sender.done():
-                return
-            await asyncio.sleep(0.01)
+    async def flush(self) -> None:
+        """Wait (up to a second) until the events queued so far are sent."""
+        if self.sender is None or self.sender.done():
+            return
+        sent = asyncio.ensure_future(self.outbox.join())
+        await asyncio.wait({sent, self.sender}, timeout=1.0)
+        sent.cancel()
 
     async def _send_loop(self) -> None:
         try:
             while True:
                 ev = await self.outbox.get()
                 await self.socket.send_text(json.dumps(ev, ensure_ascii=False))
+                self.outbox.task_done()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # disconnected
@@ -188,9 +192,12 @@ class Connection:
     async def generation_cancel(self, msg: dict[str, Any], client_id: str | None) -> None:
         check_keys(msg, _BASE_KEYS | {"session_id"})
         sid = self._session_id(msg)
-        if not self.svc.chat.cancel(sid):
+        turn = self.svc.chat.turns.get(sid)
+        if turn is None or not self.svc.chat.cancel(sid):
             raise ServiceError("not_found", f"no reply is being generated in session '{sid}'", param="session_id")
-        # The turn answers with its `done` event (status "stopped").
+        # The turn's own socket gets its `done` event (status "stopped"); another socket gets an acknowledgement.
+        if not any(t is turn for t in self.turns):
+            self._reply({"type": "generation.cancelled", "session_id": sid, "message_id": turn.message_id}, client_id)
 
     async def ping(self, msg: dict[str, Any], client_id: str | None) -> None:
         check_keys(msg, _BASE_KEYS)
@@ -202,7 +209,10 @@ async def chat_socket(socket: WebSocket) -> None:
     svc = services(socket)
     await socket.accept()
     svc.metrics.ws_opened()
+    conn = Connection(socket, svc)
+    svc.connections.add(conn)
     try:
-        await Connection(socket, svc).run()
+        await conn.run()
     finally:
+        svc.connections.discard(conn)
         svc.metrics.ws_closed()

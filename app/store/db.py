@@ -11,10 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 BUSY_TIMEOUT_MS = 10_000
 
 
-def is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
-
-
 def sqlite_path(url: str) -> Path | None:
     """The database file of an SQLite URL, or None for in-memory / non-SQLite URLs."""
     u = make_url(url)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from app.store.db import sqlite_path
@@ -56,7 +55,3 @@ def head_revision() -> str | None:
     """The newest revision in migrations/."""
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
-
-def current_revision_sync(connection) -> str | None:  # type: ignore[no-untyped-def]
-    """The revision a (sync) connection's database is at; use via `AsyncConnection.run_sync`."""
-    return MigrationContext.configure(connection).get_current_revision()

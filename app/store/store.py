@@ -158,7 +158,6 @@ class Store:
         a turn the engine refused before producing anything, edits and dropped replies included."""
         async with self.sessionmaker.begin() as db:
             await db.execute(delete(Message).where(Message.session_id == session["id"]))
-            await db.flush()
             result = await db.execute(update(ChatSession).where(ChatSession.id == session["id"]).values(
                 title=session["title"], updated_at=datetime.fromisoformat(session["updated_at"])))
             if result.rowcount == 0:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,3 +152,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def reference() -> dict:
     """The default model's reference outputs (Hugging Face transformers, float32, greedy)."""
     return json.loads((REPO / "tests" / "fixtures" / "smollm2_reference.json").read_text())
+
+
+@contextmanager
+def post_and_leave(server: ServerProcess, path: str, body: dict,
+                   headers: dict[str, str] | None = None) -> Iterator[socket.socket]:
+    """POST `body` over a raw socket that never reads the answer; leaving the block closes it."""
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" \
+           f"Content-Length: {len(data)}\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        s.sendall(head.encode() + b"\r\n" + data)
+        yield s
+
+
+def finished(server: ServerProcess, reason: str) -> int:
+    """How many engine requests have finished with `reason` so far."""
+    return int(server.stats()["engine"].get("requests_finished", {}).get(reason, 0))

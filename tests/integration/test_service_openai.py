@@ -1,11 +1,13 @@
 """The OpenAI-compatible shim through the official `openai` client, against the real server and model."""
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import API_KEY, ServerProcess
+from tests.integration.conftest import API_KEY, ServerProcess, finished, post_and_leave, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +159,31 @@ def test_seed_and_logit_bias_are_honoured(client: openai.OpenAI, model_id: str, 
 
     greedy_id = reference["prompts"][0]["generated_ids"][0]
     assert first_token() != first_token(logit_bias={str(greedy_id): -100})  # the banned token can't come first
+
+
+
+def test_non_streaming_client_gone_aborts_the_generation(server: ServerProcess, model_id: str) -> None:
+    wait_idle(server)
+    aborted, completed = finished(server, "abort"), finished(server, "length")
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Write a very long story about a cat."}],
+            "temperature": 0, "max_tokens": 300}
+    with post_and_leave(server, "/v1/chat/completions", body, {"Authorization": f"Bearer {API_KEY}"}):
+        deadline = time.monotonic() + 60
+        while server.stats()["engine"]["running"] == 0:  # generating: now the client leaves
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    wait_idle(server)
+    assert finished(server, "length") == completed  # it never ran to max_tokens ...
+    assert finished(server, "abort") == aborted + 1  # ... it was aborted
+
+
+def test_null_for_an_unknown_key_counts_as_not_given(server: ServerProcess, model_id: str) -> None:
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Hi", "name": None}], "max_tokens": 2,
+            "tools": None, "response_format": None}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    body["tools"] = []
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 from app.store import Store
 from tests.integration.conftest import ServerProcess
@@ -111,3 +114,28 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
 
     assert asyncio.run(recover()) == 1
     assert db_reply(db, reply_id) == ("interrupted", content)
+
+
+def test_sigterm_sends_done_to_websockets_before_closing(tmp_path: Path) -> None:
+    srv = ServerProcess(db_path=tmp_path / "forge.db", log_path=tmp_path / "server.log", api_key=None,
+                        admin_token=None).start()
+    events: list[dict[str, Any]] = []
+    try:
+        with ws_connect(srv.ws_url) as ws:
+            ws.send(json.dumps({"type": "session.create", "settings": {"temperature": 0, "max_tokens": 400}}))
+            sid = json.loads(ws.recv(timeout=60))["session"]["id"]
+            ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "Write a long story."}))
+            while not any(e["type"] == "delta" for e in events):
+                events.append(json.loads(ws.recv(timeout=60)))
+            srv.signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=60)))
+        assert srv.wait_exit(60) in (0, -signal.SIGTERM)
+    finally:
+        srv.kill()
+    done = events[-1]
+    assert (done["type"], done["status"], done["finish_reason"]) == ("done", "interrupted", "abort")
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    streamed = "".join(e["text"] for e in events if e["type"] == "delta")
+    assert db_reply(tmp_path / "forge.db", done["message_id"]) == ("interrupted", streamed)

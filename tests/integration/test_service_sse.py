@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import ServerProcess, wait_idle
+from tests.integration.conftest import ServerProcess, post_and_leave, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,36 @@ def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess
     assert (reply["status"], reply["finish_reason"]) == ("stopped", "abort")
     assert 2 <= reply["completion_tokens"] < 400 and reply["content"]
     assert not [s for s in server.stats()["active_sessions"] if s["id"] == sid]
+
+
+def stored_reply(http: httpx.Client, session_id: str) -> dict[str, Any]:
+    """The session's last message once there is one and it is no longer streaming."""
+    deadline = time.monotonic() + 60
+    while True:
+        messages = http.get(f"/api/sessions/{session_id}").json()["messages"]
+        if messages and messages[-1]["status"] != "streaming":
+            return messages[-1]
+        assert time.monotonic() < deadline, messages
+        time.sleep(0.05)
+
+
+def test_client_gone_before_the_stream_starts_stops_the_turn(server: ServerProcess, http: httpx.Client) -> None:
+    sid = new_session(http, settings={"temperature": 0, "max_tokens": 300})["id"]
+    # Hold the database's write lock so the server, having read the request, waits in storing the user
+    # message; the client leaves meanwhile: the turn starts with its client already gone.
+    con = sqlite3.connect(server.db_path, isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        with post_and_leave(server, f"/api/sessions/{sid}/messages", {"content": "Write a very long poem."}):
+            server.stats()  # a round trip: the server has read the request body by now
+        server.stats()  # ... and has seen the client go
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+    reply = stored_reply(http, sid)
+    assert reply["role"] == "assistant"
+    assert (reply["status"], reply["finish_reason"]) == ("stopped", "abort")
+    assert reply["completion_tokens"] < 300
 
 
 def test_session_operations(http: httpx.Client) -> None:

@@ -237,3 +237,17 @@ async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess)
         await asyncio.sleep(0.05)
     assert reply["status"] == "stopped" and reply["finish_reason"] == "abort"
     assert 0 < reply["completion_tokens"] < 400
+
+
+async def test_cancel_from_another_socket_is_acknowledged(server: ServerProcess) -> None:
+    async with connect(server.ws_url) as owner, connect(server.ws_url) as other:
+        sid = (await create_session(owner, settings={"temperature": 0, "max_tokens": 400}))["id"]
+        await owner.send(json.dumps({"type": "message.send", "session_id": sid,
+                                     "content": "Write a very long story about a lighthouse."}))
+        started = await recv_until(owner, "delta", sid)
+        reply_id = started[1]["message"]["id"]
+        await other.send(json.dumps({"type": "generation.cancel", "session_id": sid, "client_id": "k"}))
+        assert await recv(other) == {"type": "generation.cancelled", "session_id": sid, "message_id": reply_id,
+                                     "client_id": "k"}
+        done = (await recv_until(owner, "done", sid))[-1]
+    assert (done["message_id"], done["status"]) == (reply_id, "stopped")
