@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, Router, get, post
+from litestar.params import FromPath
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
@@ -561,7 +562,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 @get("/models/{model_id:path}")
-async def read_model(request: Request, model_id: str) -> dict[str, Any]:
+async def read_model(request: Request, model_id: FromPath[str]) -> dict[str, Any]:
     svc = ready_services(request)
     model_id = model_id.lstrip("/")
     if model_id not in (_model_id(svc), "default"):

@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Request, Router, delete, get, patch, post
 from litestar.background_tasks import BackgroundTask
+from litestar.params import FromPath
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.api.errors import ServiceError
@@ -40,7 +41,7 @@ async def create_session(request: Request) -> dict[str, Any]:
 
 
 @get("/{session_id:str}")
-async def read_session(request: Request, session_id: str) -> dict[str, Any]:
+async def read_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     svc = ready_services(request)
     found = await svc.store.get_history(session_id)
     if found is None:
@@ -50,7 +51,7 @@ async def read_session(request: Request, session_id: str) -> dict[str, Any]:
 
 
 @patch("/{session_id:str}")
-async def update_session(request: Request, session_id: str) -> dict[str, Any]:
+async def update_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     svc = ready_services(request)
     fields = session_fields(await json_body(request))
     if "settings" in fields:
@@ -65,7 +66,7 @@ async def update_session(request: Request, session_id: str) -> dict[str, Any]:
 
 
 @delete("/{session_id:str}")
-async def delete_session(request: Request, session_id: str) -> None:
+async def delete_session(request: Request, session_id: FromPath[str]) -> None:
     svc = ready_services(request)
     await svc.chat.cancel_and_wait(session_id)
     if not await svc.store.delete_session(session_id):
@@ -73,7 +74,7 @@ async def delete_session(request: Request, session_id: str) -> None:
 
 
 @get("/{session_id:str}/export")
-async def export_session(request: Request, session_id: str) -> dict[str, Any]:
+async def export_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     svc = ready_services(request)
     data = await svc.store.export_session(session_id)
     if data is None:
@@ -134,7 +135,7 @@ def turn_stream(chat: ChatService, turn: Turn, queue: asyncio.Queue, keepalive_s
 
 
 @post("/{session_id:str}/messages", status_code=200)
-async def send_message(request: Request, session_id: str) -> ServerSentEvent:
+async def send_message(request: Request, session_id: FromPath[str]) -> ServerSentEvent:
     svc = ready_services(request)
     body = await json_body(request)
     check_keys(body, frozenset({"content"}))
@@ -145,7 +146,7 @@ async def send_message(request: Request, session_id: str) -> ServerSentEvent:
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)
-async def edit_message(request: Request, session_id: str, message_id: str) -> ServerSentEvent:
+async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str]) -> ServerSentEvent:
     svc = ready_services(request)
     body = await json_body(request)
     check_keys(body, frozenset({"content"}))
@@ -156,7 +157,7 @@ async def edit_message(request: Request, session_id: str, message_id: str) -> Se
 
 
 @post("/{session_id:str}/regenerate", status_code=200)
-async def regenerate(request: Request, session_id: str) -> ServerSentEvent:
+async def regenerate(request: Request, session_id: FromPath[str]) -> ServerSentEvent:
     svc = ready_services(request)
     raw = await request.body()
     if raw.strip():
@@ -167,7 +168,7 @@ async def regenerate(request: Request, session_id: str) -> ServerSentEvent:
 
 
 @post("/{session_id:str}/cancel", status_code=200)
-async def cancel(request: Request, session_id: str) -> dict[str, Any]:
+async def cancel(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     svc = ready_services(request)
     if await svc.store.get_session(session_id) is None:
         raise _not_found(session_id)
