@@ -76,6 +76,7 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
 
             # The restored conversation goes on.
             with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Thanks!"}) as r:
+                assert r.status_code == 200, r.read()
                 assert sse_events(r.iter_lines())[-1]["status"] == "complete"
             assert len(http.get(f"/api/sessions/{sid}").json()["messages"]) == 4
 
