@@ -158,7 +158,6 @@ class LLMEngine:
             seq.num_computed += n
             self.blocks.commit(seq)
         self.counters["steps"] += 1
-        self.counters["batched_tokens"] += batch.num_tokens
         events += self._sample_and_emit(sampling, logits)
         self._release_siblings()
         window = self._decode_window

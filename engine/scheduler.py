@@ -28,10 +28,6 @@ class ScheduledBatch:
     num_new: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new)
-
 
 @dataclass(slots=True)
 class Scheduler:

@@ -11,7 +11,7 @@ import pytest
 
 import kernels
 from kernels.numpy_backend import NumpyBackend
-from kernels.testing import ATTENTION_CASES, AttnCase, make_case
+from _attention_cases import ATTENTION_CASES, AttnCase, make_case
 
 _REASON = kernels.cupy_unavailable_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"no CUDA GPU on this machine ({_REASON})")

@@ -10,7 +10,7 @@ import kernels
 from kernels import numpy_backend
 from kernels.attention_meta import build_attention_metadata
 from kernels.numpy_backend import NumpyBackend
-from kernels.testing import ATTENTION_CASES, AttnCase, make_case
+from _attention_cases import ATTENTION_CASES, AttnCase, make_case
 
 RTOL = ATOL = 1e-5
 
