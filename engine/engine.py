@@ -14,7 +14,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,11 +76,30 @@ class Engine:
         max_batched_tokens: int = 512,
         block_size: int = 16,
         threads: int | None = None,
+        quantize: str | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> "Engine":
-        """Load weights and tokenizer (blocking, a few seconds) and start the step loop."""
+        """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
+        the first time on a machine) and start the step loop.
+
+        `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
+        quantize float matrices at load. `progress` receives one line per stage (also logged).
+        """
         t0 = time.perf_counter()
-        loaded = load_model(model)
-        be = get_backend(backend)
+
+        def say(line: str) -> None:
+            log.info("%s", line)
+            if progress:
+                progress(line)
+
+        loaded = load_model(model, quantize=quantize)
+        be = get_backend(backend, threads)
+        if be.name == "numba":
+            from kernels.numba_backend import warm_up
+
+            t1 = time.perf_counter()
+            warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
+            say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be)
         loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
