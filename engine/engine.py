@@ -211,7 +211,7 @@ class Engine:
 
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
-        with threadpool_limits(limits=self.threads):
+        with threadpool_limits(limits=self.core.backend.blas_threads or self.threads):
             while True:
                 try:
                     if not self._drain(block=not self.core.has_work()):

@@ -83,6 +83,7 @@ class CupyBackend:
 
     # The composed ops are the NumPy backend's (they only call this backend's own ops); weights
     # are dequantized to float32 on the host at load time, then copied to the device.
+    blas_threads = NumpyBackend.blas_threads
     begin_step = NumpyBackend.begin_step
     prepare_linear = NumpyBackend.prepare_linear
     prepare_embedding = NumpyBackend.prepare_embedding

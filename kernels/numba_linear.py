@@ -156,13 +156,13 @@ def q4_matvec(q, scale, minv, x, out):
                 _q4_row1(q, scale, minv, x[t], xsum[t], out[t], r)
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT)
 def q8_dequant(q, scale, minv, rows, out):
     """out [len(rows), ng * G] = the q8 weight's `rows` in float32 (scale * q + min)."""
     ng, G = q.shape[1], q.shape[2]
     has_min = minv.shape[1] == ng
     out3 = out.reshape(rows.shape[0], ng, G)
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for g in range(ng):
             d = scale[r, g]
@@ -171,12 +171,12 @@ def q8_dequant(q, scale, minv, rows, out):
                 out3[i, g, j] = d * f32(q[r, g, j]) + m
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT)
 def q4_dequant(q, scale, minv, rows, out):
     """out [len(rows), ng * 32] = the q4 weight's `rows` in float32."""
     ng = q.shape[1]
     out3 = out.reshape(rows.shape[0], ng, 32)
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         r = rows[i]
         for g in range(ng):
             d = scale[r, g]
@@ -187,12 +187,12 @@ def q4_dequant(q, scale, minv, rows, out):
                 out3[i, g, j + 16] = d * f32(u8(b >> u8(4))) + m
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT)
 def half_dequant(bits, is_bf16, lut, rows, out):
     """out [len(rows), cols] = the `rows` of an F16 (through the 64K-entry lut) or BF16 matrix."""
     n, cols = out.shape
     wide = out.view(np.uint32)
-    for i in prange(n):
+    for i in range(n):
         r = rows[i]
         if is_bf16:
             for j in range(cols):

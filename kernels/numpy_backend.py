@@ -27,6 +27,7 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
+    blas_threads: int | None = None  # None: as many as the engine's threads
 
     def __init__(self) -> None:
         self._scratch: dict[str, np.ndarray] = {}

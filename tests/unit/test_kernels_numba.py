@@ -107,7 +107,7 @@ def test_linear_matches_the_numpy_backend_on_model_shapes(be, rng):
 
 
 def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch):
-    monkeypatch.setattr("kernels.numba_backend.PANEL_VALUES", 64 * 64)  # 64-row panels over 150 rows
+    monkeypatch.setattr("kernels.numba_backend.PANEL_VALUES", 16 * 64)  # 16-row panels over 150 rows
     w, dense = quantized(8, 150, 64, rng)
     x = rng.standard_normal((MATVEC_MAX_ROWS + 2, 64)).astype(np.float32)
     np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), x @ dense.T, rtol=1e-4, atol=1e-3)
