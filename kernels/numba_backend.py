@@ -22,6 +22,7 @@ import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
+from kernels.numba_attention import paged_attention_serial
 from kernels.numba_linear import half_dequant, q4_dequant, q4_matvec, q8_dequant, q8_matvec
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
@@ -34,6 +35,8 @@ log = logging.getLogger("forge.kernels")
 
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
 MATVEC_MAX_ROWS = 4
+# Attention steps under this many query-key dot products run on the calling thread.
+SERIAL_ATTENTION_DOTS = 1 << 14
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
 
@@ -181,11 +184,13 @@ class NumbaBackend(NumpyBackend):
         return out
 
     def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float) -> np.ndarray:
-        if meta.plan is None:  # validate once per step; every layer reuses it
-            meta.plan = self._plan(q.shape, k_cache.shape, meta)
-        tables, ctx, qs = meta.plan[:3]
+        if meta.plan is None:  # validate and size once per step; every layer reuses it
+            tables, ctx, qs = self._plan(q.shape, k_cache.shape, meta)[:3]
+            dots = int(np.dot(np.diff(qs), ctx)) * q.shape[1]
+            meta.plan = tables, ctx, qs, paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
+        tables, ctx, qs, kernel = meta.plan
         out = np.empty(q.shape, dtype=np.float32)
-        paged_attention_kernel(np.ascontiguousarray(q), k_cache, v_cache, qs, ctx, tables, np.float32(scale), out)
+        kernel(np.ascontiguousarray(q), k_cache, v_cache, qs, ctx, tables, np.float32(scale), out)
         return out
 
 
@@ -209,9 +214,9 @@ def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | N
         ("rms_norm (many rows)", lambda: backend.add_rms_norm(many, many.copy(), few[0], 1e-5)),
         ("rope + kv write", lambda: backend.rope_write_kv(qkv, cos, sin, 1, 1, kv, kv.copy(), np.array([0, 1]))),
         ("silu_mul", lambda: backend.silu_mul(few)),
-        ("attention", lambda: paged_attention_kernel(
+        ("attention", lambda: [kernel(
             np.ones((2, 1, 8), np.float32), kv, kv, np.array([0, 2]), np.array([2]), np.zeros((1, 1), np.int32),
-            np.float32(1.0), np.empty((2, 1, 8), np.float32))),
+            np.float32(1.0), np.empty((2, 1, 8), np.float32)) for kernel in (paged_attention_kernel, paged_attention_serial)]),
     ]
     for i, (name, run) in enumerate(steps, 1):
         if progress:
