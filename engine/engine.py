@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import os
 import queue
@@ -41,6 +42,14 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise ValueError(f"cannot read {text!r} as a size (e.g. 512MiB, 1GiB)")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def _return_freed_memory() -> None:
+    """Give the heap freed by loading (unfused weight parts, temporaries) back to the OS (glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 @dataclass(slots=True)
@@ -100,8 +109,8 @@ class Engine:
             t1 = time.perf_counter()
             warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
             say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
-        llama = LlamaModel(loaded.config, loaded.weights, be)
-        loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
+        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
+        _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(

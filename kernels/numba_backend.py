@@ -19,11 +19,12 @@ from typing import Any
 
 import numba
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
-from kernels.numba_linear import half_dequant, q4_dequant, q4_matvec, q8_dequant, q8_matvec
+from kernels.numba_linear import half_dequant, matvec, q4_dequant, q8_dequant
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
@@ -73,6 +74,8 @@ class NumbaBackend(NumpyBackend):
         super().__init__()
         self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
         self._lut: np.ndarray | None = None
+        # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
+        threadpool_limits(limits=self.blas_threads, user_api="blas")
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
         self._local = threading.local()  # each worker's panel scratch
 
@@ -142,7 +145,6 @@ class NumbaBackend(NumpyBackend):
             out = x @ w.weight.data.T
         elif w.q3 is not None and T <= MATVEC_MAX_ROWS:
             out = np.empty((T, N), dtype=np.float32)
-            matvec = q4_matvec if kind == "q4" else q8_matvec
             matvec(w.q3, w.weight.scale, w.min, x.reshape(T, K // w.weight.group, w.weight.group), out)
         else:
             out = self._panels_gemm(x, w)

@@ -77,25 +77,6 @@ def _row1(q, scale, minv, has_min, x, xsum, out, r):
     out[r] = a
 
 
-@njit(parallel=True, **JIT)
-def q8_matvec(q, scale, minv, x, out):
-    """out [T, N] = x [T, ng, G] times the q8 weight q [N, ng, G] (+ scale, min [N, ng or 0])."""
-    N = q.shape[0]
-    T, ng, _ = x.shape
-    has_min = minv.shape[1] == ng
-    xsum = np.empty((T, ng), dtype=np.float32)
-    _group_sums(x, xsum)
-    for c in prange((N + CHUNK_ROWS - 1) // CHUNK_ROWS):
-        r0 = c * CHUNK_ROWS
-        r1 = min(N, r0 + CHUNK_ROWS)
-        r4 = r0 + (r1 - r0) // 4 * 4
-        for t in range(T):
-            for r in range(r0, r4, 4):
-                _rows4(q, scale, minv, has_min, x[t], xsum[t], out[t], r)
-            for r in range(r4, r1):
-                _row1(q, scale, minv, has_min, x[t], xsum[t], out[t], r)
-
-
 @njit(**JIT)
 def _q4_rows4(q, scale, minv, x, xsum, out, r):
     """q4: byte j of group g holds value j (low nibble) and value j + 16 (high nibble)."""
@@ -139,10 +120,13 @@ def _q4_row1(q, scale, minv, x, xsum, out, r):
 
 
 @njit(parallel=True, **JIT)
-def q4_matvec(q, scale, minv, x, out):
-    """out [T, N] = x [T, ng, 32] times the q4 weight q [N, ng, 16] (uint8, two values a byte)."""
+def matvec(q, scale, minv, x, out):
+    """out [T, N] = x [T, ng, G] times a q8 weight q [N, ng, G] (int8) or a q4 one [N, ng, G // 2]
+    (uint8, two values a byte); scale and min [N, ng] (min [N, 0] when the type has none)."""
     N = q.shape[0]
-    T, ng, _ = x.shape
+    T, ng, G = x.shape
+    packed = q.shape[2] * 2 == G
+    has_min = minv.shape[1] == ng
     xsum = np.empty((T, ng), dtype=np.float32)
     _group_sums(x, xsum)
     for c in prange((N + CHUNK_ROWS - 1) // CHUNK_ROWS):
@@ -150,10 +134,16 @@ def q4_matvec(q, scale, minv, x, out):
         r1 = min(N, r0 + CHUNK_ROWS)
         r4 = r0 + (r1 - r0) // 4 * 4
         for t in range(T):
-            for r in range(r0, r4, 4):
-                _q4_rows4(q, scale, minv, x[t], xsum[t], out[t], r)
-            for r in range(r4, r1):
-                _q4_row1(q, scale, minv, x[t], xsum[t], out[t], r)
+            if packed:
+                for r in range(r0, r4, 4):
+                    _q4_rows4(q, scale, minv, x[t], xsum[t], out[t], r)
+                for r in range(r4, r1):
+                    _q4_row1(q, scale, minv, x[t], xsum[t], out[t], r)
+            else:
+                for r in range(r0, r4, 4):
+                    _rows4(q, scale, minv, has_min, x[t], xsum[t], out[t], r)
+                for r in range(r4, r1):
+                    _row1(q, scale, minv, has_min, x[t], xsum[t], out[t], r)
 
 
 @njit(**JIT)

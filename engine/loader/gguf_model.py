@@ -60,6 +60,7 @@ def load_gguf(path: Path) -> LoadedModel:
                 w = np.ascontiguousarray(unpermute_qk(w, config.num_heads if kind == "q_bias" else config.num_kv_heads))
             return w
         w = gguf_weight(g.raw(name), t.type_id, t.shape)
+        g.release(name)
         if ARCHS[arch] and kind in ("q", "k"):
             n_heads = config.num_heads if kind == "q" else config.num_kv_heads
             w = w.take_rows(unpermute_qk(np.arange(t.shape[0]), n_heads))

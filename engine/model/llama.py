@@ -34,14 +34,17 @@ class LayerWeights:
 class LlamaModel:
     """Weights on a backend plus the forward pass. Stateless apart from the KV arrays passed in."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any) -> None:
-        """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32 vectors otherwise."""
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False) -> None:
+        """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32
+        vectors otherwise. `take=True` pops each one from the dict once prepared, so that the
+        unfused parts can be freed while the rest is still being prepared (lower peak memory)."""
         self.config, self.backend = config, backend
         be = backend
-        self.num_params = sum(int(w.data.size if isinstance(w, Weight) else w.size) for w in weights.values())
+        self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
+        get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
-            w = lambda name: weights[f"layers.{i}.{name}"]  # noqa: E731
+            w = lambda name: get(f"layers.{i}.{name}")  # noqa: E731
             bias = None
             if config.attention_bias:
                 bias = be.asarray(np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]))
@@ -56,9 +59,10 @@ class LlamaModel:
                     down=be.prepare_linear(w("down")),
                 )
             )
-        self.embed = be.prepare_embedding(weights["embed"])
-        self.lm_head = be.prepare_linear(weights["embed" if config.tie_word_embeddings else "lm_head"])
-        self.final_norm = be.asarray(weights["final_norm"])
+        embed = get("embed")
+        self.embed = be.prepare_embedding(embed)
+        self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else get("lm_head"))
+        self.final_norm = be.asarray(get("final_norm"))
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 

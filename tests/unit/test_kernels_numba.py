@@ -180,5 +180,5 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
 
 def test_kernels_are_cached_on_disk():
     # cache=True everywhere: a fresh process loads machine code instead of compiling.
-    for fn in (numba_linear.q4_matvec, numba_linear.q8_matvec, numba_attention.paged_attention):
+    for fn in (numba_linear.matvec, numba_linear.q4_dequant, numba_attention.paged_attention):
         assert fn._cache.__class__.__name__ == "FunctionCache", fn
