@@ -45,7 +45,7 @@ QUANTIZE = (None, "q8_0")
 def load_model(model: str | Path, quantize: str | None = None) -> LoadedModel:
     """Load a GGUF file, a HF directory (config.json + safetensors) or a directory holding one .gguf.
 
-    Block-quantized matrices stay quantized (as q8 Weights), F16/BF16/F32 stay as they are,
+    Block-quantized matrices stay quantized (q4/q8 Weights), F16/BF16/F32 stay as they are,
     unless `quantize="q8_0"` asks for float matrices to be quantized to Q8_0 at load. Vectors are
     float32. Any problem raises ModelLoadError with a message naming it.
     """

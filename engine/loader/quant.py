@@ -1,9 +1,9 @@
 """GGML tensor types: NumPy block splitting (int8 values + float32 group scales) and dequantization.
 
-Block layouts follow ggml-common.h. Each dequantizer mirrors the float operation order of
-llama.cpp's gguf-py reference (`gguf.quants`) so results are bit-identical to it; tests
-check that on random blocks and on the default model. Work is done in chunks of blocks so
-the temporaries stay in cache, which makes this several times faster than the reference.
+Block layouts follow ggml-common.h. Each splitter computes scales and mins with the float
+operations of llama.cpp's gguf-py reference (`gguf.quants`), so dequantized values are
+bit-identical to it; tests check that on random blocks and on the default model. Work is done
+in chunks of blocks so the temporaries stay in cache.
 """
 from __future__ import annotations
 
