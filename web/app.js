@@ -424,6 +424,7 @@ function renderMessage(msg, view) {
 }
 
 function renderAssistant(msg, view) {
+  view.content.querySelector(".caret")?.remove(); // renderInto keeps unchanged blocks, and the caret in them
   renderInto(view.content, msg.content || "");
   if (msg.status !== "streaming") return;
   if (!msg.content) {
