@@ -93,7 +93,7 @@ export function closeSession() {
 }
 
 /** Merge `session`'s fields into the open session and show them. */
-export function showSession(session) {
+function showSession(session) {
   if (session) state.current = { ...state.current, ...session };
   const s = state.current;
   $("session-title").textContent = s ? s.title || "Untitled" : "Forge";

@@ -3,6 +3,7 @@ re-rendering a growing reply block by block, and pathological input that must no
 Safety against hostile input is in test_safety.py."""
 from __future__ import annotations
 
+
 def test_markdown_renderer_builds_the_expected_elements(markdown):
     html = markdown.evaluate("""() => {
         // the renderer's HTML without its line breaks (none of these inputs has one inside code)

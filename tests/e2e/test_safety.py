@@ -2,7 +2,6 @@
 and imported sessions all render as text; links keep only http(s)/mailto URLs."""
 from __future__ import annotations
 
-
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 
 # Every element the renderer may create, and the attributes it may set (no style attributes: the
