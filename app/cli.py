@@ -14,9 +14,11 @@ from engine.loader import ModelLoadError
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
-    p.add_argument("--backend", default=None, choices=["auto", "numpy", "cupy"])
+    p.add_argument("--backend", default=None, choices=["auto", "numba", "numpy", "cupy"],
+                   help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference")
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
-    p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
+    p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    p.add_argument("--profile", action="store_true", help="also time every op of a single-stream decode step")
     return parser
 
 
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "host", "port", "database_url", "api_key", "admin_token",
+                "model", "backend", "kv_memory", "threads", "quantize", "host", "port", "database_url", "api_key", "admin_token",
                 "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "bench":
             from app.bench import run_bench
 
-            run_bench(_load(args), as_json=args.json, quick=args.quick)
+            run_bench(_load(args), as_json=args.json, quick=args.quick, profile=args.profile)
         elif args.command == "generate":
             asyncio.run(_generate(_load(args), args))
         elif args.command == "chat":
@@ -106,6 +109,8 @@ def _load(args: argparse.Namespace) -> Engine:
         backend=args.backend or "auto",
         kv_memory=args.kv_memory or "1GiB",
         threads=args.threads,
+        quantize=args.quantize,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
 
 

@@ -23,6 +23,7 @@ class Settings:
     admin_token: str | None = None
     max_waiting: int = 256
     threads: int | None = None
+    quantize: str | None = None  # "q8_0": quantize float matrices at load
     log_level: str = "info"
     keepalive_s: float = 5.0  # SSE keep-alive comment interval while no event is ready
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored

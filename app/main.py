@@ -31,7 +31,7 @@ def _load_engine(settings: Settings) -> Any:
     from engine import Engine  # heavy import, only when the app loads the model itself
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
-                       max_waiting=settings.max_waiting, threads=settings.threads)
+                       max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import os
 import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,14 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise ValueError(f"cannot read {text!r} as a size (e.g. 512MiB, 1GiB)")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def _return_freed_memory() -> None:
+    """Give the heap freed by loading (unfused weight parts, temporaries) back to the OS (glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 @dataclass(slots=True)
@@ -76,13 +85,32 @@ class Engine:
         max_batched_tokens: int = 512,
         block_size: int = 16,
         threads: int | None = None,
+        quantize: str | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> "Engine":
-        """Load weights and tokenizer (blocking, a few seconds) and start the step loop."""
+        """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
+        the first time on a machine) and start the step loop.
+
+        `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
+        quantize float matrices at load. `progress` receives one line per stage (also logged).
+        """
         t0 = time.perf_counter()
-        loaded = load_model(model)
-        be = get_backend(backend)
-        llama = LlamaModel(loaded.config, loaded.weights, be)
-        loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
+
+        def say(line: str) -> None:
+            log.info("%s", line)
+            if progress:
+                progress(line)
+
+        loaded = load_model(model, quantize=quantize)
+        be = get_backend(backend, threads)
+        if be.name == "numba":
+            from kernels.numba_backend import warm_up
+
+            t1 = time.perf_counter()
+            warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
+            say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
+        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
+        _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
@@ -192,7 +220,7 @@ class Engine:
 
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
-        with threadpool_limits(limits=self.threads):
+        with threadpool_limits(limits=self.core.backend.blas_threads or self.threads):
             while True:
                 try:
                     if not self._drain(block=not self.core.has_work()):
