@@ -94,8 +94,8 @@ class Gate:
                 raise ServiceError("unsupported_media_type",
                                    f"the body must be JSON sent as 'Content-Type: application/json', got {media or 'none'!r}")
         if _under(path, ADMIN) and self.admin is not None:
-            token = _bearer(headers) or parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-            if not hmac.compare_digest(token.encode(), self.admin):
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+            if not any([hmac.compare_digest(t.encode(), self.admin) for t in (_bearer(headers), query)]):
                 raise ServiceError("unauthorized", "missing or invalid admin token: send 'Authorization: Bearer "
                                    "<token>' or add '?token=<token>'")
         if not self.keys:

@@ -16,7 +16,7 @@ from typing import Any
 
 from litestar import Request, Response, Router, get, post
 from litestar.background_tasks import BackgroundTask
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
@@ -341,7 +341,7 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
 
 
 @post("/chat/completions", status_code=200)
-async def chat_completions(request: Request, data: ChatRequest) -> Response:
+async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
     svc = ready_services(request)
     call = await _parse_chat(data, svc)
@@ -381,7 +381,7 @@ async def chat_completions(request: Request, data: ChatRequest) -> Response:
 
 
 @post("/completions", status_code=200)
-async def completions(request: Request, data: CompletionRequest) -> Response:
+async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
     svc = ready_services(request)
     call = await _parse_completion(data, svc)

@@ -8,7 +8,7 @@ from typing import Any
 
 from litestar import Request, Router, delete, get, patch, post
 from litestar.background_tasks import BackgroundTask
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
@@ -33,7 +33,7 @@ async def list_sessions(request: Request) -> dict[str, Any]:
 
 
 @post("/")
-async def create_session(request: Request, data: SessionFields | None = None) -> dict[str, Any]:
+async def create_session(request: Request, data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
     """A new session (the body may be left out)."""
     svc = ready_services(request)
     return await svc.store.create_session(owner(request.scope), **(data or SessionFields()).new_session())
@@ -51,7 +51,7 @@ async def read_session(request: Request, session_id: FromPath[str]) -> dict[str,
 
 
 @patch("/{session_id:str}")
-async def update_session(request: Request, session_id: FromPath[str], data: SessionFields) -> dict[str, Any]:
+async def update_session(request: Request, session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
     """Change title, system prompt or settings (merged over the current ones)."""
     svc = ready_services(request)
     try:
@@ -84,7 +84,7 @@ async def export_session(request: Request, session_id: FromPath[str]) -> dict[st
 
 
 @post("/import")
-async def import_session(request: Request, data: Export) -> dict[str, Any]:
+async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, Any]:
     """A new session (new ids) holding an export's messages."""
     svc = ready_services(request)
     limit = svc.settings.import_messages
@@ -137,7 +137,7 @@ async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | No
 
 
 @post("/{session_id:str}/messages", status_code=200)
-async def send_message(request: Request, session_id: FromPath[str], data: SendBody) -> ServerSentEvent:
+async def send_message(request: Request, session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
     """SSE: one turn (docs/protocol.md#sse). A repeated `idempotency_key` answers `history` instead."""
     svc = ready_services(request)
     who = owner(request.scope)
@@ -147,7 +147,7 @@ async def send_message(request: Request, session_id: FromPath[str], data: SendBo
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)
 async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str],
-                       data: EditBody) -> ServerSentEvent:
+                       data: JSONBody[EditBody]) -> ServerSentEvent:
     """SSE: edit a user message, drop everything after it, stream a new reply."""
     svc = ready_services(request)
     who = owner(request.scope)
@@ -155,7 +155,7 @@ async def edit_message(request: Request, session_id: FromPath[str], message_id: 
 
 
 @post("/{session_id:str}/regenerate", status_code=200)
-async def regenerate(request: Request, session_id: FromPath[str], data: Empty | None = None) -> ServerSentEvent:
+async def regenerate(request: Request, session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
     """SSE: drop the last reply and stream a new one."""
     svc = ready_services(request)
     who = owner(request.scope)

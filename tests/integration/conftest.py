@@ -114,6 +114,11 @@ class ServerProcess:
 
     # -- small helpers for tests --------------------------------------------------------------
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The headers that open /api, /ws and /v1 on this server."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
 
@@ -161,7 +166,7 @@ def post_and_leave(server: ServerProcess, path: str, body: dict,
     data = json.dumps(body).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" \
            f"Content-Length: {len(data)}\r\n"
-    for k, v in (headers or {}).items():
+    for k, v in {**server.auth, **(headers or {})}.items():
         head += f"{k}: {v}\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
         s.sendall(head.encode() + b"\r\n" + data)
