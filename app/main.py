@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 
 from app.api import admin, openai, pages, sessions, ws
 from app.api.errors import EXCEPTION_HANDLERS
-from app.api.gate import Gate
+from app.api.gate import Gate, security_headers
 from app.api.state import Services
 from app.api.typed import TypedRequest
 from app.chat import ChatService
@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         middleware=[DefineMiddleware(Gate, settings=settings)],
+        before_send=[security_headers],
         request_class=TypedRequest,
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",

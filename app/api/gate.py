@@ -1,6 +1,6 @@
 """What every request passes before a handler sees it: the Host (no DNS rebinding onto a loopback server),
 the Origin (no cross-site WebSockets or form posts), the API key or admin token, a JSON Content-Type on
-bodies; and the security headers on every response. Refusals are OpenAI-style JSON errors; a refused
+bodies; and (`security_headers`) the security headers on every response. Refusals are OpenAI-style JSON errors; a refused
 WebSocket gets its HTTP status before the upgrade."""
 from __future__ import annotations
 
@@ -73,8 +73,6 @@ class Gate:
         except ServiceError as err:
             await self._refuse(scope, receive, send, err)
             return
-        if scope["type"] == "http":
-            send = self._with_headers(send, scope["path"])
         await self.app(scope, receive, send)
 
     def _check(self, scope: Scope, headers: dict[str, str]) -> str:
@@ -111,7 +109,7 @@ class Gate:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, err: ServiceError) -> None:
         body = json.dumps(err.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *HEADERS]
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if err.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         if scope["type"] == "http":
@@ -125,17 +123,14 @@ class Gate:
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": err.code})
 
-    def _with_headers(self, send: Send, path: str) -> Send:
-        csp = (SCHEMA_CSP if _under(path, ("/schema",)) else CSP).encode()
 
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                present = {k.lower() for k, _ in message.get("headers", [])}
-                extra = [(k, v) for k, v in [(b"content-security-policy", csp), *HEADERS] if k not in present]
-                message = {**message, "headers": [*message.get("headers", []), *extra]}  # type: ignore[typeddict-item]
-            await send(message)
-
-        return wrapped
+async def security_headers(message: Message, scope: Scope) -> None:
+    """Litestar `before_send` hook: CSP, nosniff and framing rules on every HTTP response (404s included)."""
+    if message["type"] == "http.response.start":
+        csp = SCHEMA_CSP if _under(scope["path"], ("/schema",)) else CSP
+        present = {k.lower() for k, _ in message.get("headers", [])}
+        extra = [(k, v) for k, v in [(b"content-security-policy", csp.encode()), *HEADERS] if k not in present]
+        message["headers"] = [*message.get("headers", []), *extra]  # type: ignore[typeddict-item]
 
 
 def _bearer(headers: dict[str, str]) -> str:

@@ -151,6 +151,7 @@ class Connection:
         envelope = Envelope()
         try:
             if not self.bucket.take():
+                envelope = _envelope(raw)
                 raise ServiceError("rate_limited", f"more than {self.svc.settings.ws_commands_per_s:g} commands a "
                                    "second; slow down")
             try:
