@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +79,11 @@ class Settings:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
-        if any(not k or k != k.strip() for k in self.api_keys):
-            raise ValueError("an API key must not be empty or start/end with spaces (auth is off only without keys)")
-        if self.admin_token is not None and (not self.admin_token or self.admin_token != self.admin_token.strip()):
-            raise ValueError("the admin token must not be empty or start/end with spaces")
+        if not all(_TOKEN.fullmatch(k) for k in self.api_keys):
+            raise ValueError("an API key must not be empty and holds printable ASCII without spaces (it travels in "
+                             "an HTTP header); auth is off only when no key is given")
+        if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
+            raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
         for name in ("outbox_events", "ws_sessions", "turns_per_key", "import_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -89,6 +91,7 @@ class Settings:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
 
 
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "ws_sessions", "turns_per_key", "import_messages"}
 _FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
