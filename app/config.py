@@ -30,6 +30,7 @@ class Settings:
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
     # Per-client bounds (docs/protocol.md#limits)
     outbox_events: int = 1024  # events queued for one WebSocket / SSE stream before its reader counts as stalled
+    outbox_bytes: int = 4 << 20  # ... or this many bytes of them
     ws_sessions: int = 64  # sessions one WebSocket may watch
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
     turns_per_key: int = 16  # replies generating at once per API key (per server without keys)
@@ -84,7 +85,7 @@ class Settings:
                              "an HTTP header); auth is off only when no key is given")
         if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
             raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
-        for name in ("outbox_events", "ws_sessions", "turns_per_key", "import_messages"):
+        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.ws_commands_per_s > 0:
@@ -93,7 +94,7 @@ class Settings:
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "ws_sessions", "turns_per_key", "import_messages"}
+_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages"}
 _FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}

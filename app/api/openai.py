@@ -164,7 +164,7 @@ class _Job:
         self.api = api
         self.owner = owner_id
         self.req = GenerationRequest(prompt_token_ids=call.prompt, params=call.params, request_id=call.request_id)
-        self.outbox = Outbox(svc.settings.outbox_events, self.cancel)
+        self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self.cancel)
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -282,7 +282,7 @@ async def _collect(request: Request, job: _Job, n: int) -> tuple[list[_Choice], 
     job.start()
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
-        while (item := await job.outbox.queue.get()) is not None:
+        while (item := await job.outbox.get()) is not None:
             if isinstance(item, Exception):
                 raise _engine_error(item)
             c = choices[item.index]
@@ -319,7 +319,7 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
     try:
         for data in first or []:
             yield data
-        async for item in with_keepalives(job.outbox.queue, keepalive_s):
+        async for item in with_keepalives(job.outbox, keepalive_s):
             if item is None:
                 yield None
                 continue

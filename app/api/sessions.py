@@ -107,7 +107,7 @@ async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | No
 
     The client going away at any point (even before the body starts, when the generator never runs)
     cancels the turn: its partial reply is stored as "stopped". So does a client that stops reading
-    until `outbox_events` events wait for it: the stream then ends without `done`.
+    until `outbox_events` events (or `outbox_bytes`) wait for it: the stream then ends without `done`.
     """
     turn: Turn | None = None
 
@@ -115,18 +115,26 @@ async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | No
         if turn is not None:
             svc.chat.cancel_turn(turn)
 
-    outbox = Outbox(svc.settings.outbox_events, stop)
-    turn = await start(outbox.put)
+    outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, stop)
+
+    def sink(ev: dict[str, Any] | None) -> None:
+        if ev is None:
+            outbox.put(None)
+        else:
+            data = json.dumps(ev, ensure_ascii=False)
+            outbox.put((ev["type"], data), len(data))
+
+    turn = await start(sink)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         seq = 0
         try:
-            async for ev in with_keepalives(outbox.queue, svc.settings.keepalive_s):
-                if ev is None:
+            async for item in with_keepalives(outbox, svc.settings.keepalive_s):
+                if item is None:
                     yield keepalive()
                     continue
                 seq += 1
-                yield ServerSentEventMessage(data=json.dumps(ev, ensure_ascii=False), event=ev["type"], id=seq)
+                yield ServerSentEventMessage(data=item[1], event=item[0], id=seq)
         finally:
             stop()
 

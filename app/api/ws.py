@@ -55,7 +55,7 @@ class Connection:
         self.socket = socket
         self.svc = svc
         self.owner = owner(socket.scope)
-        self.outbox = Outbox(svc.settings.outbox_events, self._stalled)
+        self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self._stalled)
         self.bucket = _Bucket(svc.settings.ws_commands_per_s)
         self.sender: asyncio.Task | None = None
         self.close_code: int | None = 1000
@@ -74,7 +74,8 @@ class Connection:
     def send(self, event: dict[str, Any] | None) -> None:
         """A turn's sink: its events go out in order; its closing None is not for the socket."""
         if event is not None:
-            self.outbox.put(event)
+            text = _ENCODER.encode(event).decode()
+            self.outbox.put(text, len(text))
 
     async def run(self) -> None:
         sender = self.sender = asyncio.create_task(self._send_loop())
@@ -135,11 +136,10 @@ class Connection:
         sent.cancel()
 
     async def _send_loop(self) -> None:
-        queue = self.outbox.queue
         try:
-            while (ev := await queue.get()) is not None:
-                await self.socket.send_text(_ENCODER.encode(ev).decode())
-                queue.task_done()
+            while (text := await self.outbox.get()) is not None:
+                await self.socket.send_text(text)
+                self.outbox.queue.task_done()
             # The outbox filled up (the client stopped reading): close now, the reader may be idle.
             await self._close(WS_TOO_SLOW)
         except asyncio.CancelledError:
