@@ -94,7 +94,8 @@ class Settings:
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages"}
+_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key",
+               "import_messages"}
 _FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}

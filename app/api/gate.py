@@ -89,8 +89,8 @@ class Gate:
             has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
             media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if has_body and media != "application/json":
-                raise ServiceError("unsupported_media_type",
-                                   f"the body must be JSON sent as 'Content-Type: application/json', got {media or 'none'!r}")
+                raise ServiceError("unsupported_media_type", "the body must be JSON sent as 'Content-Type: "
+                                   f"application/json', got {media or 'none'!r}")
         if _under(path, ADMIN) and self.admin is not None:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
             if not any([hmac.compare_digest(t.encode(), self.admin) for t in (_bearer(headers), query)]):

@@ -113,7 +113,8 @@ async def test_reply_lifecycle_edit_and_truncate(store: Store) -> None:
     _, u2, _ = await store.start_reply(s["id"], ME, user_content="two")  # type: ignore[misc]
     assert u2 is not None and u2["position"] == 2
     # Edit the first user message: everything after it goes, a new reply follows it.
-    _, none, r_new = await store.start_reply(s["id"], ME, edit=(u1["id"], "one, edited"), keep_through=0)  # type: ignore[misc]
+    _, none, r_new = await store.start_reply(  # type: ignore[misc]
+        s["id"], ME, edit=(u1["id"], "one, edited"), keep_through=0)
     assert none is None
     _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert [(m["position"], m["role"], m["content"]) for m in msgs] == [(0, "user", "one, edited"), (1, "assistant", "")]

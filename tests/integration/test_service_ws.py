@@ -240,7 +240,8 @@ async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess)
 
 
 async def test_cancel_from_another_socket_is_acknowledged(server: ServerProcess) -> None:
-    async with connect(server.ws_url, additional_headers=server.auth) as owner, connect(server.ws_url, additional_headers=server.auth) as other:
+    async with connect(server.ws_url, additional_headers=server.auth) as owner, \
+            connect(server.ws_url, additional_headers=server.auth) as other:
         sid = (await create_session(owner, settings={"temperature": 0, "max_tokens": 400}))["id"]
         await owner.send(json.dumps({"type": "message.send", "session_id": sid,
                                      "content": "Write a very long story about a lighthouse."}))
