@@ -274,15 +274,20 @@ async def slow(folder: Path, slow_clients: int, readers: int) -> dict[str, Any]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", srv.port))
             ws = await connect(srv.url.replace("http", "ws") + "/ws", additional_headers=srv.auth(1), sock=sock,
-                               max_queue=1)
+                               max_queue=1, max_size=None)
+            code = None
             try:
-                for _ in range(200):
+                for _ in range(100):
                     await ws.send(json.dumps({"type": "session.open", "session_id": sid}))
                     await asyncio.sleep(0.05)  # within the command rate
-                closed.append(None)
+                while True:  # now read: what was on the way, then (if the server gave up on us) its close frame
+                    await asyncio.wait_for(ws.recv(), 30)
             except ConnectionClosed as e:
-                closed.append(e.rcvd.code if e.rcvd else None)
+                code = e.rcvd.code if e.rcvd else None
+            except asyncio.TimeoutError:
+                pass
             finally:
+                closed.append(code)
                 await ws.close()
 
         async def sample() -> None:
