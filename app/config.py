@@ -30,7 +30,7 @@ class Settings:
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
     # Per-client bounds (docs/protocol.md#limits)
     outbox_events: int = 1024  # events queued for one WebSocket / SSE stream before its reader counts as stalled
-    outbox_bytes: int = 4 << 20  # ... or this many bytes of them
+    outbox_bytes: int = 1 << 20  # ... or this many bytes of them
     ws_sessions: int = 64  # sessions one WebSocket may watch
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
     turns_per_key: int = 16  # replies generating at once per API key (per server without keys)

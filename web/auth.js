@@ -5,6 +5,7 @@ import { h } from "./dom.js";
 
 const STORE = "forge-api-key";
 let pending = null; // the running ensureAccess(), shared by every caller
+let confirmed = false; // requests went through since the last refusal
 
 export function authHeaders() {
   const key = sessionStorage.getItem(STORE);
@@ -21,12 +22,14 @@ export function wsProtocols() {
 /** The stored key was refused: forget it and ask again. */
 export function keyRefused() {
   sessionStorage.removeItem(STORE);
+  confirmed = false;
   return ensureAccess("That key was not accepted.");
 }
 
 /** Resolves once requests are allowed: no key needed, or a key the server accepts is stored. */
 export function ensureAccess(problem = "") {
-  if (!pending) pending = probe(problem).finally(() => { pending = null; });
+  if (confirmed && !problem) return Promise.resolve();
+  if (!pending) pending = probe(problem).then(() => { confirmed = true; }).finally(() => { pending = null; });
   return pending;
 }
 

@@ -42,6 +42,7 @@ async def ready(request: Request) -> Response:
 
 @get("/metrics")
 async def metrics(request: Request) -> Response:
+    """Prometheus text format (admin token)."""
     return Response(services(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

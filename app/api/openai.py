@@ -159,9 +159,9 @@ class _Job:
     send keep-alives without cancelling the engine stream; a stalled one has its request aborted).
     `start` admits it to the engine (raising a ServiceError before anything is answered); `cancel` aborts."""
 
-    def __init__(self, svc: Services, call: _Call, api: str, owner_id: str) -> None:
+    def __init__(self, svc: Services, call: _Call, owner_id: str, chat: bool) -> None:
         self.svc = svc
-        self.api = api
+        self.chat = chat  # chat spells the engine's `logprobs` count `top_logprobs`
         self.owner = owner_id
         self.req = GenerationRequest(prompt_token_ids=call.prompt, params=call.params, request_id=call.request_id)
         self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self.cancel)
@@ -174,7 +174,7 @@ class _Job:
             gen = self.svc.engine.generate(self.req)
         except Exception as e:
             chat.free_slot(self.owner)
-            raise _engine_error(e, "logprobs" if self.api == "chat" else None) from None
+            raise _engine_error(e, self.chat) from None
         self.tracker = self.svc.metrics.tracker("openai")
         self.task = asyncio.create_task(self._pump(gen), name=f"openai-{self.req.request_id}")
 
@@ -192,18 +192,18 @@ class _Job:
             self.outbox.put(None)
 
     def cancel(self) -> None:
+        # An abort, not task.cancel(): the pump then ends on the engine's final event and always cleans up.
         if self.task is not None and not self.task.done():
             self.svc.engine.abort(self.req.request_id)
-            self.task.cancel()
 
 
-def _engine_error(e: Exception, logprobs_param: str | None = None) -> ServiceError:
+def _engine_error(e: Exception, chat: bool = False) -> ServiceError:
     if isinstance(e, ServiceError):
         return e
     if isinstance(e, EngineOverloaded):
         return ServiceError("overloaded", f"the server is overloaded: {e}")
     if isinstance(e, InvalidRequest):
-        if e.param == "logprobs" and logprobs_param == "logprobs":  # chat spells the engine's count top_logprobs
+        if e.param == "logprobs" and chat:
             return ServiceError("invalid_parameter", f"top_{e}", param="top_logprobs")
         return ServiceError("invalid_parameter", str(e), param=e.param)
     log.error("generation failed: %r", e)
@@ -347,7 +347,7 @@ async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Res
     call = await _parse_chat(data, svc)
     if data.user:
         log.info("chat completion %s for user %r", call.request_id, data.user)
-    job = _Job(svc, call, "chat", owner(request.scope))
+    job = _Job(svc, call, owner(request.scope), chat=True)
     cid, created = f"chatcmpl-{call.request_id}", int(time.time())
     base = {"id": cid, "created": created, "model": call.model, "system_fingerprint": None}
     if not call.stream:
@@ -387,7 +387,7 @@ async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Re
     call = await _parse_completion(data, svc)
     if data.user:
         log.info("completion %s for user %r", call.request_id, data.user)
-    job = _Job(svc, call, "completion", owner(request.scope))
+    job = _Job(svc, call, owner(request.scope), chat=False)
     base = {"id": f"cmpl-{call.request_id}", "created": int(time.time()), "model": call.model,
             "system_fingerprint": None}
     want_lp = call.params.logprobs is not None
