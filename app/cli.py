@@ -40,8 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
-    p.add_argument("--api-key", default=None, help="require this bearer key on /v1 routes")
+    p.add_argument("--api-key", dest="api_keys", action="append", default=None,
+                   help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)")
     p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
+    p.add_argument("--allow-origin", dest="allowed_origins", action="append", default=None,
+                   help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)")
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
@@ -77,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "quantize", "host", "port", "database_url", "api_key", "admin_token",
-                "max_waiting", "log_level", "keepalive_s",
+                "model", "backend", "kv_memory", "threads", "quantize", "host", "port", "database_url", "api_keys",
+                "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
         elif args.command == "migrate":

@@ -15,7 +15,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,49 @@ def _return_freed_memory() -> None:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
+
+
+class RequestStream:
+    """The events of one admitted request (`Engine.generate`). Closing it, or dropping it, before its
+    last final event aborts the request."""
+
+    def __init__(self, engine: "Engine", request_id: str, samples: int, events: asyncio.Queue) -> None:
+        self._engine = engine
+        self._request_id = request_id
+        self._remaining = samples
+        self._events = events
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if not self._remaining:
+            raise StopAsyncIteration
+        try:
+            event = await self._events.get()
+        except BaseException:  # cancelled while waiting
+            self._close()
+            raise
+        if isinstance(event, BaseException):
+            self._close()
+            raise event
+        self._remaining -= event.final
+        if not self._remaining:
+            self._close()
+        return event
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._remaining:
+            self._remaining = 0
+            self._engine.abort(self._request_id)
+        self._engine._active.discard(self._request_id)
+
+    def __del__(self) -> None:
+        if self._remaining:
+            self._close()
 
 
 class Engine:
@@ -151,24 +194,29 @@ class Engine:
         }
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The conversation in the model's own chat template, as token ids."""
+        """The conversation in the model's own chat template, as token ids. Message content is text: only
+        the template's own markup yields special tokens (content spelling "<|im_end|>" stays those characters)."""
         tok = self.tokenizer
+        escaped = [{**m, "content": tok.escape_content(m["content"])} if isinstance(m, dict)
+                   and isinstance(m.get("content"), str) else m for m in messages]
         text = render_chat(
             self.core.loaded.chat_template,
-            messages,
+            escaped,
             add_generation_prompt=add_generation_prompt,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
         )
-        return tok.encode(text, add_special=False)
+        return tok.encode_chat(text)
 
     def stats(self) -> dict[str, Any]:
         return self.core.stats()
 
     # ---- generation ----------------------------------------------------------------
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Token deltas, then one final event per sample. Raises InvalidRequest or
-        EngineOverloaded before anything is queued. Leaving early aborts the request."""
+    def generate(self, request: GenerationRequest) -> "RequestStream":
+        """Admit `request` now and return its events: token deltas, then one final event per sample.
+
+        Raises InvalidRequest or EngineOverloaded here, before anything is queued, so a caller can refuse
+        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request."""
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
@@ -185,18 +233,7 @@ class Engine:
         # The stream travels with the request: the step thread routes its events (an abort of an
         # earlier request with the same id can never reach this one).
         self._commands.put(("add", request, time.monotonic(), stream))
-        remaining = request.params.n
-        try:
-            while remaining:
-                event = await stream.events.get()
-                if isinstance(event, BaseException):
-                    raise event
-                remaining -= event.final
-                yield event
-        finally:
-            if remaining:
-                self.abort(request.request_id)
-            self._active.discard(request.request_id)
+        return RequestStream(self, request.request_id, request.params.n, stream.events)
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use stay valid); applied between two steps."""
