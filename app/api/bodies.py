@@ -103,9 +103,10 @@ class ImportedMessage(Struct, kw_only=True):
     completion_tokens: Count | None = None
     ttft_ms: Seconds | None = None
     tokens_per_s: Annotated[float, Meta(ge=0, le=1e9)] | None = None
-    # version 2 (branches): a reference within the file, the message it follows, the chosen one of its siblings
+    # version 2 (branches): a reference within the file; the message it follows (null: none, left out: the
+    # message before it in the file); whether it is the chosen one of its siblings
     id: Id | None = None
-    parent_id: Id | None = None
+    parent_id: Id | None | UnsetType = UNSET
     active: bool = True
 
 
@@ -130,10 +131,11 @@ class Export(Struct, forbid_unknown_fields=True):
         index: dict[str, int] = {}
         for i, m in enumerate(self.messages):
             fields = {f: getattr(m, f) for f in m.__struct_fields__ if f not in ("id", "parent_id", "active")}
+            previous = i - 1 if i else None
             if self.forge_export == 1:
-                out.append({**fields, "parent": i - 1 if i else None, "active": True})
+                out.append({**fields, "parent": previous, "active": True})
                 continue
-            if m.parent_id is not None and m.parent_id not in index:
+            if m.parent_id is not UNSET and m.parent_id is not None and m.parent_id not in index:
                 raise ServiceError("invalid_parameter", f"'messages[{i}].parent_id' names no earlier message of the "
                                    "export", param=f"messages[{i}].parent_id")
             if m.id is not None:
@@ -141,7 +143,8 @@ class Export(Struct, forbid_unknown_fields=True):
                     raise ServiceError("invalid_parameter", f"'messages[{i}].id' repeats an earlier id",
                                        param=f"messages[{i}].id")
                 index[m.id] = i
-            out.append({**fields, "parent": index.get(m.parent_id) if m.parent_id else None, "active": m.active})
+            parent = previous if m.parent_id is UNSET else None if m.parent_id is None else index[m.parent_id]
+            out.append({**fields, "parent": parent, "active": m.active})
         chosen: dict[int | None, int] = {}  # parent -> the chosen child
         for i, m in enumerate(out):
             if m["active"] or m["parent"] not in chosen or not out[chosen[m["parent"]]]["active"]:

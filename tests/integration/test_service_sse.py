@@ -188,6 +188,11 @@ def test_session_operations(http: httpx.Client) -> None:
     original = http.get(f"/api/sessions/{a['id']}").json()["messages"]
     assert [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in copy["messages"]] == \
         [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in original]
+    # a file exported before branches (version 1: one conversation, in order) imports as one branch
+    r = http.post("/api/sessions/import", json={"forge_export": 1, "session": export["session"], "messages": original})
+    old = http.get(f"/api/sessions/{r.json()['id']}").json()["messages"]
+    assert [(m["role"], m["content"], m["siblings"] == [m["id"]]) for m in old] == \
+        [(m["role"], m["content"], True) for m in original]
 
     assert http.delete(f"/api/sessions/{a['id']}").status_code == 204
     assert http.get(f"/api/sessions/{a['id']}").status_code == 404

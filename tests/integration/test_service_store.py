@@ -179,13 +179,14 @@ def test_export_files_of_both_versions_become_one_tree() -> None:
                                                          {"role": "assistant", "content": "b", "id": "x"}]}
     assert [(m["parent"], m["active"]) for m in decode(json.dumps(v1), Export).tree()] == [(None, True), (0, True)]
     v2 = {"forge_export": 2, "session": {}, "messages": [
-        {"id": "u", "role": "user", "content": "q", "active": False},
+        {"id": "u", "parent_id": None, "role": "user", "content": "q", "active": False},
         {"id": "a1", "parent_id": "u", "role": "assistant", "content": "1", "active": True},
         {"id": "a2", "parent_id": "u", "role": "assistant", "content": "2", "active": True},  # the last marked wins
-        {"id": "u2", "role": "user", "content": "q2", "active": False},  # none marked: the last
-        {"id": "u3", "role": "user", "content": "q3", "active": False}]}
+        {"id": "u2", "parent_id": None, "role": "user", "content": "q2", "active": False},  # none marked: the last
+        {"id": "u3", "parent_id": None, "role": "user", "content": "q3", "active": False},
+        {"role": "assistant", "content": "no parent_id: after the message before it"}]}
     assert [(m["parent"], m["active"]) for m in decode(json.dumps(v2), Export).tree()] == [
-        (None, False), (0, False), (0, True), (None, False), (None, True)]
+        (None, False), (0, False), (0, True), (None, False), (None, True), (4, True)]
     for messages, param in [([{"id": "a", "parent_id": "b", "role": "user", "content": "x"}], "messages[0].parent_id"),
                             ([{"id": "a", "role": "user", "content": "x"}, {"id": "a", "role": "user", "content": "y"}],
                              "messages[1].id")]:
