@@ -24,6 +24,7 @@ from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
+from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
 from kernels import get_backend
 
@@ -76,14 +77,18 @@ class Engine:
         max_batched_tokens: int = 512,
         block_size: int = 16,
         threads: int | None = None,
+        speculative: str = "ngram",
     ) -> "Engine":
-        """Load weights and tokenizer (blocking, a few seconds) and start the step loop."""
+        """Load weights and tokenizer (blocking, a few seconds) and start the step loop.
+
+        `speculative` ("ngram" | "off") is the default for requests that do not choose."""
         t0 = time.perf_counter()
         loaded = load_model(model)
         be = get_backend(backend)
         llama = LlamaModel(loaded.config, loaded.weights, be)
         loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
-        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
+        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
+                              SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
@@ -143,7 +148,10 @@ class Engine:
         EngineOverloaded before anything is queued. Leaving early aborts the request."""
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
-        self.core.validate(request)
+        if request.params.response_format is None:
+            self.core.validate(request)
+        else:  # compiling a grammar can take a while: not on the event loop
+            await asyncio.to_thread(self.core.validate, request)
         if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already in use", param="request_id")
         with self._lock:

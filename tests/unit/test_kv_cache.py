@@ -13,7 +13,7 @@ BS = 4
 
 def make_seq(tokens: list[int], seq_id: int = 0) -> Sequence:
     req = GenerationRequest(list(tokens))
-    return Sequence(seq_id, req, 0, list(tokens), len(tokens), sampler=None, detok=None)
+    return Sequence(seq_id, req, 0, list(tokens), len(tokens), rng=None, detok=None)
 
 
 def run_prompt(bm: BlockManager, seq: Sequence) -> int:

@@ -10,7 +10,7 @@ from engine.types import GenerationRequest
 
 def seq(n_tokens: int, seq_id: int) -> Sequence:
     tokens = [1000 * seq_id + i for i in range(n_tokens)]  # distinct: no prefix sharing
-    return Sequence(seq_id, GenerationRequest(tokens), 0, list(tokens), n_tokens, sampler=None, detok=None)
+    return Sequence(seq_id, GenerationRequest(tokens), 0, list(tokens), n_tokens, rng=None, detok=None)
 
 
 def run(sched: Scheduler) -> list[tuple[int, int]]:
