@@ -1,0 +1,185 @@
+"""N-gram speculative decoding on the real default model: greedy output identical to decoding
+without it, counters that move, sampled distributions kept, and the features it must live with."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from engine.speculative import Drafter, SpecConfig
+from engine.types import GenerationRequest, ResponseFormat, SamplingParams
+from engine_helpers import collect, greedy, make_core, run_all
+
+CODE = '''def area(width, height):
+    result = width * height
+    return result
+
+
+def perimeter(width, height):
+    result = 2 * (width + height)
+    return result
+'''
+
+
+def spec_core(default_model, mode: str, **kw):
+    return make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(mode=mode), **kw)
+
+
+def rewrite_prompt(core) -> list[int]:
+    from engine.chat_template import render_chat
+
+    tok = core.tokenizer
+    messages = [{"role": "user", "content": "Repeat this code exactly:\n```python\n" + CODE + "```"}]
+    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
+                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
+
+
+def test_drafter_proposes_what_followed_the_longest_recent_match():
+    d = Drafter(SpecConfig(max_k=4))
+    tokens = [5, 6, 7, 8, 9, 1, 2, 6, 7]
+    assert d.propose(tokens, limit=10) == [8, 9, 1, 2]  # "6 7" matched: what followed it
+    assert d.propose(tokens + [3], limit=10) == []  # 3 never appeared before
+    assert d.propose([1, 2, 1, 2, 1], limit=2) == [2, 1]  # the most recent occurrence, cut to the limit
+    d.update(drafted=4, accepted=4, emitted=5)
+    assert d.k == 4  # doubled, within max_k
+    d.update(drafted=4, accepted=1, emitted=2)
+    assert d.k == 2
+    for _ in range(3):
+        d.update(drafted=2, accepted=0, emitted=1)
+    assert d.paused and d.propose(tokens, limit=10) == []  # acceptance stayed low: drafting pauses
+
+
+def test_greedy_identical_to_plain_decoding_on_the_fixture_prompts(default_model, reference):
+    outputs = {}
+    for mode in ("off", "ngram"):
+        core = spec_core(default_model, mode)
+        reqs = [greedy(case["prompt_ids"], 32, ignore_eos=True) for case in reference["prompts"]]
+        for i, r in enumerate(reqs):
+            r.request_id = str(i)
+        outputs[mode] = {rid: r.token_ids for rid, r in run_all(core, reqs).items()}
+    assert outputs["ngram"] == outputs["off"]
+    for i, case in enumerate(reference["prompts"]):
+        assert outputs["ngram"][str(i)] == case["greedy32_no_eos_stop_ids"]
+
+
+def test_rewrite_task_identical_with_fewer_steps_and_counters_moving(default_model):
+    runs = {}
+    for mode in ("off", "ngram"):
+        core = spec_core(default_model, mode)
+        req = greedy(rewrite_prompt(core), 64, logprobs=2, stop=["perimeter(width"])
+        result = next(iter(run_all(core, [req]).values()))
+        runs[mode] = (result, core.stats(), core)
+    (off, off_stats, _), (on, on_stats, core) = runs["off"], runs["ngram"]
+    assert on.token_ids == off.token_ids and on.text == off.text
+    assert on.final.finish_reason == off.final.finish_reason
+    assert "result = width * height" in on.text  # the model did copy: drafts had something to match
+    assert on_stats["spec_accepted_tokens"] > 0 and on_stats["spec_drafted_tokens"] >= on_stats["spec_accepted_tokens"]
+    assert on_stats["steps"] < off_stats["steps"]
+    assert 1.0 < on_stats["spec_mean_accepted_length"] and 0 < on_stats["spec_acceptance_rate"] <= 1
+    assert off_stats["spec_drafted_tokens"] == 0
+    assert core.blocks.num_free == core.blocks.num_blocks  # rejected slots and finished blocks all came back
+
+
+def test_per_request_override_beats_the_engine_default(default_model):
+    core = spec_core(default_model, "ngram")
+    req = greedy(rewrite_prompt(core), 24)
+    req.params.speculative = "off"
+    run_all(core, [req])
+    assert core.stats()["spec_drafted_tokens"] == 0
+    core = spec_core(default_model, "off")
+    req = greedy(rewrite_prompt(core), 24)
+    req.params.speculative = "ngram"
+    run_all(core, [req])
+    assert core.stats()["spec_drafted_tokens"] > 0
+
+
+def test_structured_and_speculative_together_stay_identical(default_model):
+    from engine.chat_template import render_chat
+
+    payload = '{"name": "Ada", "langs": ["python", "c"], "year": 1843}'
+    outputs = {}
+    for mode in ("off", "ngram"):
+        core = spec_core(default_model, mode)
+        tok = core.tokenizer
+        prompt = tok.encode(render_chat(core.loaded.chat_template,
+                                        [{"role": "user", "content": f"Return this JSON unchanged: {payload}"}],
+                                        add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token))
+        req = GenerationRequest(prompt, SamplingParams(max_tokens=40, temperature=0.0, response_format=ResponseFormat("json_object")))
+        outputs[mode] = (next(iter(run_all(core, [req]).values())), core.stats())
+    (off, _), (on, stats) = outputs["off"], outputs["ngram"]
+    assert on.token_ids == off.token_ids and on.final.finish_reason == "stop"
+    assert isinstance(__import__("json").loads(on.text), dict)
+    assert stats["spec_accepted_tokens"] > 0
+
+
+def test_sampling_keeps_the_distribution_and_seeds_reproduce(default_model):
+    """A regex leaves a few tokens per position ("a"/"b" runs). Seeded samples are token-for-token
+    those of plain decoding; unseeded-in-common sets of samples have the same distribution of the
+    number of a's (chi-square homogeneity test, false failure < 1e-6)."""
+    from engine.chat_template import render_chat
+
+    fmt = ResponseFormat("regex", "[ab]{6}")
+    n_req, n = 20, 16  # 320 samples per side
+    counts: dict[str, list[int]] = {}
+    texts: dict[tuple[str, int], list[str]] = {}
+    for mode, seed0 in (("ngram", 0), ("off", 0), ("off", 10_000)):
+        core = spec_core(default_model, mode)
+        tok = core.tokenizer
+        prompt = tok.encode(render_chat(core.loaded.chat_template, [{"role": "user", "content": (
+            "Flip a coin six times; write a for heads and b for tails, e.g. abbaba or aababb or babbab.")}],
+            add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token))
+        results: dict = {}
+        for i in range(n_req):
+            core.add_request(GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed0 + i,
+                                                                      n=n, response_format=fmt), request_id=str(i)))
+        while core.has_work():
+            collect(core.step(), results)
+        out = [results[(str(i), j)].text for i in range(n_req) for j in range(n)]
+        assert all(re.fullmatch("[ab]{6}", t) for t in out)
+        texts[(mode, seed0)] = out
+        if mode == "ngram":
+            stats = core.stats()
+            assert 0 < stats["spec_accepted_tokens"] < stats["spec_drafted_tokens"]  # accepts and rejects
+    assert texts[("ngram", 0)] == texts[("off", 0)]  # same seeds: the same samples, drafts or not
+
+    # Homogeneity of "number of a's" between speculation on (seeds 0..) and off (other seeds).
+    bins = [lambda c: c <= 1, lambda c: c == 2, lambda c: c == 3, lambda c: c == 4, lambda c: c >= 5]
+    table = [[sum(b(t.count("a")) for t in texts[key]) for b in bins] for key in (("ngram", 0), ("off", 10_000))]
+    total = sum(map(sum, table))
+    cols = [table[0][j] + table[1][j] for j in range(len(bins))]
+    stat = 0.0
+    for r in table:
+        for j, observed in enumerate(r):
+            expected = sum(r) * cols[j] / total
+            if expected > 0:
+                stat += (observed - expected) ** 2 / expected
+    # df = (2 - 1) * (5 - 1) = 4: P(X >= x) = exp(-x/2) (1 + x/2); 1e-6 at x = 33.4
+    assert math.exp(-stat / 2) * (1 + stat / 2) > 1e-6, f"chi-square {stat:.1f}: {table}"
+
+
+def test_preemption_and_n_samples_with_drafts_match_solo_runs(default_model):
+    probe = spec_core(default_model, "ngram")
+    prompt = rewrite_prompt(probe)
+    solo = next(iter(run_all(probe, [greedy(prompt, 40, ignore_eos=True)]).values())).token_ids
+    per_block = probe.runner.kv_caches[0][0][0].nbytes * 2 * len(probe.runner.kv_caches)
+    core = make_core(default_model, kv_memory=per_block * (2 * -(-(len(prompt) + 40) // 16) - 1))
+    reqs = [greedy(prompt, 40, ignore_eos=True) for _ in range(2)]
+    reqs[1].prompt_token_ids = prompt[:-1] + [prompt[-1]]  # same tokens, its own request
+    results = run_all(core, reqs)
+    assert core.scheduler.num_preemptions > 0 and core.stats()["spec_accepted_tokens"] > 0
+    assert all(r.token_ids == solo for r in results.values())
+    assert core.blocks.num_free == core.blocks.num_blocks
+
+
+@pytest.mark.parametrize("mode", ["off", "ngram"])
+def test_no_unaccepted_token_enters_the_prefix_cache(default_model, mode):
+    core = spec_core(default_model, mode)
+    prompt = rewrite_prompt(core)
+    run_all(core, [greedy(prompt, 48, ignore_eos=True)])
+    # Every cached block's tokens are a block of what the sequence really holds (prompt + output).
+    seen = prompt + next(iter(run_all(spec_core(default_model, "off"), [greedy(prompt, 48, ignore_eos=True)]).values())).token_ids
+    bs = core.blocks.block_size
+    expected = {tuple(seen[i : i + bs]) for i in range(0, len(seen) - bs + 1, bs)}
+    cached = {core.blocks.blocks[bid].tokens for bid in core.blocks.cached.values()}
+    assert cached and cached <= expected
