@@ -11,7 +11,7 @@ import resource
 import statistics
 import time
 
-from engine import Engine, GenerationRequest, SamplingParams
+from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
 
 WORDS = (
     "river mountain quiet lantern harbor copper meadow signal winter orbit canvas thunder "
@@ -28,20 +28,94 @@ def _raw_prompt(engine: Engine, n_tokens: int, salt: int) -> list[int]:
     return ids[:n_tokens]
 
 
-async def _run(engine: Engine, prompt: list[int], max_tokens: int) -> dict:
-    """One request; returns its final event's numbers and the arrival time of every token."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+async def _run(engine: Engine, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> dict:
+    """One request (greedy, to max_tokens unless `params`); its final event's numbers, its tokens and
+    the arrival time of every token (a step may bring several: speculative decoding)."""
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     stamps: list[float] = []
     text: list[str] = []
+    token_ids: list[int] = []
     start = time.perf_counter()
     final = None
     async for ev in engine.generate(GenerationRequest(prompt, params)):
         text.append(ev.text)
-        if ev.token_ids:
-            stamps.append(time.perf_counter())
+        token_ids += ev.token_ids
+        stamps += [time.perf_counter()] * len(ev.token_ids)
         if ev.final:
             final = ev
-    return {"start": start, "stamps": stamps, "text": "".join(text), "usage": final.usage, "timings": final.timings}
+    return {"start": start, "stamps": stamps, "text": "".join(text), "token_ids": token_ids, "usage": final.usage,
+            "timings": final.timings}
+
+
+def _decode_rate(stamps: list[float]) -> float:
+    """Tokens/s after the first token (which waits for the prefill)."""
+    first = stamps.count(stamps[0])  # tokens that came with the first step
+    return (len(stamps) - first) / (stamps[-1] - stamps[0]) if stamps[-1] > stamps[0] else 0.0
+
+
+REWRITE_CODE = """def load_users(path):
+    users = []
+    with open(path) as f:
+        for line in f:
+            name, email, age = line.strip().split(",")
+            users.append({"name": name, "email": email, "age": int(age)})
+    return users
+
+
+def adults(users):
+    result = []
+    for user in users:
+        if user["age"] >= 18:
+            result.append(user)
+    return result
+"""
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "steps": {"type": "array", "items": {"type": "string", "maxLength": 80}, "minItems": 3, "maxItems": 8},
+    },
+    "required": ["title", "steps"],
+    "additionalProperties": False,
+}
+
+
+async def _structured(engine: Engine, max_tokens: int) -> dict:
+    """Decode tokens/s for the same prompt free and under a JSON schema (speculation off: the mask's cost alone)."""
+    prompt = engine.render_chat([{"role": "user", "content": "Give a recipe for pancakes as JSON with a title and steps."}])
+    free = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
+    schema = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off",
+                            response_format=ResponseFormat("json_schema", json.dumps(JSON_SCHEMA)))
+    await _run(engine, prompt, 2, schema)  # compile the schema outside the measurement
+    await engine.reset_prefix_cache()
+    r_free = await _run(engine, prompt, max_tokens, free)
+    await engine.reset_prefix_cache()
+    r_schema = await _run(engine, prompt, max_tokens, schema)
+    return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_schema": _decode_rate(r_schema["stamps"]),
+            "schema_tokens": len(r_schema["token_ids"])}
+
+
+async def _speculative(engine: Engine, max_tokens: int) -> dict:
+    """Single-stream greedy decode on a rewrite task (the reply copies most of the prompt), speculation off vs on."""
+    prompt = engine.render_chat([{"role": "user", "content": (
+        "Rewrite this code exactly as it is, but rename the function adults to grown_ups:\n```python\n"
+        + REWRITE_CODE + "```")}])
+    runs = {}
+    for mode in ("off", "ngram"):
+        await engine.reset_prefix_cache()
+        before = engine.stats()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=mode)
+        runs[mode] = (await _run(engine, prompt, max_tokens, params), before, engine.stats())
+    on, before, after = runs["ngram"]
+    drafted = after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    return {
+        "tokens": max_tokens,
+        "tok_s_off": _decode_rate(runs["off"][0]["stamps"]),
+        "tok_s_on": _decode_rate(on["stamps"]),
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "identical": on["token_ids"] == runs["off"][0]["token_ids"],
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -67,7 +141,7 @@ async def _bench(engine: Engine, quick: bool) -> dict:
 
     await engine.reset_prefix_cache()
     r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
-    decode_tok_s = (len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0])
+    decode_tok_s = _decode_rate(r["stamps"])
 
     aggregate, e2e, itl = {}, {}, []
     for n in (8, 32):
@@ -80,7 +154,7 @@ async def _bench(engine: Engine, quick: bool) -> dict:
         total = sum(len(run["stamps"]) for run in runs)
         e2e[str(n)] = total / (max(run["stamps"][-1] for run in runs) - min(run["start"] for run in runs))
         if n == 32:
-            itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:])]
+            itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:]) if b > a]
 
     await engine.reset_prefix_cache()
     turns, history, chat = 8, [], []
@@ -108,6 +182,8 @@ async def _bench(engine: Engine, quick: bool) -> dict:
         "itl_ms": {"p50": _pct(itl, 0.5) * 1000, "p95": _pct(itl, 0.95) * 1000},
         "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
         "chat_turns": chat,
+        "structured": await _structured(engine, decode_len),
+        "speculative": await _speculative(engine, 64 if quick else 160),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -133,6 +209,12 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False) -> dic
         ("inter-token latency p50 / p95 (32 seqs)", f"{result['itl_ms']['p50']:.0f} / {result['itl_ms']['p95']:.0f} ms"),
         ("chat TTFT turn 1 / turn 8", f"{result['chat_ttft_ms']['turn1']:.0f} / {result['chat_ttft_ms']['turn8']:.0f} ms"),
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
+        ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
+                                              f"{result['structured']['tok_s_schema']:.1f} tok/s"),
+        (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens)",
+         f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
+         f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
+         f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat, SamplingParams
 
 from app.api.errors import ServiceError
+from app.api.response_format import compile_response_format
 from app.api.fields import DEFAULT_SETTINGS, DEFAULT_TITLE
 from app.metrics import Metrics
 from app.store import Store
@@ -106,9 +107,12 @@ class ChatService:
 
     # -- starting turns -------------------------------------------------------------------
 
-    async def send(self, session_id: str, content: str, sink: Sink, client_id: str | None = None) -> Turn:
-        """Append a user message and stream a reply. Raises ServiceError before storing anything."""
-        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content))
+    async def send(self, session_id: str, content: str, sink: Sink, client_id: str | None = None,
+                   response_format: ResponseFormat | None = None) -> Turn:
+        """Append a user message and stream a reply (constrained by `response_format`, if given).
+        Raises ServiceError before storing anything."""
+        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
+                                 response_format)
 
     async def edit(self, session_id: str, message_id: str, content: str, sink: Sink,
                    client_id: str | None = None) -> Turn:
@@ -149,7 +153,8 @@ class ChatService:
         return _Plan(history=kept, keep_through=kept[-1]["position"], kept=kept)
 
     async def _begin(self, session_id: str, sink: Sink, client_id: str | None,
-                     plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan]) -> Turn:
+                     plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan],
+                     response_format: ResponseFormat | None = None) -> Turn:
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
         if session_id in self.turns or session_id in self._reserved:
@@ -163,6 +168,8 @@ class ChatService:
             plan = plan_for(before, messages)
             prompt = self._render(before, plan.history)
             params = self._sampling(before["settings"], len(prompt))
+            params.response_format = response_format
+            await compile_response_format(self.engine, response_format)
             self.check_capacity()
             started = await self.store.start_reply(session_id, user_content=plan.user_content, edit=plan.edit,
                                                    keep_through=plan.keep_through, title=plan.title)

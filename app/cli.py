@@ -17,6 +17,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=["auto", "numpy", "cupy"])
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+    p.add_argument("--speculative", default=None, choices=["off", "ngram"],
+                   help="n-gram speculative decoding for requests that do not choose (default: ngram)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "host", "port", "database_url", "api_key", "admin_token",
+                "model", "backend", "kv_memory", "speculative", "threads", "host", "port", "database_url", "api_key", "admin_token",
                 "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
@@ -106,6 +108,7 @@ def _load(args: argparse.Namespace) -> Engine:
         backend=args.backend or "auto",
         kv_memory=args.kv_memory or "1GiB",
         threads=args.threads,
+        speculative=args.speculative or "ngram",
     )
 
 

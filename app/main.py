@@ -31,6 +31,7 @@ def _load_engine(settings: Settings) -> Any:
     from engine import Engine  # heavy import, only when the app loads the model itself
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
+                       speculative=settings.speculative,
                        max_waiting=settings.max_waiting, threads=settings.threads)
 
 

@@ -25,7 +25,7 @@ from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
-from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
+from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
 from kernels import get_backend
 
 log = logging.getLogger("forge.engine")
@@ -177,6 +177,11 @@ class Engine:
             if remaining:
                 self.abort(request.request_id)
             self._active.discard(request.request_id)
+
+    async def compile_response_format(self, fmt: ResponseFormat) -> None:
+        """Compile a constraint ahead of `generate` (cached; a worker thread, not the event loop).
+        Raises InvalidRequest naming what cannot be enforced."""
+        await asyncio.to_thread(self.core.grammars.compile, fmt)
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use stay valid); applied between two steps."""

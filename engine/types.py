@@ -98,6 +98,9 @@ class SamplingParams:
         for ok, name, why in checks:
             if not ok:
                 raise InvalidRequest(f"{name} {why}", param=name)
+        if self.response_format is not None and self.ignore_eos:
+            raise InvalidRequest("ignore_eos cannot be combined with response_format: the grammar decides where "
+                                 "the reply ends", param="ignore_eos")
         if not isinstance(self.logit_bias, dict):
             raise InvalidRequest("logit_bias must map token ids to numbers", param="logit_bias")
         for tok, bias in self.logit_bias.items():

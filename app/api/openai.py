@@ -22,6 +22,7 @@ from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, Sa
 
 from app.api.errors import ServiceError
 from app.api.fields import get_int, get_number, json_body, json_type
+from app.api.response_format import compile_response_format, parse_response_format, parse_speculative
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, api_key_guard, ready_services
 from app.chat import aclose_stream
@@ -29,9 +30,9 @@ from app.chat import aclose_stream
 log = logging.getLogger("forge.openai")
 
 _SAMPLING_KEYS = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                  "frequency_penalty", "logit_bias", "logprobs", "user", "stream", "stream_options",
-                  # Forge extensions the engine honours (vLLM spells them the same way)
-                  "top_k", "min_p", "repetition_penalty"}
+                  "frequency_penalty", "logit_bias", "logprobs", "user", "stream", "stream_options", "response_format",
+                  # Forge extensions the engine honours (vLLM spells the first three the same way)
+                  "top_k", "min_p", "repetition_penalty", "speculative"}
 CHAT_KEYS = frozenset(_SAMPLING_KEYS | {"messages", "max_completion_tokens", "top_logprobs"})
 COMPLETION_KEYS = frozenset(_SAMPLING_KEYS | {"prompt", "echo", "best_of"})
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -155,6 +156,8 @@ def _sampling(body: dict[str, Any], svc: Services, prompt_len: int, max_tokens: 
         min_p=_ranged(body, "min_p", 0.0, 0.0, 1.0),
         repetition_penalty=_ranged(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
         logit_bias=bias, seed=seed, stop=stop, logprobs=logprobs,
+        response_format=parse_response_format(body.get("response_format")),
+        speculative=parse_speculative(body.get("speculative")),
     )
     try:
         params.validate(int(svc.engine.model_info.get("vocab_size", 1 << 31)))
@@ -472,6 +475,7 @@ async def chat_completions(request: Request) -> Response:
     svc = ready_services(request)
     body = await json_body(request)
     call = _parse_chat(body, svc)
+    await compile_response_format(svc.engine, call.params.response_format)
     if body.get("user"):
         log.info("chat completion %s for user %r", call.request_id, body["user"])
     job = _Job(svc, call, "openai")
@@ -511,6 +515,7 @@ async def completions(request: Request) -> Response:
     svc = ready_services(request)
     body = await json_body(request)
     call = _parse_completion(body, svc)
+    await compile_response_format(svc.engine, call.params.response_format)
     if body.get("user"):
         log.info("completion %s for user %r", call.request_id, body["user"])
     job = _Job(svc, call, "openai")

@@ -14,6 +14,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from app.api.errors import ServiceError
 from app.api.fields import (DEFAULT_TITLE, check_keys, content_field, json_body, json_type, parse_json_object,
                             session_fields, session_settings)
+from app.api.response_format import parse_response_format
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import ready_services
 from app.chat import ChatService, Turn
@@ -138,10 +139,11 @@ def turn_stream(chat: ChatService, turn: Turn, queue: asyncio.Queue, keepalive_s
 async def send_message(request: Request, session_id: FromPath[str]) -> ServerSentEvent:
     svc = ready_services(request)
     body = await json_body(request)
-    check_keys(body, frozenset({"content"}))
+    check_keys(body, frozenset({"content", "response_format"}))
     content = content_field(body)
+    fmt = parse_response_format(body.get("response_format"))
     queue: asyncio.Queue = asyncio.Queue()
-    turn = await svc.chat.send(session_id, content, sink=queue.put_nowait)
+    turn = await svc.chat.send(session_id, content, sink=queue.put_nowait, response_format=fmt)
     return turn_stream(svc.chat, turn, queue, svc.settings.keepalive_s)
 
 

@@ -12,6 +12,7 @@ from litestar import WebSocket, websocket
 from app.api.errors import ServiceError
 from app.api.fields import (DEFAULT_TITLE, check_keys, content_field, get_str, parse_json_object, session_fields,
                             session_settings)
+from app.api.response_format import parse_response_format
 from app.api.state import Services, services
 from app.chat import Turn
 
@@ -171,10 +172,11 @@ class Connection:
         self._reply({"type": "history", "session_id": sid, "messages": messages}, client_id)
 
     async def message_send(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id", "content"})
+        check_keys(msg, _BASE_KEYS | {"session_id", "content", "response_format"})
         sid = self._session_id(msg)
         content = content_field(msg)
-        self._track(await self.svc.chat.send(sid, content, sink=self.send, client_id=client_id))
+        fmt = parse_response_format(msg.get("response_format"))
+        self._track(await self.svc.chat.send(sid, content, sink=self.send, client_id=client_id, response_format=fmt))
 
     async def message_edit(self, msg: dict[str, Any], client_id: str | None) -> None:
         check_keys(msg, _BASE_KEYS | {"session_id", "message_id", "content"})
