@@ -236,8 +236,7 @@ class LLMEngine:
             row += n
         if not work:
             return
-        bitmask = np.zeros((len(rows), self.grammars.mask_words), dtype=np.int32)
-        self.grammars.fill(work, bitmask)
+        bitmask = self.grammars.fill(work, len(rows))
         if len(rows) == logits.shape[0]:
             self.backend.apply_token_bitmask(logits, bitmask)
         else:

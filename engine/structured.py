@@ -43,6 +43,12 @@ class Grammars:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: list[int]) -> None:
         self._tokenizer, self.vocab_size, self._eos_ids = tokenizer, vocab_size, list(eos_ids)
         self.mask_words = (vocab_size + 31) // 32
+        # The mask once a grammar has ended: EOS only. llguidance writes no mask for the drafted rows
+        # after a draft token that ends the grammar; they keep this one.
+        words = np.zeros(self.mask_words, dtype=np.uint32)
+        for t in eos_ids:
+            words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
+        self._eos_only = words.view(np.int32)
         self._lltok: llguidance.LLTokenizer | None = None  # built on first use (~0.5 s)
         self._executor: llguidance.LLExecutor | None = None
         self._compiled: OrderedDict[tuple[str, str], Matcher] = OrderedDict()
@@ -68,9 +74,11 @@ class Grammars:
                     self._compiled.popitem(last=False)
         return base
 
-    def fill(self, work: list[tuple[Matcher, int, list[int]]], bitmask: np.ndarray) -> None:
-        """For each (matcher, row, draft): the mask after the matcher's tokens into bitmask[row]
-        and, for each drafted token, the mask after it into the rows that follow."""
+    def fill(self, work: list[tuple[Matcher, int, list[int]]], num_rows: int) -> np.ndarray:
+        """The bitmask [num_rows, mask_words]: for each (matcher, row, draft) the mask after the
+        matcher's tokens in that row and, for each drafted token, the mask after it in the rows
+        that follow."""
+        bitmask = np.tile(self._eos_only, (num_rows, 1))
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         plain = [(m, row) for m, row, draft in work if not draft]
@@ -79,6 +87,7 @@ class Grammars:
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, plain, bitmask)
         if drafted:
             llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
+        return bitmask
 
     def _compile(self, fmt: ResponseFormat) -> Matcher:
         try:
