@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
+from kernels.numpy_backend import apply_token_bitmask as host_apply_token_bitmask
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _NORM_THREADS = 256
@@ -164,7 +165,12 @@ class CupyBackend:
         return self._cp.asnumpy(self._cp.argmax(logits, axis=-1))
 
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
-        """Set logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W]) is 0, in place."""
+        """Set logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W]) is 0, in place.
+
+        Host logits (what the model returns today) are masked on the host, device logits by the kernel."""
+        if isinstance(logits, np.ndarray):
+            host_apply_token_bitmask(logits, bitmask)
+            return
         if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
             raise ValueError(f"apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
         R, V = logits.shape
