@@ -19,6 +19,15 @@ def make_core(default_model, **config) -> LLMEngine:
     return LLMEngine(loaded, model, EngineConfig(**config))
 
 
+def chat_prompt(core: LLMEngine, messages: list[dict[str, str]]) -> list[int]:
+    """The messages in the model's chat template, as token ids."""
+    from engine.chat_template import render_chat
+
+    tok = core.tokenizer
+    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
+                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
+
+
 def greedy(prompt: list[int], max_tokens: int = 16, **kw) -> GenerationRequest:
     return GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw))
 

@@ -2,12 +2,13 @@
 without it, counters that move, sampled distributions kept, and the features it must live with."""
 from __future__ import annotations
 
+import json
 import math
 import re
 
 from engine.speculative import Drafter, SpecConfig
 from engine.types import GenerationRequest, ResponseFormat, SamplingParams
-from engine_helpers import collect, greedy, make_core, run_all
+from engine_helpers import chat_prompt, collect, greedy, make_core, run_all
 
 CODE = '''def area(width, height):
     result = width * height
@@ -25,12 +26,7 @@ def spec_core(default_model, mode: str, max_rows: int = 16):
 
 
 def rewrite_prompt(core) -> list[int]:
-    from engine.chat_template import render_chat
-
-    tok = core.tokenizer
-    messages = [{"role": "user", "content": "Repeat this code exactly:\n```python\n" + CODE + "```"}]
-    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
-                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
+    return chat_prompt(core, [{"role": "user", "content": "Repeat this code exactly:\n```python\n" + CODE + "```"}])
 
 
 def test_drafter_proposes_what_followed_the_longest_recent_match():
@@ -93,30 +89,23 @@ def test_per_request_override_beats_the_engine_default(default_model):
 
 
 def test_structured_and_speculative_together_stay_identical(default_model):
-    from engine.chat_template import render_chat
-
     payload = '{"name": "Ada", "langs": ["python", "c"], "year": 1843}'
     outputs = {}
     for mode in ("off", "ngram"):
         core = spec_core(default_model, mode)
-        tok = core.tokenizer
-        prompt = tok.encode(render_chat(core.loaded.chat_template,
-                                        [{"role": "user", "content": f"Return this JSON unchanged: {payload}"}],
-                                        add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token))
+        prompt = chat_prompt(core, [{"role": "user", "content": f"Return this JSON unchanged: {payload}"}])
         req = GenerationRequest(prompt, SamplingParams(max_tokens=40, temperature=0.0, response_format=ResponseFormat("json_object")))
         outputs[mode] = (next(iter(run_all(core, [req]).values())), core.stats())
     (off, _), (on, stats) = outputs["off"], outputs["ngram"]
     assert on.token_ids == off.token_ids and on.final.finish_reason == "stop"
-    assert isinstance(__import__("json").loads(on.text), dict)
+    assert isinstance(json.loads(on.text), dict)
     assert stats["spec_accepted_tokens"] > 0
 
 
 def test_sampling_keeps_the_distribution_and_seeds_reproduce(default_model):
     """A regex leaves a few tokens per position ("a"/"b" runs). Seeded samples are token-for-token
-    those of plain decoding; unseeded-in-common sets of samples have the same distribution of the
+    those of plain decoding; samples from disjoint seeds have the same distribution of the
     number of a's (chi-square homogeneity test, false failure < 1e-6)."""
-    from engine.chat_template import render_chat
-
     fmt = ResponseFormat("regex", "[ab]{6}")
     n = 16
     texts: dict[tuple[str, int], list[str]] = {}
@@ -124,10 +113,8 @@ def test_sampling_keeps_the_distribution_and_seeds_reproduce(default_model):
     # and 64 without from the first seeds again.
     for mode, seed0, n_req in (("ngram", 0, 20), ("off", 10_000, 20), ("off", 0, 4)):
         core = spec_core(default_model, mode, max_rows=10_000)
-        tok = core.tokenizer
-        prompt = tok.encode(render_chat(core.loaded.chat_template, [{"role": "user", "content": (
-            "Flip a coin six times; write a for heads and b for tails, e.g. abbaba or aababb or babbab.")}],
-            add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token))
+        prompt = chat_prompt(core, [{"role": "user", "content": (
+            "Flip a coin six times; write a for heads and b for tails, e.g. abbaba or aababb or babbab.")}])
         results: dict = {}
         for i in range(n_req):
             core.add_request(GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed0 + i,

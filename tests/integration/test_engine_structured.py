@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from engine.types import GenerationRequest, InvalidRequest, ResponseFormat, SamplingParams
-from engine_helpers import collect, make_core, run_all
+from engine_helpers import chat_prompt, collect, make_core, run_all
 from structured_cases import PROMPT, SCHEMAS
 
 
@@ -20,13 +20,7 @@ def core(default_model):
 
 def chat(core, text: str) -> list[int]:
     """A short chat prompt (a one-line system prompt instead of the template's default one)."""
-    from engine.chat_template import render_chat
-
-    tok = core.tokenizer
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]
-    rendered = render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
-                           bos_token=tok.bos_token, eos_token=tok.eos_token)
-    return tok.encode(rendered)
+    return chat_prompt(core, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}])
 
 
 def constrained(prompt, fmt, max_tokens=64, **kw) -> GenerationRequest:
