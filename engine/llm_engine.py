@@ -245,7 +245,8 @@ class LLMEngine:
             logits[rows] = part
 
     def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float) -> list[GenerationEvent]:
-        """Take the step's emitted tokens: KV is kept for all but the last, blocks past it are given back."""
+        """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all
+        but the last, the blocks past it (rejected draft slots) are given back, full ones are cached."""
         drafted = len(seq.draft)
         if seq.drafter is not None:
             seq.drafter.update(drafted, len(tokens) - 1, len(tokens))
@@ -254,14 +255,10 @@ class LLMEngine:
         seq.draft = []
         if seq.first_token is None:
             seq.first_token = now
-        seq.token_ids += tokens
-        seq.num_computed = seq.num_tokens - 1
-        self.blocks.trim(seq)
-        self.blocks.commit(seq)
         params = seq.request.params
         reason = None
         parts = []
-        before = seq.num_tokens - len(tokens)
+        before = seq.num_tokens
         for i, token in enumerate(tokens, 1):
             if (not params.ignore_eos and token in self.eos_ids) or token in params.stop_token_ids:
                 reason = "stop"
@@ -272,9 +269,12 @@ class LLMEngine:
             if reason is None and (before + i - seq.prompt_len >= params.max_tokens or before + i >= self.max_context):
                 reason = "length"
             if reason is not None:
-                del seq.token_ids[before + i :]  # accepted drafts past the end are not output
-                tokens = tokens[:i]
+                tokens = tokens[:i]  # accepted drafts past the end are not output
                 break
+        seq.token_ids += tokens
+        seq.num_computed = seq.num_tokens - 1  # the last token's KV comes with the next step
+        self.blocks.trim(seq)
+        self.blocks.commit(seq)
         if seq.matcher is not None and reason is None and not seq.matcher.consume_tokens(tokens):
             return [self._finish(seq, "error", f"grammar refused a sampled token: {seq.matcher.get_error()}")]
         delta = GenerationEvent(seq.request_id, seq.index, "".join(parts), tokens,

@@ -4,13 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.llm_engine import EngineConfig, LLMEngine
-from engine.types import GenerationEvent, GenerationRequest, SamplingParams
+from engine.types import GenerationEvent, GenerationRequest, SamplingParams, TokenLogprob
 
 
 @dataclass
 class Result:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     final: GenerationEvent | None = None
 
 
@@ -37,6 +38,7 @@ def collect(events: list[GenerationEvent], results: dict[tuple[str, int], Result
         r = results.setdefault((ev.request_id, ev.index), Result())
         r.token_ids += ev.token_ids
         r.text += ev.text
+        r.logprobs += ev.logprobs or []
         if ev.final:
             r.final = ev
 
