@@ -101,7 +101,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             plain.append(i)
 
     # 1. Every row's scores and every check, before any draw.
-    best: dict[int, np.ndarray] = {}  # greedy sequence -> argmax per row
+    best: dict[int, list[int]] = {}  # greedy sequence -> argmax per row
     if plain:
         if len(plain) == len(rows):
             idx = None
@@ -115,7 +115,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
         if bad.any():
             j = int(np.argmax(bad))
             _raise_bad_row(j if idx is None else int(idx[j]), float(chosen[j]))
-        off = 0
+        top, off = top.tolist(), 0
         for i in plain:
             if idx is None:
                 best[i] = top[starts[i] : starts[i + 1]]
@@ -125,8 +125,9 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
     for i in adjusted:
         x = logits[starts[i] : starts[i + 1]].copy()
         _adjust_rows(x, rows[i])
-        best[i] = x.argmax(axis=1)
-        chosen = x[np.arange(counts[i]), best[i]]
+        picks = x.argmax(axis=1)
+        best[i] = picks.tolist()
+        chosen = x[np.arange(counts[i]), picks]
         bad = np.isnan(chosen) | (chosen == -np.inf)
         if bad.any():
             _raise_bad_row(starts[i] + int(np.argmax(bad)), float(chosen[bad][0]))
@@ -162,7 +163,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             n = 0
             while n < len(draft) and picks[n] == draft[n]:
                 n += 1
-            tokens = list(draft[:n]) + [int(picks[n])]
+            tokens = list(draft[:n]) + [picks[n]]
         else:
             p, rng = row.params, row.rng
             tokens = []
