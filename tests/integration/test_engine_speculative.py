@@ -138,18 +138,27 @@ def test_sampling_keeps_the_distribution_and_seeds_reproduce(default_model):
     assert texts[("ngram", 0)][:n] == texts[("off", 0)]  # same seeds: the same samples, drafts or not
 
     # Homogeneity of "number of a's" between speculation on (seeds 0..) and off (other seeds).
-    bins = [lambda c: c <= 1, lambda c: c == 2, lambda c: c == 3, lambda c: c == 4, lambda c: c >= 5]
-    table = [[sum(b(t.count("a")) for t in texts[key]) for b in bins] for key in (("ngram", 0), ("off", 10_000))]
-    total = sum(map(sum, table))
+    # Neighbouring counts are merged until every bin holds >= 20 samples of both sides together,
+    # so that the chi-square approximation holds; the result is padded to an odd number of bins
+    # (an even df, for the closed-form tail below) by merging the two smallest neighbours.
+    on, off = ([t.count("a") for t in texts[key]] for key in (("ngram", 0), ("off", 10_000)))
+    bins: list[list[int]] = []
+    for c in range(7):
+        if bins and sum(on.count(x) + off.count(x) for x in bins[-1]) < 20:
+            bins[-1].append(c)
+        else:
+            bins.append([c])
+    while len(bins) > 1 and (len(bins) % 2 == 0 or sum(on.count(x) + off.count(x) for x in bins[-1]) < 20):
+        last = bins.pop()
+        bins[-1] += last
+    assert len(bins) >= 3, f"the samples barely vary ({bins}): the test would show nothing"
+    table = [[sum(side.count(x) for x in b) for b in bins] for side in (on, off)]
     cols = [table[0][j] + table[1][j] for j in range(len(bins))]
-    stat = 0.0
-    for r in table:
-        for j, observed in enumerate(r):
-            expected = sum(r) * cols[j] / total
-            if expected > 0:
-                stat += (observed - expected) ** 2 / expected
-    # df = (2 - 1) * (5 - 1) = 4: P(X >= x) = exp(-x/2) (1 + x/2); 1e-6 at x = 33.4
-    assert math.exp(-stat / 2) * (1 + stat / 2) > 1e-6, f"chi-square {stat:.1f}: {table}"
+    stat = sum((table[r][j] - len(side) * cols[j] / (len(on) + len(off))) ** 2 / (len(side) * cols[j] / (len(on) + len(off)))
+               for r, side in enumerate((on, off)) for j in range(len(bins)))
+    df = len(bins) - 1  # (2 - 1) * (bins - 1), even
+    tail = math.exp(-stat / 2) * sum((stat / 2) ** i / math.factorial(i) for i in range(df // 2))
+    assert tail > 1e-6, f"chi-square {stat:.1f} with {df} df: {table}"
 
 
 def test_preemption_with_drafts_matches_the_solo_run(default_model):
