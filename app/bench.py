@@ -96,21 +96,22 @@ async def _structured(engine: Engine, max_tokens: int) -> dict:
 
 
 async def _speculative(engine: Engine, max_tokens: int) -> dict:
-    """Single-stream greedy decode on a rewrite task (the reply copies most of the prompt), speculation off vs on."""
+    """Single-stream greedy decode on a rewrite task (fix one typo: the reply copies most of the prompt),
+    speculation off vs on, each to the reply's natural end (or max_tokens)."""
     prompt = engine.render_chat([{"role": "user", "content": (
-        "Rewrite this code exactly as it is, but rename the function adults to grown_ups:\n```python\n"
-        + REWRITE_CODE + "```")}])
+        "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
+        "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```")}])
     runs = {}
     for mode in ("off", "ngram"):
         await engine.reset_prefix_cache()
         before = engine.stats()
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=mode)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode)
         runs[mode] = (await _run(engine, prompt, max_tokens, params), before, engine.stats())
     on, before, after = runs["ngram"]
     drafted = after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
     return {
-        "tokens": max_tokens,
+        "tokens": len(on["token_ids"]),
         "tok_s_off": _decode_rate(runs["off"][0]["stamps"]),
         "tok_s_on": _decode_rate(on["stamps"]),
         "acceptance_rate": accepted / drafted if drafted else 0.0,
