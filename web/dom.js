@@ -68,3 +68,17 @@ export async function copyText(text) {
     return ok;
   }
 }
+
+/**
+ * Run `render`, which rebuilds items of `container`, and give focus back to the rebuilt twin of the
+ * element that had it: the one with the same data-testid inside the item with the same data-id.
+ */
+export function keepFocus(container, render) {
+  const active = document.activeElement;
+  const item = active && container.contains(active) ? active.closest("[data-id]") : null;
+  const testid = item && active.dataset.testid;
+  render();
+  if (!testid || active.isConnected) return;
+  const sel = `[data-id="${CSS.escape(item.dataset.id)}"] [data-testid="${CSS.escape(testid)}"]`;
+  container.querySelector(sel)?.focus();
+}

@@ -276,3 +276,11 @@ def chat(page, server: Server) -> Chat:
 def screenshot():
     """screenshot(page, name): save test-output/screenshots/<name>.png."""
     return shot
+
+
+@pytest.fixture()
+def markdown(page, server):
+    """The page's Markdown module (web/markdown.js) as `window.md`, in a blank page of the server's origin."""
+    page.goto("/static/markdown.js")  # same origin, no app running
+    page.evaluate("async () => { window.md = await import('/static/markdown.js'); }")
+    return page

@@ -220,8 +220,14 @@ def test_code_in_a_reply_renders_as_a_code_block(chat, server, reference, screen
     assert block.count() == 1
     assert block.locator(".code-lang").inner_text() == "python"
     code = block.locator("pre > code")
-    assert code.get_attribute("class") == "language-python"
+    assert code.get_attribute("class") == "hljs language-python"
     assert code.text_content() == expected.removeprefix("```python\n")  # the fence is open: code to the end
+    # highlighted by highlight.js: keywords, the function's name and numbers in their own colours
+    assert code.locator(".hljs-keyword").all_inner_texts()[:4] == ["def", "if", "return", "else"]
+    assert code.locator(".hljs-title").first.inner_text() == "factorial"
+    colours = {code.locator(sel).first.evaluate("e => getComputedStyle(e).color")
+               for sel in (".hljs-keyword", ".hljs-title", ".hljs-number")}
+    assert len(colours | {code.evaluate("e => getComputedStyle(e).color")}) == 4
     block.get_by_test_id("code-copy").click()
     block.get_by_test_id("code-copy").filter(has_text="Copied").wait_for()
     assert page.evaluate("navigator.clipboard.readText()") == code.text_content()

@@ -34,18 +34,29 @@ def test_phone_layout_puts_the_sidebar_in_a_drawer(browser, server, screenshot):
         page = ctx.new_page()
         sid = server.create_session(title="Phone session")["id"]
         page.goto(f"/#/s/{sid}")
-        page.wait_for_selector('[data-testid="conn-status"][data-state="open"]')
+        # the closed drawer is hidden (out of the tab order), its connection status with it
+        page.wait_for_selector('[data-testid="conn-status"][data-state="open"]', state="attached")
         box = page.get_by_test_id("sidebar").bounding_box()
         assert box["x"] + box["width"] <= 0  # off-canvas
         composer = page.get_by_test_id("composer").bounding_box()
         assert composer["x"] >= 0 and composer["x"] + composer["width"] <= 390  # no horizontal overflow
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
 
+        drawer_open = "() => document.getElementById('sidebar').getBoundingClientRect().x >= 0"
+        drawer_closed = "() => document.getElementById('sidebar').getBoundingClientRect().right <= 0"
         page.locator("#open-sidebar").click()
-        page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().x >= 0")
+        page.wait_for_function(drawer_open)
+        assert page.evaluate("document.activeElement.dataset.testid") == "new-session"  # focus moved into the drawer
         screenshot(page, "chat-phone-drawer")
+        page.keyboard.press("Escape")  # closes the drawer and gives focus back to its button
+        page.wait_for_function(drawer_closed)
+        assert page.evaluate("document.activeElement.id") == "open-sidebar"
+        assert page.locator("#open-sidebar").get_attribute("aria-expanded") == "false"
+
+        page.keyboard.press("Enter")
+        page.wait_for_function(drawer_open)
         page.locator(f'[data-testid="session-item"][data-id="{sid}"] [data-testid="session-open"]').click()
-        page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+        page.wait_for_function(drawer_closed)
         assert page.get_by_test_id("session-title").inner_text() == "Phone session"
         screenshot(page, "chat-phone")
     finally:

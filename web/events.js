@@ -1,0 +1,121 @@
+// What the server says over the chat socket (docs/protocol.md), applied to the page.
+import { state, emit, currentId } from "./state.js";
+import { toast } from "./chrome.js";
+import { settle, forgetAll } from "./commands.js";
+import { findMessage, nextPosition, setMessages, addMessage, updateMessage, appendText } from "./messages.js";
+import { upsertSession, dropSession, openCurrent, refreshSessions } from "./sessions.js";
+import { restoreText } from "./composer.js";
+
+const ERROR_TEXT = { busy: "A reply is still being generated", overloaded: "The server is busy, try again shortly" };
+const FOLLOW_AFTER_MS = 2000;
+
+/** Apply one server event. */
+export function handleEvent(ev) {
+  if (ev.client_id && ev.type !== "error" && ev.type !== "message.created") settle(ev.client_id);
+  const sid = ev.session_id;
+  const isCurrent = !!sid && sid === currentId();
+  switch (ev.type) {
+    case "session":
+      upsertSession(ev.session);
+      break;
+    case "history":
+      if (isCurrent) setMessages(ev.messages || []);
+      break;
+    case "message.created": {
+      const msg = ev.message;
+      if (msg.role === "assistant" && msg.status === "streaming") {
+        state.streaming.set(sid, msg.id);
+        if (ev.client_id) { settle(ev.client_id); state.own.add(msg.id); }
+      }
+      if (isCurrent) addMessage(msg);
+      if (msg.role === "assistant") emit("sessions");
+      emit("busy");
+      break;
+    }
+    case "delta": {
+      state.lastDelta = Date.now();
+      if (!state.streaming.has(sid)) {
+        state.streaming.set(sid, ev.message_id);
+        emit("sessions");
+        emit("busy");
+      }
+      if (!isCurrent) break;
+      const msg = findMessage(ev.message_id) || addMessage({ id: ev.message_id, session_id: sid, role: "assistant",
+        content: "", status: "streaming", position: nextPosition() });
+      appendText(msg, ev.text || "");
+      break;
+    }
+    case "done":
+      state.streaming.delete(sid);
+      state.own.delete(ev.message_id);
+      if (isCurrent) finish(ev);
+      emit("busy");
+      refreshSessions();
+      break;
+    case "error":
+      handleError(ev);
+      break;
+  }
+}
+
+function finish(ev) {
+  const msg = findMessage(ev.message_id);
+  if (!msg) return;
+  const usage = ev.usage || {};
+  const timings = ev.timings || {};
+  Object.assign(msg, {
+    status: ev.status || "complete",
+    finish_reason: ev.finish_reason ?? null,
+    prompt_tokens: usage.prompt_tokens ?? msg.prompt_tokens,
+    cached_tokens: usage.cached_tokens ?? msg.cached_tokens,
+    completion_tokens: usage.completion_tokens ?? msg.completion_tokens,
+    ttft_ms: timings.ttft_ms ?? msg.ttft_ms,
+    tokens_per_s: timings.tokens_per_s ?? msg.tokens_per_s,
+    error: ev.error || ev.message || msg.error,
+  });
+  updateMessage(msg);
+}
+
+function handleError(ev) {
+  const cmd = ev.client_id ? settle(ev.client_id) : undefined;
+  const sid = ev.session_id || (cmd && cmd.sessionId);
+  const isCurrent = !!sid && sid === currentId();
+  if (cmd && cmd.type === "cancel") return; // the reply had already finished
+  toast(errorText(ev), "error");
+  if (cmd && cmd.type === "open" && ev.code === "not_found" && isCurrent) {
+    dropSession(sid);
+    return;
+  }
+  if (cmd && cmd.type === "send" && isCurrent) restoreText(cmd.content); // nothing typed is lost
+  if (isCurrent && ((cmd && (cmd.type === "edit" || cmd.type === "regenerate")) || ev.message_id)) {
+    openCurrent(); // undo optimistic changes / drop a reply the server refused and removed
+  } else if (ev.message_id && sid) {
+    state.streaming.delete(sid);
+    emit("sessions");
+  }
+}
+
+function errorText(ev) {
+  const msg = ev.message || ERROR_TEXT[ev.code] || "Something went wrong";
+  return ev.code && ev.code !== "internal" && !ev.message ? ERROR_TEXT[ev.code] || msg : msg;
+}
+
+/** The socket closed: the server stops its generations; the stored history tells the rest. */
+export function handleClose() {
+  for (const [sid, mid] of state.streaming) {
+    if (sid !== currentId()) continue;
+    const msg = findMessage(mid);
+    if (msg && msg.status === "streaming") { msg.status = "interrupted"; updateMessage(msg); }
+  }
+  state.streaming.clear();
+  state.own.clear();
+  forgetAll();
+  emit("busy");
+  emit("sessions");
+}
+
+/** A reply started in another tab streams there only: reload its stored progress now and then. */
+export function followOtherTabs() {
+  const mid = state.streaming.get(currentId());
+  if (mid && !state.own.has(mid) && Date.now() - state.lastDelta > FOLLOW_AFTER_MS) openCurrent();
+}
