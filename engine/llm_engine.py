@@ -167,7 +167,9 @@ class LLMEngine:
                 seq.num_computed += n
                 self.blocks.commit(seq)
         generated = 0
-        for seq, result in zip(sampling, self._sample(sampling, logits)):
+        results = self._sample(sampling, logits)
+        now = time.monotonic()  # the tokens exist from here (TTFT)
+        for seq, result in zip(sampling, results):
             if isinstance(result, Exception):
                 events.append(self._finish(seq, "error", str(result)))
                 continue
