@@ -6,10 +6,12 @@ across runs on the same kind of machine, never as absolute truths.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import resource
 import statistics
 import time
+from typing import Any
 
 from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
 
@@ -119,12 +121,73 @@ async def _speculative(engine: Engine, max_tokens: int) -> dict:
     }
 
 
+class OpProfile:
+    """Stands in for the model's backend and times every op call (the model itself is unchanged)."""
+
+    OPS = ("embedding", "rms_norm", "add_rms_norm", "linear", "rope_write_kv", "paged_attention", "silu_mul", "to_numpy")
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.backend, name)
+        if name not in self.OPS:
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            out = attr(*args, **kwargs)
+            self.seconds[name] += time.perf_counter() - t
+            self.calls[name] += 1
+            return out
+
+        return timed
+
+
+async def _profile_decode(engine: Engine, tokens: int) -> dict:
+    """Single-stream decode (speculation off: one token per step) with every op timed: where one step's
+    time goes, and how much of it is Python between the kernels (forward time minus op time)."""
+    model = engine.core.model
+    prof = OpProfile(model.backend)
+    forward_s = 0.0
+    inner = model.forward
+
+    def forward(*args: Any) -> Any:
+        nonlocal forward_s
+        t = time.perf_counter()
+        out = inner(*args)
+        forward_s += time.perf_counter() - t
+        return out
+
+    await engine.reset_prefix_cache()
+    prompt = _raw_prompt(engine, 32, 3)
+    await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
+    model.backend, model.forward = prof, forward  # the engine is idle between requests
+    try:
+        r = await _run(engine, prompt, tokens,
+                       SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"))
+    finally:
+        model.backend = prof.backend
+        del model.forward
+    steps = len(r["stamps"])
+    ops_s = sum(prof.seconds.values())
+    return {
+        "steps": steps,
+        "step_ms": forward_s / steps * 1000,
+        "ops_ms": {k: v / steps * 1000 for k, v in prof.seconds.most_common()},
+        "calls_per_step": {k: v / steps for k, v in prof.calls.items()},
+        "outside_kernels_share": (forward_s - ops_s) / forward_s,
+    }
+
+
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
-async def _bench(engine: Engine, quick: bool) -> dict:
+async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
     decode_len = 32 if quick else 128
     await _run(engine, _raw_prompt(engine, 64, 999), 4)  # warm-up
 
@@ -167,7 +230,7 @@ async def _bench(engine: Engine, quick: bool) -> dict:
         chat.append({"turn": turn, "prompt_tokens": r["usage"].prompt_tokens,
                      "cached_tokens": r["usage"].cached_tokens, "ttft_ms": r["timings"].ttft * 1000})
 
-    return {
+    result = {
         "model": engine.model_info["name"],
         "backend": engine.model_info["backend"],
         "threads": engine.threads,
@@ -186,13 +249,17 @@ async def _bench(engine: Engine, quick: bool) -> dict:
         "structured": await _structured(engine, decode_len),
         "speculative": await _speculative(engine, 64 if quick else 160),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
     }
+    if profile:
+        result["decode_profile"] = await _profile_decode(engine, decode_len)
+    return result
 
 
-def run_bench(engine: Engine, as_json: bool = False, quick: bool = False) -> dict:
+def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profile: bool = False) -> dict:
     async def main() -> dict:
         try:
-            return await _bench(engine, quick)
+            return await _bench(engine, quick, profile)
         finally:
             await engine.shutdown()
 
@@ -216,8 +283,12 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False) -> dic
          f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
          f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
          f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
-        ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
+        ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
     ]
+    if profile:
+        p = result["decode_profile"]
+        rows.append(("decode step (profiled)", f"{p['step_ms']:.2f} ms, {p['outside_kernels_share']:.0%} outside the ops"))
+        rows += [(f"  {op} x{p['calls_per_step'][op]:.0f}", f"{ms:.2f} ms") for op, ms in p["ops_ms"].items()]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

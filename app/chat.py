@@ -12,22 +12,23 @@ import asyncio
 import logging
 import re
 import time
-import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat, SamplingParams
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
+from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE
 from app.api.errors import ServiceError
-from app.api.response_format import compile_response_format
-from app.api.fields import DEFAULT_SETTINGS, DEFAULT_TITLE
+from app.api.response_format import ResponseFormatField, compile_response_format
 from app.metrics import Metrics
-from app.store import Store
+from app.store import Conflict, Store
 
 log = logging.getLogger("forge.chat")
 
 SAVE_INTERVAL_S = 0.5
+FINAL_TRIES = 2
 TITLE_CHARS = 60
 Sink = Callable[[dict[str, Any] | None], None]  # receives events, then None when the turn is over
 
@@ -39,6 +40,7 @@ class Turn:
     """A reply being generated for one session."""
 
     session_id: str
+    owner: str
     message_id: str
     request_id: str
     title: str
@@ -58,14 +60,6 @@ class Turn:
 
 
 @dataclass(slots=True)
-class _Undo:
-    """The session as it was before the turn: restored if the engine refuses it before generating."""
-
-    session: dict[str, Any]
-    messages: list[dict[str, Any]]
-
-
-@dataclass(slots=True)
 class _Plan:
     history: list[dict[str, Any]]  # messages that go to the template, the new user message included
     user_content: str | None = None
@@ -75,54 +69,67 @@ class _Plan:
     kept: list[dict[str, Any]] = field(default_factory=list)  # stored messages that remain (edit/regenerate)
 
 
-async def _empty() -> Any:
-    return
-    yield  # an async generator with nothing in it
-
-
-async def aclose_stream(gen: Any) -> None:
-    """Close an engine stream early: leaving it aborts the request and frees its KV blocks."""
-    close = getattr(gen, "aclose", None)
-    if close is not None:
-        await close()
-
-
 def title_from(content: str) -> str:
     line = re.sub(r"\s+", " ", content.strip().splitlines()[0] if content.strip() else "").strip()
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-class ChatService:
-    """Starts, tracks and cancels chat turns; at most one running turn per session."""
+def _not_found(session_id: str) -> ServiceError:
+    return ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
 
-    def __init__(self, engine: Any, store: Store, metrics: Metrics, max_waiting: int = 256) -> None:
+
+class ChatService:
+    """Starts, tracks and cancels chat turns; at most one running turn per session, at most
+    `turns_per_key` running generations (turns and /v1 requests) per owner."""
+
+    def __init__(self, engine: Any, store: Store, metrics: Metrics, turns_per_key: int = 16) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
-        self.max_waiting = max_waiting
+        self.turns_per_key = turns_per_key
         self.turns: dict[str, Turn] = {}  # session id -> running turn
         self._reserved: set[str] = set()  # sessions whose turn is being set up
+        self._slots: Counter[str] = Counter()  # owner -> generations running
         self._open: dict[str, list[Any]] = {}  # session id -> [title, sockets showing it]
         self.shutting_down = False
 
     # -- starting turns -------------------------------------------------------------------
 
-    async def send(self, session_id: str, content: str, sink: Sink, client_id: str | None = None,
-                   response_format: ResponseFormat | None = None) -> Turn:
-        """Append a user message and stream a reply (constrained by `response_format`, if given).
-        Raises ServiceError before storing anything."""
-        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
-                                 response_format)
+    async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
+                   idempotency_key: str | None = None,
+                   response_format: ResponseFormatField | None = None) -> Turn | None:
+        """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
+        ServiceError before storing anything.
 
-    async def edit(self, session_id: str, message_id: str, content: str, sink: Sink,
+        A send whose `idempotency_key` the session already holds stores nothing: the sink gets the
+        session's `history` (that message and its reply as stored now) and None is returned."""
+        if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
+            return None
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
+                                 idempotency_key, response_format)
+
+    async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
                    client_id: str | None = None) -> Turn:
         """Replace a user message's content, drop every later message, stream a new reply."""
-        return await self._begin(session_id, sink, client_id,
+        return await self._begin(session_id, owner, sink, client_id,
                                  lambda s, msgs: self._plan_edit(msgs, session_id, message_id, content))
 
-    async def regenerate(self, session_id: str, sink: Sink, client_id: str | None = None) -> Turn:
+    async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None) -> Turn:
         """Drop the last assistant reply (if the session ends with one) and stream a new one."""
-        return await self._begin(session_id, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs))
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs))
+
+    async def _answered(self, session_id: str, owner: str, key: str, sink: Sink, client_id: str | None) -> bool:
+        if not await self.store.sent_with_key(session_id, key):
+            return False
+        found = await self.store.get_history(session_id, owner)
+        if found is None:
+            raise _not_found(session_id)
+        event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": found[1]}
+        if client_id is not None:
+            event["client_id"] = client_id
+        sink(event)
+        sink(None)
+        return True
 
     def _plan_send(self, session: dict[str, Any], messages: list[dict[str, Any]], content: str) -> _Plan:
         title = None
@@ -152,31 +159,39 @@ class ChatService:
                                "or an assistant reply to one")
         return _Plan(history=kept, keep_through=kept[-1]["position"], kept=kept)
 
-    async def _begin(self, session_id: str, sink: Sink, client_id: str | None,
+    async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None,
                      plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan],
-                     response_format: ResponseFormat | None = None) -> Turn:
+                     idempotency_key: str | None = None, response_format: ResponseFormatField | None = None) -> Turn:
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
         if session_id in self.turns or session_id in self._reserved:
             raise ServiceError("busy", f"a reply is already being generated in session '{session_id}'", param="session_id")
         self._reserved.add(session_id)
+        gen: Any = None
         try:
-            found = await self.store.get_history(session_id)
+            found = await self.store.get_history(session_id, owner)
             if found is None:
-                raise ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
+                raise _not_found(session_id)
             before, messages = found
             plan = plan_for(before, messages)
-            prompt = self._render(before, plan.history)
+            # Rendering and tokenizing a long conversation takes a while: not on the event loop.
+            prompt = await asyncio.to_thread(self._render, before, plan.history)
             params = self._sampling(before["settings"], len(prompt))
-            params.response_format = response_format
-            await compile_response_format(self.engine, response_format)
-            self.check_capacity()
-            started = await self.store.start_reply(session_id, user_content=plan.user_content, edit=plan.edit,
+            params.response_format = await compile_response_format(self.engine, response_format)
+            req = GenerationRequest(prompt_token_ids=prompt, params=params)
+            self.take_slot(owner)  # given back by the turn's task, or in `finally` when there is none
+            try:
+                gen = self._admit(req)
+            except ServiceError:
+                self.free_slot(owner)
+                raise
+            started = await self.store.start_reply(session_id, owner, user_content=plan.user_content,
+                                                   idempotency_key=idempotency_key, edit=plan.edit,
                                                    keep_through=plan.keep_through, title=plan.title)
             if started is None:
-                raise ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
+                raise _not_found(session_id)
             session, user, reply = started
-            turn = Turn(session_id=session_id, message_id=reply["id"], request_id=uuid.uuid4().hex,
+            turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
                         title=session["title"], sink=sink, client_id=client_id)
             if user is not None:
                 turn.emit({"type": "message.created", "session_id": session_id, "message": user})
@@ -185,18 +200,39 @@ class ChatService:
             turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
             if plan.title is not None:
                 turn.emit({"type": "session", "session": session})
-            undo = _Undo(before, messages)
-            req = GenerationRequest(prompt_token_ids=prompt, params=params, request_id=turn.request_id)
             self.turns[session_id] = turn
-            turn.task = asyncio.create_task(self._run(turn, req, undo), name=f"turn-{session_id}")
+            turn.task = asyncio.create_task(self._run(turn, gen, len(prompt)), name=f"turn-{session_id}")
+            gen = None  # the turn owns it now
             return turn
+        except Conflict:
+            raise ServiceError("busy", "this idempotency key was just used in the session", param="idempotency_key") \
+                from None
         finally:
             self._reserved.discard(session_id)
+            if gen is not None:  # admitted, but no turn runs it
+                await gen.aclose()
+                self.free_slot(owner)
 
-    def check_capacity(self) -> None:
-        """Raise ServiceError("overloaded") when the engine's waiting queue is full (checked before any work)."""
-        if self.engine.stats().get("waiting", 0) >= self.max_waiting:
-            raise ServiceError("overloaded", f"the engine's waiting queue is full ({self.max_waiting}); retry later")
+    def _admit(self, req: GenerationRequest) -> Any:
+        """The engine takes the request now or refuses it: nothing is stored for a refused turn."""
+        try:
+            return self.engine.generate(req)
+        except EngineOverloaded as e:
+            raise ServiceError("overloaded", f"the server is overloaded: {e}; retry later") from None
+        except InvalidRequest as e:
+            raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
+
+    def take_slot(self, owner: str) -> None:
+        """Count one more running generation for `owner`; ServiceError("rate_limited") past turns_per_key."""
+        if self._slots[owner] >= self.turns_per_key:
+            raise ServiceError("rate_limited", f"{self.turns_per_key} replies are already being generated for this "
+                               "API key; wait for one to finish")
+        self._slots[owner] += 1
+
+    def free_slot(self, owner: str) -> None:
+        self._slots[owner] -= 1
+        if self._slots[owner] <= 0:
+            del self._slots[owner]
 
     def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
         msgs: list[dict[str, str]] = []
@@ -221,31 +257,24 @@ class ChatService:
             raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
                                f"{self.engine.max_context}: start a new session or edit an earlier message",
                                param="content")
-        params = SamplingParams(max_tokens=min(int(settings.get("max_tokens", DEFAULT_SETTINGS["max_tokens"])), room),
-                                temperature=float(settings.get("temperature", DEFAULT_SETTINGS["temperature"])),
-                                top_p=float(settings.get("top_p", DEFAULT_SETTINGS["top_p"])))
-        try:
-            params.validate(int(self.engine.model_info.get("vocab_size", 1 << 31)))
-        except InvalidRequest as e:
-            raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
-        return params
+        merged = {**DEFAULT_SETTINGS, **settings}
+        return SamplingParams(max_tokens=min(int(merged["max_tokens"]), room), temperature=float(merged["temperature"]),
+                              top_p=float(merged["top_p"]))
 
     # -- running a turn -------------------------------------------------------------------
 
-    async def _run(self, turn: Turn, req: GenerationRequest, undo: "_Undo") -> None:
+    async def _run(self, turn: Turn, gen: Any, prompt_len: int) -> None:
         parts: list[str] = []
         completion = 0
         final = None
-        refused: Exception | None = None
         failure: str | None = None
         killed = False
         tracker = self.metrics.tracker("chat")
         last_save = time.monotonic()
-        gen: Any = None
         if self.shutting_down:  # interrupt_all() ran while this turn was being set up
             turn.cancelled = True
+            self.engine.abort(turn.request_id)
         try:
-            gen = self.engine.generate(req) if not turn.cancelled else _empty()
             try:
                 async for ev in gen:
                     tracker.observe(ev)
@@ -261,21 +290,17 @@ class ChatService:
                         last_save = time.monotonic()
                         await self._save_progress(turn, "".join(parts), completion)
             finally:
-                await aclose_stream(gen)
-        except (EngineOverloaded, InvalidRequest) as e:
-            if parts or completion:
-                failure = str(e)
-            else:
-                refused = e
+                await gen.aclose()
         except asyncio.CancelledError:
             killed = True  # only drain() cancels a turn: store what we have, then stop
-        except Exception:
-            log.exception("generation failed in session %s", turn.session_id)
+        except Exception as e:  # e.g. the engine refused it after admission
+            log.error("generation failed in session %s: %r", turn.session_id, e)
             failure = "generation failed"
         finally:
             tracker.close()
+            self.free_slot(turn.owner)
         try:
-            await self._finish(turn, parts, completion, final, refused, failure, killed, undo, len(req.prompt_token_ids))
+            await self._finish(turn, parts, completion, final, failure, killed, prompt_len)
         except Exception:
             log.exception("could not finish the turn in session %s", turn.session_id)
         finally:
@@ -286,17 +311,9 @@ class ChatService:
         if killed:
             raise asyncio.CancelledError
 
-    async def _finish(self, turn: Turn, parts: list[str], completion: int, final: Any, refused: Exception | None,
-                      failure: str | None, killed: bool, undo: "_Undo", prompt_len: int) -> None:
+    async def _finish(self, turn: Turn, parts: list[str], completion: int, final: Any, failure: str | None,
+                      killed: bool, prompt_len: int) -> None:
         ids = {"session_id": turn.session_id, "message_id": turn.message_id}
-        if refused is not None:
-            # Nothing was generated: undo the turn so nothing is stored half-way.
-            await self.store.restore(undo.session, undo.messages)
-            self._forget(turn)
-            code = "overloaded" if isinstance(refused, EngineOverloaded) else "invalid_parameter"
-            param = getattr(refused, "param", None)
-            turn.emit(ServiceError(code, str(refused), param=param).event(**ids))
-            return
         reason = final.finish_reason if final is not None else ("abort" if (turn.cancelled or killed) else "error")
         if reason == "abort":
             status = "interrupted" if self.shutting_down else "stopped"
@@ -315,20 +332,34 @@ class ChatService:
         tps = None
         if timings and completion >= 2 and timings.total > timings.ttft:
             tps = round((completion - 1) / (timings.total - timings.ttft), 3)
-        text = "".join(parts)
-        try:
-            await self.store.finish_reply(turn.message_id, content=text, status=status, finish_reason=reason,
-                                          prompt_tokens=prompt_tokens, cached_tokens=cached,
-                                          completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps)
-        except Exception:
-            log.exception("could not store the reply %s", turn.message_id)
-            failure = failure or "the reply could not be stored"
+        if not await self._store_final(turn, "".join(parts), status, reason, prompt_tokens, cached, completion,
+                                       ttft_ms, tps):
+            status, failure = "error", failure or "the reply could not be stored"
         self._forget(turn)
         if failure is not None:
             turn.emit(ServiceError("internal", failure).event(**ids))
         turn.emit({"type": "done", **ids, "status": status, "finish_reason": reason,
                    "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
                    "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}})
+
+    async def _store_final(self, turn: Turn, text: str, status: str, reason: str, prompt_tokens: int,
+                           cached: int | None, completion: int, ttft_ms: float | None, tps: float | None) -> bool:
+        """The reply's last write, tried twice; if it can't be made, the reply is stored as "error" with a
+        smaller write (the client is told so). False when the reply is not stored as `status`."""
+        for attempt in range(FINAL_TRIES):
+            try:
+                await self.store.finish_reply(turn.message_id, content=text, status=status, finish_reason=reason,
+                                              prompt_tokens=prompt_tokens, cached_tokens=cached,
+                                              completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps)
+                return True
+            except Exception:
+                log.exception("could not store the reply %s (attempt %d)", turn.message_id, attempt + 1)
+                await asyncio.sleep(0.05 * (attempt + 1))
+        try:
+            await self.store.set_status(turn.message_id, "error", reason)
+        except Exception:  # the database is gone: the next start marks the reply "interrupted"
+            log.exception("could not mark the reply %s as failed", turn.message_id)
+        return False
 
     async def _save_progress(self, turn: Turn, text: str, completion: int) -> None:
         try:
@@ -343,10 +374,15 @@ class ChatService:
 
     # -- stopping -------------------------------------------------------------------------
 
-    def cancel(self, session_id: str) -> bool:
-        """Abort the running turn of a session (its partial reply is stored as "stopped")."""
+    def running(self, session_id: str, owner: str) -> Turn | None:
+        """The running turn of one of `owner`'s sessions."""
         turn = self.turns.get(session_id)
-        if turn is None or turn.done:
+        return turn if turn is not None and turn.owner == owner and not turn.done else None
+
+    def cancel(self, session_id: str, owner: str) -> bool:
+        """Abort the running turn of a session (its partial reply is stored as "stopped")."""
+        turn = self.running(session_id, owner)
+        if turn is None:
             return False
         turn.cancelled = True
         self.engine.abort(turn.request_id)
@@ -358,9 +394,9 @@ class ChatService:
             turn.cancelled = True
             self.engine.abort(turn.request_id)
 
-    async def cancel_and_wait(self, session_id: str, timeout: float = 10.0) -> None:
-        turn = self.turns.get(session_id)
-        if turn is not None and self.cancel(session_id) and turn.task is not None:
+    async def cancel_and_wait(self, session_id: str, owner: str, timeout: float = 10.0) -> None:
+        turn = self.running(session_id, owner)
+        if turn is not None and self.cancel(session_id, owner) and turn.task is not None:
             await asyncio.wait({turn.task}, timeout=timeout)
 
     def interrupt_all(self) -> None:

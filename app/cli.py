@@ -14,9 +14,11 @@ from engine.loader import ModelLoadError
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
-    p.add_argument("--backend", default=None, choices=["auto", "numpy", "cupy"])
+    p.add_argument("--backend", default=None, choices=["auto", "numba", "numpy", "cupy"],
+                   help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference")
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
-    p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
+    p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
     p.add_argument("--speculative", default=None, choices=["off", "ngram"],
                    help="n-gram speculative decoding for requests that do not choose (default: ngram)")
 
@@ -40,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
-    p.add_argument("--api-key", default=None, help="require this bearer key on /v1 routes")
+    p.add_argument("--api-key", dest="api_keys", action="append", default=None,
+                   help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)")
     p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
+    p.add_argument("--allow-origin", dest="allowed_origins", action="append", default=None,
+                   help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)")
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
@@ -64,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    p.add_argument("--profile", action="store_true", help="also time every op of a single-stream decode step")
     return parser
 
 
@@ -76,8 +82,8 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "speculative", "threads", "host", "port", "database_url", "api_key", "admin_token",
-                "max_waiting", "log_level", "keepalive_s",
+                "model", "backend", "kv_memory", "threads", "quantize", "speculative", "host", "port", "database_url",
+                "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
         elif args.command == "migrate":
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "bench":
             from app.bench import run_bench
 
-            run_bench(_load(args), as_json=args.json, quick=args.quick)
+            run_bench(_load(args), as_json=args.json, quick=args.quick, profile=args.profile)
         elif args.command == "generate":
             asyncio.run(_generate(_load(args), args))
         elif args.command == "chat":
@@ -108,7 +114,9 @@ def _load(args: argparse.Namespace) -> Engine:
         backend=args.backend or "auto",
         kv_memory=args.kv_memory or "1GiB",
         threads=args.threads,
+        quantize=args.quantize,
         speculative=args.speculative or "ngram",
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
 
 

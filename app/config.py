@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +21,22 @@ class Settings:
     backend: str = "auto"
     kv_memory: str = "1GiB"
     speculative: str = "ngram"  # n-gram speculative decoding by default ("off" to disable); requests may override
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
     admin_token: str | None = None
+    allowed_origins: tuple[str, ...] = ()  # browser origins accepted besides the served host's own
     max_waiting: int = 256
     threads: int | None = None
+    quantize: str | None = None  # "q8_0": quantize float matrices at load
     log_level: str = "info"
     keepalive_s: float = 5.0  # SSE keep-alive comment interval while no event is ready
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
+    # Per-client bounds (docs/protocol.md#limits)
+    outbox_events: int = 1024  # events queued for one WebSocket / SSE stream before its reader counts as stalled
+    outbox_bytes: int = 1 << 20  # ... or this many bytes of them
+    ws_sessions: int = 64  # sessions one WebSocket may watch
+    ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
+    turns_per_key: int = 16  # replies generating at once per API key (per server without keys)
+    import_messages: int = 10_000  # messages in one imported session
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -38,16 +48,20 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            name = ENV_PREFIX + f.name.upper()
+            name = _ENV_NAMES.get(f.name, ENV_PREFIX + f.name.upper())
             raw = env.get(name)
-            if raw:
+            if raw or (raw is not None and f.name in _SECRETS):  # a secret set to "" is refused, not ignored
                 values[f.name] = _convert(f.name, raw, name)
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in overrides.items():
             if key not in known:
                 raise ValueError(f"unknown setting {key!r}")
             if value is not None:
-                values[key] = _convert(key, value, f"--{key.replace('_', '-')}") if isinstance(value, str) else value
+                source = f"--{_FLAGS.get(key, key).replace('_', '-')}"
+                if key in _LIST_FIELDS and isinstance(value, (list, tuple)):
+                    values[key] = tuple(_convert(key, v, source)[0] for v in value)
+                else:
+                    values[key] = _convert(key, value, source) if isinstance(value, str) else value
         settings = cls(**values)
         settings.check()
         return settings
@@ -70,14 +84,35 @@ class Settings:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if not all(_TOKEN.fullmatch(k) for k in self.api_keys):
+            raise ValueError("an API key must not be empty and holds printable ASCII without spaces (it travels in "
+                             "an HTTP header); auth is off only when no key is given")
+        if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
+            raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
+        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.ws_commands_per_s > 0:
+            raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
 
 
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_INT_FIELDS = {"port", "max_waiting", "threads"}
-_FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s"}
+_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key",
+               "import_messages"}
+_FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
+_LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
+_SECRETS = {"api_keys", "admin_token"}
+_ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}
+_FLAGS = {"api_keys": "api_key", "allowed_origins": "allow_origin"}
 
 
 def _convert(field_name: str, raw: str, source: str) -> Any:
+    if field_name in _LIST_FIELDS:
+        items = tuple(item.strip() for item in raw.split(","))
+        if field_name in _SECRETS and not all(items):
+            raise ValueError(f"{source} holds an empty key; auth is off only when no key is given")
+        return items
     try:
         if field_name in _INT_FIELDS:
             return int(raw)

@@ -12,10 +12,14 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
 
 from app.api import admin, openai, pages, sessions, ws
 from app.api.errors import EXCEPTION_HANDLERS
+from app.api.gate import Gate, security_headers
 from app.api.state import Services
+from app.api.typed import TypedRequest
 from app.chat import ChatService
 from app.config import Settings
 from app.metrics import Metrics
@@ -31,8 +35,8 @@ def _load_engine(settings: Settings) -> Any:
     from engine import Engine  # heavy import, only when the app loads the model itself
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
-                       speculative=settings.speculative,
-                       max_waiting=settings.max_waiting, threads=settings.threads)
+                       max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
+                       speculative=settings.speculative)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
@@ -53,7 +57,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
         svc.store, svc.engine = store, eng
         svc.metrics.bind_engine(eng)
-        svc.chat = ChatService(eng, store, svc.metrics, max_waiting=settings.max_waiting)
+        svc.chat = ChatService(eng, store, svc.metrics, turns_per_key=settings.turns_per_key)
         svc.started_at = time.time()
         log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
                  store.engine.url.render_as_string(hide_password=True))
@@ -73,8 +77,13 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         lifespan=[lifespan],
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        middleware=[DefineMiddleware(Gate, settings=settings)],
+        before_send=[security_headers],
+        request_class=TypedRequest,
         request_max_body_size=MAX_BODY_BYTES,
-        openapi_config=None,
+        openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",
+                                     description="Chat sessions, SSE turns and an OpenAI-compatible shim. "
+                                                 "The WebSocket protocol is in docs/protocol.md."),
         logging_config=None,
     )
 

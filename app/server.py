@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import socket
 import sys
 import time
@@ -66,10 +67,22 @@ def _safe_url(url: str) -> str:
         return "<unparseable URL>"
 
 
+class RedactTokens(logging.Filter):
+    """Access log lines show `?token=***`: the admin page may carry its token in the URL."""
+
+    _TOKEN = re.compile(r"([?&]token=)[^&\s]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._TOKEN.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
 def configure_logging(level: str) -> None:
     """Forge's loggers at `level` (a no-op basicConfig when the CLI already configured the root logger)."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     logging.getLogger("forge").setLevel(level.upper())
+    logging.getLogger("uvicorn.access").addFilter(RedactTokens())
 
 
 def preflight(settings: Settings) -> None:

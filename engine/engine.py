@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import os
 import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +45,61 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
+def _return_freed_memory() -> None:
+    """Give the heap freed by loading (unfused weight parts, temporaries) back to the OS (glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 @dataclass(slots=True)
 class _Stream:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
+
+
+class RequestStream:
+    """The events of one admitted request (`Engine.generate`). Closing it, or dropping it, before its
+    last final event aborts the request."""
+
+    def __init__(self, engine: "Engine", request_id: str, samples: int, events: asyncio.Queue) -> None:
+        self._engine = engine
+        self._request_id = request_id
+        self._remaining = samples
+        self._events = events
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if not self._remaining:
+            raise StopAsyncIteration
+        try:
+            event = await self._events.get()
+        except BaseException:  # cancelled while waiting
+            self._close()
+            raise
+        if isinstance(event, BaseException):
+            self._close()
+            raise event
+        self._remaining -= event.final
+        if not self._remaining:
+            self._close()
+        return event
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._remaining:
+            self._remaining = 0
+            self._engine.abort(self._request_id)
+        self._engine._active.discard(self._request_id)
+
+    def __del__(self) -> None:
+        if self._remaining:
+            self._close()
 
 
 class Engine:
@@ -77,16 +129,34 @@ class Engine:
         max_batched_tokens: int = 512,
         block_size: int = 16,
         threads: int | None = None,
+        quantize: str | None = None,
+        progress: Callable[[str], None] | None = None,
         speculative: str = "ngram",
     ) -> "Engine":
-        """Load weights and tokenizer (blocking, a few seconds) and start the step loop.
+        """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
+        the first time on a machine) and start the step loop.
 
-        `speculative` ("ngram" | "off") is the default for requests that do not choose."""
+        `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
+        quantize float matrices at load. `progress` receives one line per stage (also logged).
+        `speculative` ("ngram" | "off"): the default for requests that do not choose.
+        """
         t0 = time.perf_counter()
-        loaded = load_model(model)
-        be = get_backend(backend)
-        llama = LlamaModel(loaded.config, loaded.weights, be)
-        loaded.weights = {}  # the model holds what it needs (fused, on the backend): let the rest go
+
+        def say(line: str) -> None:
+            log.info("%s", line)
+            if progress:
+                progress(line)
+
+        loaded = load_model(model, quantize=quantize)
+        be = get_backend(backend, threads)
+        if be.name == "numba":
+            from kernels.numba_backend import warm_up
+
+            t1 = time.perf_counter()
+            warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
+            say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
+        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
+        _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
                               SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
@@ -128,30 +198,34 @@ class Engine:
         }
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The conversation in the model's own chat template, as token ids."""
+        """The conversation in the model's own chat template, as token ids. Message content is text: only
+        the template's own markup yields special tokens (content spelling "<|im_end|>" stays those characters)."""
         tok = self.tokenizer
+        escaped = [{**m, "content": tok.escape_content(m["content"])} if isinstance(m, dict)
+                   and isinstance(m.get("content"), str) else m for m in messages]
         text = render_chat(
             self.core.loaded.chat_template,
-            messages,
+            escaped,
             add_generation_prompt=add_generation_prompt,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
         )
-        return tok.encode(text, add_special=False)
+        return tok.encode_chat(text)
 
     def stats(self) -> dict[str, Any]:
         return self.core.stats()
 
     # ---- generation ----------------------------------------------------------------
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Token deltas, then one final event per sample. Raises InvalidRequest or
-        EngineOverloaded before anything is queued. Leaving early aborts the request."""
+    def generate(self, request: GenerationRequest) -> "RequestStream":
+        """Admit `request` now and return its events: token deltas, then one final event per sample.
+
+        Raises InvalidRequest or EngineOverloaded here, before anything is queued, so a caller can refuse
+        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request. A
+        `response_format` is compiled here unless `compile_response_format` did it first (await that from
+        the event loop: compiling is CPU work, done on a worker thread there)."""
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
-        if request.params.response_format is None:
-            self.core.validate(request)
-        else:  # compiling a grammar can take a while: not on the event loop
-            await asyncio.to_thread(self.core.validate, request)
+        self.core.validate(request)
         if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already in use", param="request_id")
         with self._lock:
@@ -165,18 +239,7 @@ class Engine:
         # The stream travels with the request: the step thread routes its events (an abort of an
         # earlier request with the same id can never reach this one).
         self._commands.put(("add", request, time.monotonic(), stream))
-        remaining = request.params.n
-        try:
-            while remaining:
-                event = await stream.events.get()
-                if isinstance(event, BaseException):
-                    raise event
-                remaining -= event.final
-                yield event
-        finally:
-            if remaining:
-                self.abort(request.request_id)
-            self._active.discard(request.request_id)
+        return RequestStream(self, request.request_id, request.params.n, stream.events)
 
     async def compile_response_format(self, fmt: ResponseFormat) -> None:
         """Compile a constraint ahead of `generate` (cached; a worker thread, not the event loop).
@@ -205,7 +268,7 @@ class Engine:
 
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
-        with threadpool_limits(limits=self.threads):
+        with threadpool_limits(limits=self.core.backend.blas_threads or self.threads):
             while True:
                 try:
                     if not self._drain(block=not self.core.has_work()):

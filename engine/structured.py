@@ -101,7 +101,7 @@ class Grammars:
             elif fmt.kind == "json_schema":
                 try:
                     schema = json.loads(fmt.spec)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     raise InvalidRequest(f"response_format schema is not valid JSON: {e}", param="response_format") from None
                 if not isinstance(schema, (dict, bool)):
                     raise InvalidRequest("response_format schema must be a JSON object", param="response_format")

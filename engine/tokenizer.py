@@ -58,6 +58,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+# Chat content is wrapped in these (Supplementary Private Use Area) where it spells a special token, so that
+# `encode_chat` reads it as text; content loses any of these two characters it carries.
+_CONTENT_OPEN, _CONTENT_CLOSE = "\U000F0000", "\U000F0001"
 _BYTE_DECODE = str.maketrans({c: chr(b) for b, c in _bytes_to_unicode().items()})
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -101,6 +104,8 @@ class Tokenizer:
         self.strip_leading_space = strip_leading_space
         # skip_special table: the same bytes, but b"" for special tokens
         self._bytes_skip = [b"" if i in self.special_ids else b for i, b in enumerate(token_bytes)]
+        self._chat: _ChatEncoder | None = None  # built on first use
+
 
     def _token_text(self, token_id: int | None) -> str | None:
         if token_id is None or not 0 <= token_id < len(self._bytes):
@@ -237,6 +242,20 @@ class Tokenizer:
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return self._tk.encode(text, add_special_tokens=add_special).ids
 
+    def escape_content(self, text: str) -> str:
+        """Chat content to render into a template: the special tokens it spells stay text in `encode_chat`."""
+        return self._chat_encoder().escape(text)
+
+    def encode_chat(self, rendered: str) -> list[int]:
+        """A rendered chat template -> ids: the template's own special tokens become their ids; content
+        that went through `escape_content` is plain text, whatever it spells (no role injection)."""
+        return self._chat_encoder().encode(rendered)
+
+    def _chat_encoder(self) -> "_ChatEncoder":
+        if self._chat is None:
+            self._chat = _ChatEncoder(self._tk, self.special_ids)
+        return self._chat
+
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Ids -> text; invalid UTF-8 becomes U+FFFD. Equals the incremental detokenizer's output."""
         table = self._bytes_skip if skip_special else self._bytes
@@ -266,6 +285,33 @@ class Tokenizer:
     def hf(self) -> HFTokenizer:
         """The underlying `tokenizers.Tokenizer` (e.g. for constrained decoding vocab scans)."""
         return self._tk
+
+
+class _ChatEncoder:
+    """Encodes rendered chat text in one pass (so pieces merge exactly as `encode` would merge them) with
+    a copy of the tokenizer that reads special-token strings as text, plus one alias added token per
+    special token: the template's specials are swapped for their aliases, whose ids map back."""
+
+    def __init__(self, tk: HFTokenizer, special_ids: frozenset[int]) -> None:
+        specials = {tok: i for i in special_ids if (tok := tk.id_to_token(i))}
+        self._plain = HFTokenizer.from_str(tk.to_str())
+        self._plain.encode_special_tokens = True
+        aliases = {tok: f"{_CONTENT_OPEN}{i}{_CONTENT_OPEN}" for tok, i in specials.items()}
+        self._plain.add_tokens([AddedToken(a, special=False, normalized=False) for a in aliases.values()])
+        self._alias = aliases
+        self._real = {self._plain.token_to_id(a): specials[tok] for tok, a in aliases.items()}
+        names = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) or "(?!)"
+        self._special = re.compile(names)
+        self._rendered = re.compile(f"{_CONTENT_OPEN}({names}){_CONTENT_CLOSE}|({names})")
+
+    def escape(self, text: str) -> str:
+        text = text.replace(_CONTENT_OPEN, "").replace(_CONTENT_CLOSE, "")
+        return self._special.sub(lambda m: _CONTENT_OPEN + m.group(0) + _CONTENT_CLOSE, text)
+
+    def encode(self, rendered: str) -> list[int]:
+        text = self._rendered.sub(lambda m: m.group(1) if m.group(1) is not None else self._alias[m.group(2)],
+                                  rendered)
+        return [self._real.get(i, i) for i in self._plain.encode(text, add_special_tokens=False).ids]
 
 
 def _opt_id(v: Any, n: int) -> int | None:

@@ -1,9 +1,11 @@
-"""Compute backends with one face: NumPy (reference + CPU path) and CuPy (CUDA kernels).
+"""Compute backends with one face: numba (compiled CPU kernels over quantized weights, the CPU
+path), NumPy (float32 reference) and CuPy (CUDA kernels).
 
-    backend = get_backend("auto" | "numpy" | "cupy")
+    backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None)
 
-Both backends offer: asarray, to_numpy, synchronize, empty_kv_cache, embedding, rms_norm,
-add_rms_norm, linear, rope, silu_mul, argmax_rows, apply_token_bitmask, write_kv, paged_attention.
+All offer: asarray, to_numpy, synchronize, begin_step, prepare_linear, prepare_embedding,
+empty_kv_cache, embedding, rms_norm, add_rms_norm, linear, rope, rope_write_kv, silu_mul,
+argmax_rows, apply_token_bitmask, write_kv, paged_attention.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 
 from kernels.attention_meta import AttentionMetadata, build_attention_metadata
 from kernels.numpy_backend import NumpyBackend
+from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
@@ -29,12 +32,17 @@ class Backend(Protocol):
     def asarray(self, a: Any, dtype: Any = None) -> Any: ...
     def to_numpy(self, a: Any) -> np.ndarray: ...
     def synchronize(self) -> None: ...
+    def begin_step(self) -> None: ...
+    def prepare_linear(self, w: Weight) -> Any: ...
+    def prepare_embedding(self, w: Weight) -> Any: ...
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any) -> Any: ...
     def embedding(self, table: Any, ids: Any) -> Any: ...
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
     def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]: ...
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any: ...
     def rope(self, x: Any, cos: Any, sin: Any) -> Any: ...
+    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
+                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any: ...
     def silu_mul(self, gate_up: Any) -> Any: ...
     def argmax_rows(self, logits: Any) -> np.ndarray: ...
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None: ...
@@ -60,13 +68,18 @@ def cupy_unavailable_reason() -> str | None:
     return None
 
 
-def get_backend(name: str = "auto") -> Backend:
-    """Return the named backend; "auto" picks CuPy only when a GPU is really usable, else NumPy."""
+def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
+    """Return the named backend; "auto" picks CuPy only when a GPU is really usable, else numba.
+
+    `threads`: worker threads of the numba kernels (default: the cores this process may use).
+    """
     if name == "numpy":
         log.info("kernels: using the numpy backend (asked for by name)")
         return NumpyBackend()
+    if name == "numba":
+        return _numba_backend(threads, "asked for by name")
     if name not in ("auto", "cupy"):
-        raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numpy' or 'cupy'")
+        raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numba', 'numpy' or 'cupy'")
     reason = cupy_unavailable_reason()
     if reason is None:
         from kernels.cupy_backend import CupyBackend
@@ -76,5 +89,12 @@ def get_backend(name: str = "auto") -> Backend:
         return backend
     if name == "cupy":
         raise RuntimeError(f"kernel backend 'cupy' is not usable: {reason}")
-    log.info("kernels: using the numpy backend (%s)", reason)
-    return NumpyBackend()
+    return _numba_backend(threads, reason)
+
+
+def _numba_backend(threads: int | None, why: str) -> Backend:
+    from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
+
+    backend = NumbaBackend(threads)
+    log.info("kernels: using the numba backend with %d threads (%s)", backend.threads, why)
+    return backend

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
-from kernels.numpy_backend import apply_token_bitmask as host_apply_token_bitmask
+from kernels.numpy_backend import NumpyBackend, apply_token_bitmask as host_apply_token_bitmask
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _NORM_THREADS = 256
@@ -80,6 +80,14 @@ class CupyBackend:
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"the cupy backend keeps the KV cache in float32, got dtype {np.dtype(dtype)}")
         return self._cp.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
+
+    # The composed ops are the NumPy backend's (they only call this backend's own ops); weights
+    # are dequantized to float32 on the host at load time, then copied to the device.
+    blas_threads = NumpyBackend.blas_threads
+    begin_step = NumpyBackend.begin_step
+    prepare_linear = NumpyBackend.prepare_linear
+    prepare_embedding = NumpyBackend.prepare_embedding
+    rope_write_kv = NumpyBackend.rope_write_kv
 
     # ---- elementwise / norms ------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:

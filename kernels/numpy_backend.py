@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
+from kernels.weight import Weight
 
 # Softmax scratch per prefill tile is bounded to about this many float32 scores.
 _TILE_SCORES = 1 << 22
@@ -26,6 +27,7 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
+    blas_threads: int | None = None  # None: as many as the engine's threads
 
     def __init__(self) -> None:
         self._scratch: dict[str, np.ndarray] = {}
@@ -51,6 +53,18 @@ class NumpyBackend:
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"the numpy backend keeps the KV cache in float32, got dtype {np.dtype(dtype)}")
         return np.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
+
+    def begin_step(self) -> None:
+        """Called by the model at the start of every forward, on the thread that runs it."""
+
+    # ---- weights --------------------------------------------------------
+    def prepare_linear(self, w: Weight) -> np.ndarray:
+        """A weight as `linear` takes it: dequantized, float32, input-major [K, N]."""
+        return self.asarray(np.ascontiguousarray(w.dequantize().T))
+
+    def prepare_embedding(self, w: Weight) -> np.ndarray:
+        """An embedding table as `embedding` takes it: float32 [V, D]."""
+        return self.asarray(w.dequantize())
 
     # ---- elementwise / norms --------------------------------------------
     def embedding(self, table: np.ndarray, ids: Any) -> np.ndarray:
@@ -113,6 +127,16 @@ class NumpyBackend:
         x2 += x1s
         x1[...] = t
         return x
+
+    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
+                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+        """qkv [T, (H + 2 Hkv) * Dh]: RoPE on q and k, k and v into the cache; returns q [T, H, Dh]."""
+        T, Dh = qkv.shape[0], k_cache.shape[3]
+        q_end, k_end = num_heads * Dh, (num_heads + num_kv_heads) * Dh
+        q = self.rope(qkv[:, :q_end].reshape(T, num_heads, Dh), cos, sin)
+        k = self.rope(qkv[:, q_end:k_end].reshape(T, num_kv_heads, Dh), cos, sin)
+        self.write_kv(k_cache, v_cache, k, qkv[:, k_end:].reshape(T, num_kv_heads, Dh), slot_mapping)
+        return q
 
     def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
         """gate_up [T, 2F] = [gate | up] -> silu(gate) * up [T, F]."""

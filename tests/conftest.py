@@ -16,11 +16,26 @@ def reference() -> dict:
 
 
 @pytest.fixture(scope="session")
-def default_model():
-    """(LoadedModel, LlamaModel) for the default GGUF on the NumPy backend, shared by the session."""
+def loaded_default():
+    """The default GGUF, loaded once (weights stay quantized)."""
     from engine.loader import load_model
+
+    return load_model("default")
+
+
+@pytest.fixture(scope="session")
+def default_model(loaded_default):
+    """(LoadedModel, LlamaModel) for the default GGUF on the numba backend (the product's CPU path)."""
     from engine.model.llama import LlamaModel
     from kernels import get_backend
 
-    loaded = load_model("default")
-    return loaded, LlamaModel(loaded.config, loaded.weights, get_backend("numpy"))
+    return loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, get_backend("numba"))
+
+
+@pytest.fixture(scope="session")
+def reference_model(loaded_default):
+    """The same weights dequantized to float32 on the NumPy (OpenBLAS) reference backend."""
+    from engine.model.llama import LlamaModel
+    from kernels import get_backend
+
+    return loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, get_backend("numpy"))

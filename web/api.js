@@ -1,4 +1,5 @@
 // REST calls for sessions. Errors surface as ApiError with the server's message.
+import { authHeaders, ensureAccess, keyRefused } from "./auth.js";
 
 export class ApiError extends Error {
   constructor(message, status, param) {
@@ -9,7 +10,8 @@ export class ApiError extends Error {
 }
 
 async function request(method, path, body) {
-  const init = { method, headers: {} };
+  await ensureAccess();
+  const init = { method, headers: authHeaders() };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -19,6 +21,10 @@ async function request(method, path, body) {
     res = await fetch(path, init);
   } catch (err) {
     throw new ApiError("The server is unreachable (" + err.message + ")", 0);
+  }
+  if (res.status === 401) {
+    await keyRefused();
+    return request(method, path, body);
   }
   if (res.status === 204) return null;
   let data = null;

@@ -1,4 +1,5 @@
 // A WebSocket that reconnects with jittered exponential backoff and notices dead links.
+import { ensureAccess, wsProtocols } from "./auth.js";
 
 const PING_EVERY_MS = 15000;
 const DEAD_AFTER_MS = 40000;
@@ -22,12 +23,13 @@ export class ChatSocket {
     window.addEventListener("online", () => this.reconnectNow());
   }
 
-  connect() {
+  async connect() {
     clearTimeout(this.retryTimer);
     this.setState(this.attempt ? "reconnecting" : "connecting", {});
+    await ensureAccess(); // a server with keys refuses the handshake without one
     let ws;
     try {
-      ws = new WebSocket(this.url);
+      ws = new WebSocket(this.url, wsProtocols());
     } catch {
       this.scheduleRetry();
       return;

@@ -5,7 +5,7 @@ import logging
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, ValidationException
 
 log = logging.getLogger("forge.api")
 
@@ -14,9 +14,12 @@ STATUS = {
     "bad_request": 400,
     "invalid_parameter": 400,
     "unauthorized": 401,
+    "forbidden": 403,
     "not_found": 404,
     "busy": 409,
     "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "rate_limited": 429,
     "overloaded": 503,
     "unavailable": 503,
     "internal": 500,
@@ -26,7 +29,8 @@ STATUS = {
     "invalid_api_key": 401,
     "model_not_found": 404,
 }
-_TYPES = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 503: "overloaded_error", 500: "server_error"}
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+          429: "rate_limit_error", 503: "overloaded_error", 500: "server_error"}
 
 
 class ServiceError(Exception):
@@ -62,7 +66,8 @@ def _service_error_handler(_: Request, exc: ServiceError) -> Response:
     return error_response(exc, headers)
 
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large"}
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large",
+               415: "unsupported_media_type"}
 
 
 def _http_error_handler(request: Request, exc: HTTPException) -> Response:
@@ -80,6 +85,8 @@ def _http_error_handler(request: Request, exc: HTTPException) -> Response:
         else:
             log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
         message = "internal server error"
+    elif isinstance(exc, ValidationException):  # a required body was left out (app.api.typed decodes the rest)
+        message = "the request body is missing; expected a JSON object"
     else:
         message = str(exc.detail)
     body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": code}}

@@ -8,7 +8,6 @@ from litestar.response import File
 from litestar.static_files import create_static_files_router
 
 from app.api.errors import ServiceError
-from app.api.state import admin_guard
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
@@ -25,7 +24,7 @@ async def index() -> File:
     return _page("index.html")
 
 
-@get("/admin", guards=[admin_guard], include_in_schema=False)
+@get("/admin", include_in_schema=False)
 async def admin_page(request: Request) -> File:
     return _page("admin.html")
 

@@ -1,73 +1,116 @@
-"""`response_format` (OpenAI's, plus Forge's regex and grammar kinds) and `speculative` in request
-bodies -> the engine's values. Refusals are 400s (WebSocket `error` events) naming the param."""
+"""`response_format` in request bodies: OpenAI's `text` / `json_object` / `json_schema` plus Forge's `regex` and
+`grammar`, as a tagged union of msgspec Structs (decoded with the rest of the body, app.api.bodies.decode), the
+engine's ResponseFormat each one stands for, and compiling it before anything is answered or stored.
+
+Bounds that keep hostile constraints cheap to refuse: a schema is at most SCHEMA_MAX_BYTES of JSON and
+SCHEMA_MAX_DEPTH levels deep, a pattern or grammar at most SOURCE_MAX_CHARS. What the engine cannot compile or
+enforce is refused by the engine (InvalidRequest), here turned into a ServiceError naming `response_format`.
+"""
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
 
 from engine.types import InvalidRequest, ResponseFormat
 
 from app.api.errors import ServiceError
-from app.api.fields import json_type
 
 PARAM = "response_format"
-_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"},
-         "regex": {"type", "pattern"}, "grammar": {"type", "lark"}}
+SCHEMA_MAX_BYTES = 64 << 10
+SCHEMA_MAX_DEPTH = 64  # JSON nesting of the schema document (an object property costs two levels)
+SOURCE_MAX_CHARS = 64 << 10
+Source = Annotated[str, Meta(min_length=1, max_length=SOURCE_MAX_CHARS)]
 
 
-def parse_response_format(value: Any) -> ResponseFormat | None:
-    """The body's `response_format` (None or {"type": "text"}: free text)."""
-    if value is None:
+class _Kind(Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    def engine(self) -> ResponseFormat | None:
+        """The engine's constraint (None: free text)."""
+        raise NotImplementedError
+
+
+class TextFormat(_Kind, tag="text"):
+    """Free text (as if `response_format` were left out)."""
+
+    def engine(self) -> None:
         return None
-    if not isinstance(value, dict):
-        raise ServiceError("bad_request", f"'{PARAM}' must be an object, got {json_type(value)}", param=PARAM)
-    kind = value.get("type")
-    if kind not in _KEYS:
-        raise ServiceError("invalid_parameter", f"'{PARAM}.type' must be one of {', '.join(_KEYS)}, got {kind!r}",
-                           param=f"{PARAM}.type")
-    for key, v in value.items():
-        if key not in _KEYS[kind] and v is not None:
-            raise ServiceError("bad_request", f"unknown field '{PARAM}.{key}' for type {kind!r}", param=f"{PARAM}.{key}")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+
+
+class JsonObjectFormat(_Kind, tag="json_object"):
+    """Any JSON object."""
+
+    def engine(self) -> ResponseFormat:
         return ResponseFormat("json_object")
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict):
-            raise ServiceError("bad_request", f"'{PARAM}.json_schema' must be an object with a 'schema'",
-                               param=f"{PARAM}.json_schema")
-        for key in spec:
-            if key not in ("name", "schema", "strict", "description"):
-                raise ServiceError("bad_request", f"unknown field '{PARAM}.json_schema.{key}'",
-                                   param=f"{PARAM}.json_schema.{key}")
-        schema = spec.get("schema")
-        if not isinstance(schema, dict):
-            raise ServiceError("bad_request", f"'{PARAM}.json_schema.schema' must be an object, got {json_type(schema)}",
-                               param=f"{PARAM}.json_schema.schema")
-        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-            raise ServiceError("bad_request", f"'{PARAM}.json_schema.strict' must be a boolean",
-                               param=f"{PARAM}.json_schema.strict")
-        return ResponseFormat("json_schema", json.dumps(schema, sort_keys=True))
-    field = "pattern" if kind == "regex" else "lark"
-    text = value.get(field)
-    if not isinstance(text, str) or not text:
-        raise ServiceError("bad_request", f"'{PARAM}.{field}' must be a non-empty string", param=f"{PARAM}.{field}")
-    return ResponseFormat(kind, text)
 
 
-def parse_speculative(value: Any) -> str | None:
-    """The body's `speculative` ("off" | "ngram"; None: the server's default)."""
-    if value is None or value in ("off", "ngram"):
-        return value
-    raise ServiceError("invalid_parameter", f"'speculative' must be \"off\" or \"ngram\", got {value!r}", param="speculative")
+class JsonSchemaSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    """OpenAI's `json_schema` object. `strict` is accepted either way: the schema is always enforced."""
+
+    schema: dict[str, Any]
+    name: Annotated[str, Meta(max_length=64)] | None = None
+    description: Annotated[str, Meta(max_length=1024)] | None = None
+    strict: bool | None = None
+
+    def __post_init__(self) -> None:
+        where, param = f"'{PARAM}.json_schema.schema'", f"{PARAM}.json_schema.schema"
+        if len(msgspec.json.encode(self.schema)) > SCHEMA_MAX_BYTES:  # first: it bounds the walk below
+            raise ServiceError("invalid_parameter", f"{where} is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON",
+                               param=param)
+        if _depth(self.schema) > SCHEMA_MAX_DEPTH:
+            raise ServiceError("invalid_parameter", f"{where} is nested more than {SCHEMA_MAX_DEPTH} levels deep",
+                               param=param)
 
 
-async def compile_response_format(engine: Any, fmt: ResponseFormat | None) -> None:
-    """Compile `fmt` now (cached for the generation) so that a bad one is a 400, not a failed stream."""
-    if fmt is None:
-        return
-    try:
-        await engine.compile_response_format(fmt)
-    except InvalidRequest as e:
-        raise ServiceError("invalid_parameter", str(e), param=PARAM) from None
+class JsonSchemaFormat(_Kind, tag="json_schema"):
+    """JSON valid under `json_schema.schema`."""
+
+    json_schema: JsonSchemaSpec
+
+    def engine(self) -> ResponseFormat:
+        # msgspec keeps the schema's key order: properties are generated in the order given.
+        return ResponseFormat("json_schema", msgspec.json.encode(self.json_schema.schema).decode())
+
+
+class RegexFormat(_Kind, tag="regex"):
+    """Forge: a full match of a regular expression."""
+
+    pattern: Source
+
+    def engine(self) -> ResponseFormat:
+        return ResponseFormat("regex", self.pattern)
+
+
+class GrammarFormat(_Kind, tag="grammar"):
+    """Forge: a match of a Lark grammar's `start` rule (llguidance's dialect)."""
+
+    lark: Source
+
+    def engine(self) -> ResponseFormat:
+        return ResponseFormat("grammar", self.lark)
+
+
+ResponseFormatField = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | GrammarFormat
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` (decoded JSON) nests its arrays and objects; iterative (no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack += [(item, d + 1) for item in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+async def compile_response_format(engine: Any, field: ResponseFormatField | None) -> ResponseFormat | None:
+    """The engine's constraint for a body's `response_format`, compiled now (off the event loop, cached for the
+    generation): a bad one is a 400 / `error` event before any byte of a stream, never a failed stream."""
+    fmt = field.engine() if field is not None else None
+    if fmt is not None:
+        try:
+            await engine.compile_response_format(fmt)
+        except InvalidRequest as e:
+            raise ServiceError("invalid_parameter", str(e), param=PARAM) from None
+    return fmt

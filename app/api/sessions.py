@@ -1,23 +1,24 @@
-"""REST for chat sessions under /api/sessions, and the SSE stream of a chat turn."""
+"""REST for chat sessions under /api/sessions, and the SSE stream of a chat turn. Every route sees only
+the sessions of the caller's API key (app.api.gate.owner); another key's are "not found"."""
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Request, Router, delete, get, patch, post
 from litestar.background_tasks import BackgroundTask
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
 from app.api.errors import ServiceError
-from app.api.fields import (DEFAULT_TITLE, check_keys, content_field, json_body, json_type, parse_json_object,
-                            session_fields, session_settings)
-from app.api.response_format import parse_response_format
+from app.api.gate import owner
+from app.api.outbox import Outbox
 from app.api.sse import keepalive, with_keepalives
-from app.api.state import ready_services
-from app.chat import ChatService, Turn
+from app.api.state import Services, ready_services
+from app.chat import Sink, Turn
+from app.store import Conflict
 
 
 def _not_found(session_id: str) -> ServiceError:
@@ -26,25 +27,23 @@ def _not_found(session_id: str) -> ServiceError:
 
 @get("/")
 async def list_sessions(request: Request) -> dict[str, Any]:
+    """The caller's sessions, most recently active first."""
     svc = ready_services(request)
-    return {"data": await svc.store.list_sessions()}
+    return {"data": await svc.store.list_sessions(owner(request.scope))}
 
 
 @post("/")
-async def create_session(request: Request) -> dict[str, Any]:
+async def create_session(request: Request, data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
+    """A new session (the body may be left out)."""
     svc = ready_services(request)
-    raw = await request.body()
-    body = parse_json_object(raw) if raw.strip() else {}
-    fields = session_fields(body)
-    return await svc.store.create_session(title=fields.get("title", DEFAULT_TITLE),
-                                          system_prompt=fields.get("system_prompt"),
-                                          settings=session_settings(fields.get("settings")))
+    return await svc.store.create_session(owner(request.scope), **(data or SessionFields()).new_session())
 
 
 @get("/{session_id:str}")
 async def read_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+    """A session and its messages."""
     svc = ready_services(request)
-    found = await svc.store.get_history(session_id)
+    found = await svc.store.get_history(session_id, owner(request.scope))
     if found is None:
         raise _not_found(session_id)
     session, messages = found
@@ -52,15 +51,13 @@ async def read_session(request: Request, session_id: FromPath[str]) -> dict[str,
 
 
 @patch("/{session_id:str}")
-async def update_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+async def update_session(request: Request, session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
+    """Change title, system prompt or settings (merged over the current ones)."""
     svc = ready_services(request)
-    fields = session_fields(await json_body(request))
-    if "settings" in fields:
-        current = await svc.store.get_session(session_id)
-        if current is None:
-            raise _not_found(session_id)
-        fields["settings"] = session_settings(fields["settings"], base=current["settings"])
-    updated = await svc.store.update_session(session_id, **fields)
+    try:
+        updated = await svc.store.update_session(session_id, owner(request.scope), **data.changes())
+    except Conflict as e:
+        raise ServiceError("busy", str(e), param="session_id") from None
     if updated is None:
         raise _not_found(session_id)
     return updated
@@ -68,113 +65,120 @@ async def update_session(request: Request, session_id: FromPath[str]) -> dict[st
 
 @delete("/{session_id:str}")
 async def delete_session(request: Request, session_id: FromPath[str]) -> None:
+    """Delete a session and its messages; a running reply is stopped first."""
     svc = ready_services(request)
-    await svc.chat.cancel_and_wait(session_id)
-    if not await svc.store.delete_session(session_id):
+    who = owner(request.scope)
+    await svc.chat.cancel_and_wait(session_id, who)
+    if not await svc.store.delete_session(session_id, who):
         raise _not_found(session_id)
 
 
 @get("/{session_id:str}/export")
 async def export_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+    """The session and its messages in the import format."""
     svc = ready_services(request)
-    data = await svc.store.export_session(session_id)
+    data = await svc.store.export_session(session_id, owner(request.scope))
     if data is None:
         raise _not_found(session_id)
     return data
 
 
 @post("/import")
-async def import_session(request: Request) -> dict[str, Any]:
+async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, Any]:
+    """A new session (new ids) holding an export's messages."""
     svc = ready_services(request)
-    body = await json_body(request)
-    check_keys(body, frozenset({"forge_export", "session", "messages"}))
-    if body.get("forge_export") != 1:
-        raise ServiceError("invalid_parameter", f"'forge_export' must be 1 (the export format version), got "
-                           f"{body.get('forge_export')!r}", param="forge_export")
-    session, messages = body.get("session"), body.get("messages")
-    if not isinstance(session, dict):
-        raise ServiceError("bad_request", f"'session' must be an object, got {json_type(session)}", param="session")
-    if not isinstance(messages, list):
-        raise ServiceError("bad_request", f"'messages' must be an array, got {json_type(messages)}", param="messages")
-    # An export carries read-only fields too (id, dates); only these are taken over.
-    wanted = {k: session[k] for k in ("title", "system_prompt", "settings") if k in session}
-    fields = session_fields(wanted)
-    clean = {"title": fields.get("title", DEFAULT_TITLE), "system_prompt": fields.get("system_prompt"),
-             "settings": session_settings(fields.get("settings"))}
-    try:
-        return await svc.store.import_session({"session": clean, "messages": messages})
-    except ValueError as e:
-        raise ServiceError("invalid_parameter", str(e), param="messages") from None
+    limit = svc.settings.import_messages
+    if len(data.messages) > limit:
+        raise ServiceError("invalid_parameter", f"'messages' holds {len(data.messages)} messages; the limit is {limit}",
+                           param="messages")
+    s = data.session
+    session = {"title": (s.title or "").strip() or DEFAULT_TITLE, "system_prompt": s.system_prompt,
+               "settings": {**DEFAULT_SETTINGS, **(s.settings.given() if s.settings else {})}}
+    messages = [{f: getattr(m, f) for f in m.__struct_fields__} for m in data.messages]
+    return await svc.store.import_session(owner(request.scope), session, messages)
 
 
 # -- turns over SSE ---------------------------------------------------------------------------
 
 
-def turn_stream(chat: ChatService, turn: Turn, queue: asyncio.Queue, keepalive_s: float) -> ServerSentEvent:
-    """The turn's events as named SSE events with ids; `: keep-alive` comments while none is ready.
+async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | None]]) -> ServerSentEvent:
+    """Start a turn whose events go to a bounded outbox, and stream them as named SSE events with ids;
+    `: keep-alive` comments while none is ready.
 
     The client going away at any point (even before the body starts, when the generator never runs)
-    cancels the turn: its partial reply is stored as "stopped".
+    cancels the turn: its partial reply is stored as "stopped". So does a client that stops reading
+    until `outbox_events` events (or `outbox_bytes`) wait for it: the stream then ends without `done`.
     """
+    turn: Turn | None = None
+
+    def stop() -> None:
+        if turn is not None:
+            svc.chat.cancel_turn(turn)
+
+    outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, stop)
+
+    def sink(ev: dict[str, Any] | None) -> None:
+        if ev is None:
+            outbox.put(None)
+        else:
+            data = json.dumps(ev, ensure_ascii=False)
+            outbox.put((ev["type"], data), len(data))
+
+    turn = await start(sink)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         seq = 0
         try:
-            async for ev in with_keepalives(queue, keepalive_s):
-                if ev is None:
+            async for item in with_keepalives(outbox, svc.settings.keepalive_s):
+                if item is None:
                     yield keepalive()
                     continue
                 seq += 1
-                yield ServerSentEventMessage(data=json.dumps(ev, ensure_ascii=False), event=ev["type"], id=seq)
+                yield ServerSentEventMessage(data=item[1], event=item[0], id=seq)
         finally:
-            chat.cancel_turn(turn)
+            stop()
 
     async def after() -> None:  # runs once the response is over, however it ended (a no-op after `done`)
-        chat.cancel_turn(turn)
+        stop()
 
     return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"}, background=BackgroundTask(after))
 
 
 @post("/{session_id:str}/messages", status_code=200)
-async def send_message(request: Request, session_id: FromPath[str]) -> ServerSentEvent:
+async def send_message(request: Request, session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
+    """SSE: one turn (docs/protocol.md#sse). A repeated `idempotency_key` answers `history` instead."""
     svc = ready_services(request)
-    body = await json_body(request)
-    check_keys(body, frozenset({"content", "response_format"}))
-    content = content_field(body)
-    fmt = parse_response_format(body.get("response_format"))
-    queue: asyncio.Queue = asyncio.Queue()
-    turn = await svc.chat.send(session_id, content, sink=queue.put_nowait, response_format=fmt)
-    return turn_stream(svc.chat, turn, queue, svc.settings.keepalive_s)
+    who = owner(request.scope)
+    return await turn_stream(svc, lambda sink: svc.chat.send(session_id, who, data.content, sink=sink,
+                                                             idempotency_key=data.idempotency_key,
+                                                             response_format=data.response_format))
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)
-async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str]) -> ServerSentEvent:
+async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str],
+                       data: JSONBody[EditBody]) -> ServerSentEvent:
+    """SSE: edit a user message, drop everything after it, stream a new reply."""
     svc = ready_services(request)
-    body = await json_body(request)
-    check_keys(body, frozenset({"content"}))
-    content = content_field(body)
-    queue: asyncio.Queue = asyncio.Queue()
-    turn = await svc.chat.edit(session_id, message_id, content, sink=queue.put_nowait)
-    return turn_stream(svc.chat, turn, queue, svc.settings.keepalive_s)
+    who = owner(request.scope)
+    return await turn_stream(svc, lambda sink: svc.chat.edit(session_id, who, message_id, data.content, sink=sink))
 
 
 @post("/{session_id:str}/regenerate", status_code=200)
-async def regenerate(request: Request, session_id: FromPath[str]) -> ServerSentEvent:
+async def regenerate(request: Request, session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
+    """SSE: drop the last reply and stream a new one."""
     svc = ready_services(request)
-    raw = await request.body()
-    if raw.strip():
-        check_keys(parse_json_object(raw), frozenset())  # an empty object at most
-    queue: asyncio.Queue = asyncio.Queue()
-    turn = await svc.chat.regenerate(session_id, sink=queue.put_nowait)
-    return turn_stream(svc.chat, turn, queue, svc.settings.keepalive_s)
+    who = owner(request.scope)
+    return await turn_stream(svc, lambda sink: svc.chat.regenerate(session_id, who, sink=sink))
 
 
 @post("/{session_id:str}/cancel", status_code=200)
 async def cancel(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+    """Stop the running reply (stored as "stopped")."""
     svc = ready_services(request)
-    if await svc.store.get_session(session_id) is None:
+    who = owner(request.scope)
+    if await svc.store.get_session(session_id, who) is None:
         raise _not_found(session_id)
-    return {"cancelled": svc.chat.cancel(session_id)}
+    return {"cancelled": svc.chat.cancel(session_id, who)}
 
 
 router = Router(path="/api/sessions", route_handlers=[

@@ -7,18 +7,20 @@ from typing import Any
 
 from litestar.response import ServerSentEventMessage
 
+from app.api.outbox import Outbox
+
 
 def keepalive() -> ServerSentEventMessage:
     # data=None: no empty `data:` line (clients would see an empty event; the openai client fails on it).
     return ServerSentEventMessage(comment="keep-alive", data=None)
 
 
-async def with_keepalives(queue: asyncio.Queue, every_s: float) -> AsyncIterator[Any]:
-    """The items of `queue` up to (not including) a None; a None in between whenever `every_s` passes
+async def with_keepalives(outbox: Outbox, every_s: float) -> AsyncIterator[Any]:
+    """The items of `outbox` up to (not including) a None; a None in between whenever `every_s` passes
     without one (the caller sends a keep-alive comment then)."""
     while True:
         try:
-            item = await asyncio.wait_for(queue.get(), every_s)
+            item = await asyncio.wait_for(outbox.get(), every_s)
         except asyncio.TimeoutError:
             yield None
             continue

@@ -1,18 +1,24 @@
-"""The WebSocket chat protocol at /ws (docs/protocol.md): JSON text frames, many sessions per socket."""
+"""The WebSocket chat protocol at /ws (docs/protocol.md): JSON text frames, many sessions per socket.
+
+Bounded per socket: a bounded outbox (a reader that lets it fill has its turns stopped and the socket
+closed with 4008), a command rate, a number of sessions it may watch.
+"""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from litestar import WebSocket, websocket
 
+from app.api import bodies
+from app.api.bodies import AnyCommand, Envelope
 from app.api.errors import ServiceError
-from app.api.fields import (DEFAULT_TITLE, check_keys, content_field, get_str, parse_json_object, session_fields,
-                            session_settings)
-from app.api.response_format import parse_response_format
+from app.api.gate import WS_PROTOCOL, owner
+from app.api.outbox import Outbox
 from app.api.state import Services, services
 from app.chat import Turn
 
@@ -20,7 +26,26 @@ log = logging.getLogger("forge.ws")
 
 MAX_FRAME_BYTES = 1 << 20  # larger frames close the socket with 1009 (uvicorn's ws_max_size too)
 WS_MESSAGE_TOO_BIG = 1009
-_BASE_KEYS = frozenset({"type", "client_id"})
+WS_TOO_SLOW = 4008  # the client stopped reading: its outbox filled up
+WS_SERVER_ERROR = 1011
+_ENCODER = msgspec.json.Encoder()
+
+
+class _Bucket:
+    """Token bucket: `rate` commands a second, bursts of twice that."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.capacity = rate, 2 * rate
+        self.tokens, self.at = self.capacity, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class Connection:
@@ -29,32 +54,38 @@ class Connection:
     def __init__(self, socket: WebSocket, svc: Services) -> None:
         self.socket = socket
         self.svc = svc
-        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.owner = owner(socket.scope)
+        self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self._stalled)
+        self.bucket = _Bucket(svc.settings.ws_commands_per_s)
         self.sender: asyncio.Task | None = None
+        self.close_code: int | None = 1000
         self.turns: list[Turn] = []
         self.opened: set[str] = set()  # sessions this client showed interest in (admin "active sessions")
-        self.handlers: dict[str, Callable[[dict[str, Any], str | None], Awaitable[None]]] = {
-            "session.create": self.session_create,
-            "session.open": self.session_open,
-            "message.send": self.message_send,
-            "message.edit": self.message_edit,
-            "message.regenerate": self.message_regenerate,
-            "generation.cancel": self.generation_cancel,
-            "ping": self.ping,
+        self.handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
+            bodies.SessionCreate: self.session_create,
+            bodies.SessionOpen: self.session_open,
+            bodies.MessageSend: self.message_send,
+            bodies.MessageEdit: self.message_edit,
+            bodies.MessageRegenerate: self.message_regenerate,
+            bodies.GenerationCancel: self.generation_cancel,
+            bodies.Ping: self.ping,
         }
 
     def send(self, event: dict[str, Any] | None) -> None:
+        """A turn's sink: its events go out in order; its closing None is not for the socket."""
         if event is not None:
-            self.outbox.put_nowait(event)
+            text = _ENCODER.encode(event).decode()
+            self.outbox.put(text, len(text))
 
     async def run(self) -> None:
         sender = self.sender = asyncio.create_task(self._send_loop())
-        close_code: int | None = 1000
         try:
             while True:
                 msg = await self.socket.receive()
                 if msg["type"] == "websocket.disconnect":
-                    close_code = None
+                    self.close_code = None
+                    break
+                if self.outbox.stalled:
                     break
                 if msg.get("text") is not None:
                     raw: str | bytes = msg["text"]
@@ -63,7 +94,7 @@ class Connection:
                     raw = msg.get("bytes") or b""
                     size = len(raw)
                 if size > MAX_FRAME_BYTES:
-                    close_code = WS_MESSAGE_TOO_BIG
+                    self.close_code = WS_MESSAGE_TOO_BIG
                     break
                 if isinstance(raw, bytes):
                     self.send(ServiceError("bad_request", "binary frames are not supported: send JSON as text frames")
@@ -72,64 +103,72 @@ class Connection:
                 await self.handle(raw)
         finally:
             # The socket is gone or closing: abort its generations (partial replies are stored as "stopped").
-            for turn in self.turns:
-                self.svc.chat.cancel_turn(turn)
+            self._stop_turns()
             for sid in self.opened:
                 self.svc.chat.closed(sid)
-            if close_code is not None:
+            if self.close_code is not None:
                 await self.flush()
-                try:
-                    await self.socket.close(code=close_code,
-                                            reason="frame too large" if close_code == WS_MESSAGE_TOO_BIG else None)
-                except Exception:
-                    pass
+                await self._close(self.close_code)
             sender.cancel()
+
+    def _stop_turns(self) -> None:
+        for turn in self.turns:
+            self.svc.chat.cancel_turn(turn)
+
+    def _stalled(self) -> None:
+        log.info("websocket client stopped reading; closing it with %d", WS_TOO_SLOW)
+        self.close_code = WS_TOO_SLOW
+        self._stop_turns()
+
+    async def _close(self, code: int) -> None:
+        reason = {WS_MESSAGE_TOO_BIG: "frame too large", WS_TOO_SLOW: "client too slow"}.get(code)
+        try:
+            await asyncio.wait_for(self.socket.close(code=code, reason=reason), 5.0)
+        except Exception:
+            pass
 
     async def flush(self) -> None:
         """Wait (up to a second) until the events queued so far are sent."""
-        if self.sender is None or self.sender.done():
+        if self.sender is None or self.sender.done() or self.outbox.stalled:
             return
-        sent = asyncio.ensure_future(self.outbox.join())
+        sent = asyncio.ensure_future(self.outbox.queue.join())
         await asyncio.wait({sent, self.sender}, timeout=1.0)
         sent.cancel()
 
     async def _send_loop(self) -> None:
         try:
-            while True:
-                ev = await self.outbox.get()
-                await self.socket.send_text(json.dumps(ev, ensure_ascii=False))
-                self.outbox.task_done()
+            while (text := await self.outbox.get()) is not None:
+                await self.socket.send_text(text)
+                self.outbox.queue.task_done()
+            # The outbox filled up (the client stopped reading): close now, the reader may be idle.
+            await self._close(WS_TOO_SLOW)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # disconnected
             log.debug("websocket send stopped: %s", e)
 
     async def handle(self, raw: str) -> None:
-        client_id: str | None = None
-        session_id: str | None = None
+        envelope = Envelope()
         try:
-            msg = parse_json_object(raw, "message")
-            cid = msg.get("client_id")
-            if cid is not None and not isinstance(cid, str):
-                raise ServiceError("bad_request", "'client_id' must be a string", param="client_id")
-            client_id = cid
-            sid = msg.get("session_id")
-            session_id = sid if isinstance(sid, str) else None
-            kind = msg.get("type")
-            if not isinstance(kind, str):
-                raise ServiceError("bad_request", "'type' is required and must be a string", param="type")
-            handler = self.handlers.get(kind)
-            if handler is None:
-                raise ServiceError("bad_request", f"unknown message type {kind!r}; expected one of: "
-                                   + ", ".join(self.handlers), param="type")
+            if not self.bucket.take():
+                envelope = _envelope(raw)
+                raise ServiceError("rate_limited", f"more than {self.svc.settings.ws_commands_per_s:g} commands a "
+                                   "second; slow down")
+            try:
+                cmd = bodies.decode(raw, AnyCommand, "message")
+            except ServiceError:
+                envelope = _envelope(raw)
+                raise
+            envelope = Envelope(client_id=cmd.client_id, session_id=getattr(cmd, "session_id", None))
             if self.svc.chat is None or self.svc.store is None:
                 raise ServiceError("unavailable", "the model is still loading; retry shortly")
-            await handler(msg, client_id)
+            await self.handlers[type(cmd)](cmd)
         except ServiceError as e:
-            self.send(e.event(session_id=session_id, client_id=client_id))
+            self.send(e.event(session_id=envelope.session_id, client_id=envelope.client_id))
         except Exception:
             log.exception("websocket command failed")
-            self.send(ServiceError("internal", "internal error").event(session_id=session_id, client_id=client_id))
+            self.send(ServiceError("internal", "internal error").event(session_id=envelope.session_id,
+                                                                      client_id=envelope.client_id))
 
     # -- commands -------------------------------------------------------------------------
 
@@ -138,78 +177,83 @@ class Connection:
             event["client_id"] = client_id
         self.send(event)
 
-    def _session_id(self, msg: dict[str, Any]) -> str:
-        sid = get_str(msg, "session_id", required=True)
-        assert sid is not None
-        return sid
+    def _room_for(self, session_id: str | None) -> None:
+        """Refuse watching one more session past the per-socket limit."""
+        limit = self.svc.settings.ws_sessions
+        if session_id not in self.opened and len(self.opened) >= limit:
+            raise ServiceError("rate_limited", f"this socket already watches {limit} sessions; open another socket")
 
-    def _track(self, turn: Turn) -> None:
-        self.turns = [t for t in self.turns if not t.done] + [turn]
-        self._watch(turn.session_id, turn.title)
+    def _track(self, turn: Turn | None) -> None:
+        if turn is not None:
+            self.turns = [t for t in self.turns if not t.done] + [turn]
+            self._watch(turn.session_id, turn.title)
 
     def _watch(self, session_id: str, title: str) -> None:
         if session_id not in self.opened:
             self.opened.add(session_id)
             self.svc.chat.opened(session_id, title)
 
-    async def session_create(self, msg: dict[str, Any], client_id: str | None) -> None:
-        fields = session_fields(msg, extra_keys=_BASE_KEYS)
-        session = await self.svc.store.create_session(title=fields.get("title", DEFAULT_TITLE),
-                                                      system_prompt=fields.get("system_prompt"),
-                                                      settings=session_settings(fields.get("settings")))
+    async def session_create(self, cmd: bodies.SessionCreate) -> None:
+        self._room_for(None)
+        session = await self.svc.store.create_session(self.owner, **cmd.fields().new_session())
         self._watch(session["id"], session["title"])
-        self._reply({"type": "session", "session": session}, client_id)
+        self._reply({"type": "session", "session": session}, cmd.client_id)
 
-    async def session_open(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id"})
-        sid = self._session_id(msg)
-        found = await self.svc.store.get_history(sid)
+    async def session_open(self, cmd: bodies.SessionOpen) -> None:
+        self._room_for(cmd.session_id)
+        found = await self.svc.store.get_history(cmd.session_id, self.owner)
         if found is None:
-            raise ServiceError("not_found", f"session '{sid}' not found", param="session_id")
+            raise ServiceError("not_found", f"session '{cmd.session_id}' not found", param="session_id")
         session, messages = found
-        self._watch(sid, session["title"])
-        self._reply({"type": "session", "session": session}, client_id)
-        self._reply({"type": "history", "session_id": sid, "messages": messages}, client_id)
+        self._watch(cmd.session_id, session["title"])
+        self._reply({"type": "session", "session": session}, cmd.client_id)
+        self._reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
 
-    async def message_send(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id", "content", "response_format"})
-        sid = self._session_id(msg)
-        content = content_field(msg)
-        fmt = parse_response_format(msg.get("response_format"))
-        self._track(await self.svc.chat.send(sid, content, sink=self.send, client_id=client_id, response_format=fmt))
+    async def message_send(self, cmd: bodies.MessageSend) -> None:
+        self._room_for(cmd.session_id)
+        self._track(await self.svc.chat.send(cmd.session_id, self.owner, cmd.content, sink=self.send,
+                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key,
+                                             response_format=cmd.response_format))
 
-    async def message_edit(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id", "message_id", "content"})
-        sid = self._session_id(msg)
-        mid = get_str(msg, "message_id", required=True)
-        assert mid is not None
-        content = content_field(msg)
-        self._track(await self.svc.chat.edit(sid, mid, content, sink=self.send, client_id=client_id))
+    async def message_edit(self, cmd: bodies.MessageEdit) -> None:
+        self._room_for(cmd.session_id)
+        self._track(await self.svc.chat.edit(cmd.session_id, self.owner, cmd.message_id, cmd.content,
+                                             sink=self.send, client_id=cmd.client_id))
 
-    async def message_regenerate(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id"})
-        sid = self._session_id(msg)
-        self._track(await self.svc.chat.regenerate(sid, sink=self.send, client_id=client_id))
+    async def message_regenerate(self, cmd: bodies.MessageRegenerate) -> None:
+        self._room_for(cmd.session_id)
+        self._track(await self.svc.chat.regenerate(cmd.session_id, self.owner, sink=self.send,
+                                                   client_id=cmd.client_id))
 
-    async def generation_cancel(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS | {"session_id"})
-        sid = self._session_id(msg)
-        turn = self.svc.chat.turns.get(sid)
-        if turn is None or not self.svc.chat.cancel(sid):
-            raise ServiceError("not_found", f"no reply is being generated in session '{sid}'", param="session_id")
+    async def generation_cancel(self, cmd: bodies.GenerationCancel) -> None:
+        turn = self.svc.chat.running(cmd.session_id, self.owner)
+        if turn is None or not self.svc.chat.cancel(cmd.session_id, self.owner):
+            raise ServiceError("not_found", f"no reply is being generated in session '{cmd.session_id}'",
+                               param="session_id")
         # The turn's own socket gets its `done` event (status "stopped"); another socket gets an acknowledgement.
         if not any(t is turn for t in self.turns):
-            self._reply({"type": "generation.cancelled", "session_id": sid, "message_id": turn.message_id}, client_id)
+            self._reply({"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": turn.message_id},
+                        cmd.client_id)
 
-    async def ping(self, msg: dict[str, Any], client_id: str | None) -> None:
-        check_keys(msg, _BASE_KEYS)
-        self._reply({"type": "pong"}, client_id)
+    async def ping(self, cmd: bodies.Ping) -> None:
+        self._reply({"type": "pong"}, cmd.client_id)
+
+
+def _envelope(raw: str) -> Envelope:
+    """client_id and session_id of a command that failed to decode, when they can be read at all."""
+    try:
+        return msgspec.json.decode(raw, type=Envelope)
+    except Exception:  # not JSON, not an object, wrong types, nested too deeply: address the error to no one
+        return Envelope()
 
 
 @websocket("/ws")
 async def chat_socket(socket: WebSocket) -> None:
+    """The chat protocol (docs/protocol.md). Browsers authenticate with the subprotocols
+    `forge` + `forge.bearer.<base64url key>`; other clients with `Authorization: Bearer <key>`."""
     svc = services(socket)
-    await socket.accept()
+    offered = socket.scope.get("subprotocols") or []
+    await socket.accept(subprotocols=WS_PROTOCOL if WS_PROTOCOL in offered else None)
     svc.metrics.ws_opened()
     conn = Connection(socket, svc)
     svc.connections.add(conn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
@@ -36,8 +36,11 @@ class Base(DeclarativeBase):
 
 class ChatSession(Base):
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_owner_updated_at", "owner", "updated_at"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(32), server_default="")  # app.api.gate.key_id of the key that made it
+    version: Mapped[int] = mapped_column(Integer, server_default="0")  # bumped by every update (no lost updates)
     title: Mapped[str] = mapped_column(String(200))
     system_prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
     settings: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -57,13 +60,15 @@ class ChatSession(Base):
 
 class Message(Base):
     __tablename__ = "messages"
-    __table_args__ = (UniqueConstraint("session_id", "position"),)
+    __table_args__ = (UniqueConstraint("session_id", "position"),
+                      Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(32), ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
     position: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True)  # user messages sent with one
     status: Mapped[str] = mapped_column(String(16))
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)

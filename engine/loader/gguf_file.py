@@ -52,6 +52,14 @@ class GGUFFile:
         assert t.nbytes is not None
         return np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's resident memory once it has been copied out
+        (the file stays mapped; touching the bytes again reads them back from the page cache)."""
+        t = self.tensors[name]
+        if isinstance(self._buf, mmap.mmap) and t.nbytes:
+            start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+            self._buf.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
+
 
 class _Cursor:
     __slots__ = ("buf", "pos", "size")

@@ -15,8 +15,9 @@ from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_file import GGUFFile, read_gguf
 from engine.loader.loaded import LoadedModel
 from engine.loader.names import expected_shapes, tensor_plan, unpermute_qk
-from engine.loader.quant import SUPPORTED_TYPES, dequantize, type_name
+from engine.loader.quant import SUPPORTED_TYPES, dequantize, gguf_weight, type_name
 from engine.tokenizer import Tokenizer, TokenizerError
+from kernels.weight import Weight
 
 # architecture -> whether llama.cpp's converter permuted the Q/K rows (llama does; qwen2 uses NEOX rope and does not)
 ARCHS = {"llama": True, "qwen2": False}
@@ -49,16 +50,23 @@ def load_gguf(path: Path) -> LoadedModel:
         if t.nbytes is None:
             raise ModelLoadError(f"{path}: tensor {name!r} of shape {t.shape} is not a whole number of {t.type_name} blocks")
 
-    def convert(item: tuple[str, str]) -> np.ndarray:
+    def convert(item: tuple[str, str]) -> Weight | np.ndarray:
         canon, name = item
         t = g.tensors[name]
-        w = dequantize(g.raw(name), t.type_id, t.shape)
         kind = canon.rsplit(".", 1)[-1]
-        if ARCHS[arch] and kind in ("q", "k", "q_bias", "k_bias"):
-            w = np.ascontiguousarray(unpermute_qk(w, config.num_heads if kind.startswith("q") else config.num_kv_heads))
+        if len(t.shape) == 1:
+            w = dequantize(g.raw(name), t.type_id, t.shape)
+            if ARCHS[arch] and kind in ("q_bias", "k_bias"):
+                w = np.ascontiguousarray(unpermute_qk(w, config.num_heads if kind == "q_bias" else config.num_kv_heads))
+            return w
+        w = gguf_weight(g.raw(name), t.type_id, t.shape)
+        g.release(name)
+        if ARCHS[arch] and kind in ("q", "k"):
+            n_heads = config.num_heads if kind == "q" else config.num_kv_heads
+            w = w.take_rows(unpermute_qk(np.arange(t.shape[0]), n_heads))
         return w
 
-    # NumPy releases the GIL in the dequantizers: a few threads roughly halve the load time
+    # NumPy releases the GIL while splitting blocks: a few threads roughly halve the load time
     with ThreadPoolExecutor(max_workers=min(4, _cpus())) as pool:
         weights = dict(zip(plan, pool.map(convert, plan.items())))
     counts: Counter[str] = Counter()

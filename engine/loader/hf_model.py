@@ -47,7 +47,10 @@ def load_hf_dir(path: Path) -> LoadedModel:
         want = shapes[canon.rsplit(".", 1)[-1]]
         if t.shape != want:
             raise ModelLoadError(f"{path}: tensor {name!r} has shape {t.shape}, expected {want}")
-    weights = {canon: where[name].get(name) for canon, name in plan.items()}
+    weights = {
+        canon: where[name].weight(name) if len(shapes[canon.rsplit(".", 1)[-1]]) == 2 else where[name].get(name)
+        for canon, name in plan.items()
+    }
     counts: Counter[str] = Counter()
     for name in plan.values():
         t = where[name].tensors[name]

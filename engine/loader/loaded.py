@@ -7,14 +7,15 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from kernels.weight import Weight
 
 
 @dataclass(slots=True)
 class LoadedModel:
-    """Config, float32 weights under canonical names (see engine/loader/names.py), tokenizer, template."""
+    """Config, weights under canonical names (see engine/loader/names.py), tokenizer, template."""
 
     config: ModelConfig
-    weights: dict[str, np.ndarray]  # float32, C-contiguous, HF orientation [out, in]
+    weights: dict[str, Weight | np.ndarray]  # matrices: Weight, HF orientation [out, in]; vectors: float32
     tokenizer: Tokenizer
     chat_template: str | None
     path: str  # the resolved file (GGUF) or directory (HF)

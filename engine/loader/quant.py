@@ -1,9 +1,9 @@
-"""Vectorized NumPy dequantizers for GGML tensor types -> float32.
+"""GGML tensor types: NumPy block splitting (int8 values + float32 group scales) and dequantization.
 
-Block layouts follow ggml-common.h. Each dequantizer mirrors the float operation order of
-llama.cpp's gguf-py reference (`gguf.quants`) so results are bit-identical to it; tests
-check that on random blocks and on the default model. Work is done in chunks of blocks so
-the temporaries stay in cache, which makes this several times faster than the reference.
+Block layouts follow ggml-common.h. Each splitter computes scales and mins with the float
+operations of llama.cpp's gguf-py reference (`gguf.quants`), so dequantized values are
+bit-identical to it; tests check that on random blocks and on the default model. Work is done
+in chunks of blocks so the temporaries stay in cache.
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from kernels.weight import Weight
 
 QK_K = 256
 _CHUNK_VALUES = 1 << 17  # values per chunk: keeps each chunk's temporaries around 0.5-2 MB
@@ -79,17 +81,21 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.stack([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
 
 
-def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
-    d, qs = _f16(b, 0), b[:, 2:18]
-    np.multiply(d, (qs & np.uint8(0x0F)).view(np.int8) - np.int8(8), out=out[:, :16], dtype=np.float32)
-    np.multiply(d, (qs >> np.uint8(4)).view(np.int8) - np.int8(8), out=out[:, 16:], dtype=np.float32)
+# Every block type splits into small integers q (int8, one per value), a float32 scale per group
+# of values and, for the types with an offset, a float32 min per group: value = scale * q + min.
+# The scales and mins are computed with the float operations of gguf-py's reference, and
+# scale * q is exact for every type but Q6_K (where the reference rounds the same product),
+# so `scale * q + min` is bit-identical to `gguf.quants.dequantize`.
+Split = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
-def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
-    d, m, qs = _f16(b, 0), _f16(b, 2), b[:, 4:20]
-    np.multiply(d, qs & np.uint8(0x0F), out=out[:, :16], dtype=np.float32)
-    np.multiply(d, qs >> np.uint8(4), out=out[:, 16:], dtype=np.float32)
-    out += m
+def _q4_0(b: np.ndarray) -> Split:
+    q = _nibbles(b[:, 2:18]).reshape(len(b), 32).view(np.int8) - np.int8(8)
+    return q, _f16(b, 0), None
+
+
+def _q4_1(b: np.ndarray) -> Split:
+    return _nibbles(b[:, 4:20]).reshape(len(b), 32).view(np.int8), _f16(b, 0), _f16(b, 2)
 
 
 def _q5_bits(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -98,39 +104,28 @@ def _q5_bits(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
     return _nibbles(qs).reshape(len(qs), 32) | (high << np.uint8(4))
 
 
-def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
-    d = _f16(b, 0)
-    q = _q5_bits(b[:, 2:6], b[:, 6:22]).view(np.int8) - np.int8(16)
-    np.multiply(d, q, out=out, dtype=np.float32)
+def _q5_0(b: np.ndarray) -> Split:
+    return _q5_bits(b[:, 2:6], b[:, 6:22]).view(np.int8) - np.int8(16), _f16(b, 0), None
 
 
-def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
-    d = _f16(b, 0)
-    m = _f16(b, 2)
-    q = _q5_bits(b[:, 4:8], b[:, 8:24])
-    np.multiply(d, q, out=out, dtype=np.float32)
-    out += m
+def _q5_1(b: np.ndarray) -> Split:
+    return _q5_bits(b[:, 4:8], b[:, 8:24]).view(np.int8), _f16(b, 0), _f16(b, 2)
 
 
-def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
-    d = _f16(b, 0)
-    np.multiply(b[:, 2:34].view(np.int8), d, out=out, dtype=np.float32)
+def _q8_0(b: np.ndarray) -> Split:
+    return b[:, 2:34].view(np.int8), _f16(b, 0), None
 
 
-def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q2_k(b: np.ndarray) -> Split:
     n = len(b)
     scales, qs = b[:, 0:16], b[:, 16:80]
     d, dmin = _f16(b, 80), _f16(b, 82)
-    dl = (d * (scales & np.uint8(0x0F))).reshape(n, 16, 1)
-    ml = (dmin * (scales >> np.uint8(4))).reshape(n, 16, 1)
     shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    q = ((qs.reshape(n, 2, 1, 32) >> shift) & np.uint8(3)).reshape(n, 16, 16)
-    o = out.reshape(n, 16, 16)
-    np.multiply(dl, q, out=o, dtype=np.float32)
-    o -= ml
+    q = ((qs.reshape(n, 2, 1, 32) >> shift) & np.uint8(3)).reshape(n, 256)
+    return q.view(np.int8), d * (scales & np.uint8(0x0F)), -(dmin * (scales >> np.uint8(4)))
 
 
-def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q3_k(b: np.ndarray) -> Split:
     n = len(b)
     hmask, qs, sc = b[:, 0:32], b[:, 32:96], b[:, 96:108]
     d = _f16(b, 108)
@@ -138,12 +133,11 @@ def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
     low = _nibbles(sc[:, 0:8]).reshape(n, 16)
     high = (sc[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16)
     scales = ((low | ((high & np.uint8(3)) << np.uint8(4))).view(np.int8) - np.int8(32)).astype(np.float32)
-    dl = (d * scales).reshape(n, 16, 1)
     ql = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
     qh = (hmask.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
     # the high bit *subtracts* 4 when it is clear
-    q = ql.reshape(n, 16, 16).view(np.int8) - ((qh.reshape(n, 16, 16) ^ np.uint8(1)) << np.uint8(2)).view(np.int8)
-    np.multiply(dl, q, out=out.reshape(n, 16, 16), dtype=np.float32)
+    q = ql.reshape(n, 256).view(np.int8) - ((qh.reshape(n, 256) ^ np.uint8(1)) << np.uint8(2)).view(np.int8)
+    return q, d * scales, None
 
 
 def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,46 +148,36 @@ def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scale, mins
 
 
-def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q4_k(b: np.ndarray) -> Split:
     n = len(b)
-    d, dmin = _f16(b, 0), _f16(b, 2)
     sc, mn = _k_scale_min(b[:, 4:16])
-    dl = (d * sc).reshape(n, 8, 1)
-    ml = (dmin * mn).reshape(n, 8, 1)
-    q = _nibbles(b[:, 16:144].reshape(n * 4, 32)).reshape(n, 8, 32)
-    o = out.reshape(n, 8, 32)
-    np.multiply(dl, q, out=o, dtype=np.float32)
-    o -= ml
+    q = _nibbles(b[:, 16:144].reshape(n * 4, 32)).reshape(n, 256)
+    return q.view(np.int8), _f16(b, 0) * sc, -(_f16(b, 2) * mn)
 
 
-def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q5_k(b: np.ndarray) -> Split:
     n = len(b)
-    d, dmin = _f16(b, 0), _f16(b, 2)
     sc, mn = _k_scale_min(b[:, 4:16])
-    dl = (d * sc).reshape(n, 8, 1)
-    ml = (dmin * mn).reshape(n, 8, 1)
     qh = (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)
     q = _nibbles(b[:, 48:176].reshape(n * 4, 32)).reshape(n, 8, 32) | (qh << np.uint8(4))
-    o = out.reshape(n, 8, 32)
-    np.multiply(dl, q, out=o, dtype=np.float32)
-    o -= ml
+    return q.reshape(n, 256).view(np.int8), _f16(b, 0) * sc, -(_f16(b, 2) * mn)
 
 
-def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q6_k(b: np.ndarray) -> Split:
     n = len(b)
     ql, qh, scales = b[:, 0:128], b[:, 128:192], b[:, 192:208].view(np.int8)
-    d = _f16(b, 208)
-    dl = (d * scales).reshape(n, 16, 1)
     low = _nibbles(ql.reshape(n * 2, 64)).reshape(n, 8, 32)
     high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)).reshape(n, 8, 32)
     q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
-    np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16), dtype=np.float32)
+    return q.reshape(n, 256), _f16(b, 208) * scales, None
 
 
-_BLOCK_FNS: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {
-    2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
-    10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k,
+# type id -> (splitter, values per scale group)
+_BLOCK_FNS: dict[int, tuple[Callable[[np.ndarray], Split], int]] = {
+    2: (_q4_0, 32), 3: (_q4_1, 32), 6: (_q5_0, 32), 7: (_q5_1, 32), 8: (_q8_0, 32),
+    10: (_q2_k, 16), 11: (_q3_k, 16), 12: (_q4_k, 32), 13: (_q5_k, 32), 14: (_q6_k, 16),
 }
+_FOUR_BIT = frozenset({2, 3, 12})  # Q4_0, Q4_1, Q4_K: packed two values a byte
 _FLOAT_TYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype("<u2")}  # 30: BF16 as raw bits
 SUPPORTED_TYPES: frozenset[int] = frozenset(_BLOCK_FNS) | frozenset(_FLOAT_TYPES)
 
@@ -204,11 +188,7 @@ def nbytes_of(type_id: int, n_values: int) -> int:
     return n_values // t.block_size * t.type_size
 
 
-def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-    """Raw little-endian tensor bytes (any uint8 array/view, e.g. an mmap slice) -> new C-contiguous float32 array of `shape`.
-
-    Raises ValueError for an unsupported type or a byte count that does not match `shape`.
-    """
+def _check(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> tuple[GGMLType, np.ndarray]:
     if type_id not in SUPPORTED_TYPES:
         raise ValueError(f"unsupported tensor type {type_name(type_id)}")
     t = GGML_TYPES[type_id]
@@ -218,15 +198,58 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
     raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
     if raw.size != nbytes_of(type_id, n_values):
         raise ValueError(f"{t.name} tensor of shape {shape} needs {nbytes_of(type_id, n_values)} bytes, got {raw.size}")
+    return t, raw
+
+
+def split(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
+    """Raw bytes of a block-quantized [rows, cols] tensor -> a q4 (4-bit types) or q8 Weight.
+
+    Raises ValueError for a float or unsupported type, or a byte count that does not match `shape`.
+    """
+    t, raw = _check(raw, type_id, shape)
+    if type_id not in _BLOCK_FNS:
+        raise ValueError(f"{t.name} is not a block-quantized type")
+    rows, cols = shape
+    fn, group = _BLOCK_FNS[type_id]
+    blocks = raw.reshape(-1, t.type_size)
+    per_block = t.block_size // group
+    q = np.empty((len(blocks), t.block_size), dtype=np.int8)
+    scale = np.empty((len(blocks), per_block), dtype=np.float32)
+    mins = None
+    step = max(1, _CHUNK_VALUES // t.block_size)
+    for i in range(0, len(blocks), step):
+        bq, bs, bm = fn(blocks[i : i + step])
+        q[i : i + step] = bq
+        scale[i : i + step] = bs
+        if bm is not None:
+            if mins is None:
+                mins = np.empty_like(scale)
+            mins[i : i + step] = bm
+    ng = cols // group
+    w = Weight("q8", q.reshape(rows, cols), scale.reshape(rows, ng), None if mins is None else mins.reshape(rows, ng), group)
+    return w.to_q4() if type_id in _FOUR_BIT else w
+
+
+def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw little-endian tensor bytes (any uint8 array/view, e.g. an mmap slice) -> new C-contiguous float32 array of `shape`.
+
+    Raises ValueError for an unsupported type or a byte count that does not match `shape`.
+    """
+    t, raw = _check(raw, type_id, shape)
     if type_id in _FLOAT_TYPES:
         src = raw.view(_FLOAT_TYPES[type_id])
         if type_id == 30:
             return (src.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
         return src.astype(np.float32).reshape(shape)  # astype copies, even for F32
-    out = np.empty((n_values // t.block_size, t.block_size), dtype=np.float32)
-    blocks = raw.reshape(-1, t.type_size)
-    step = max(1, _CHUNK_VALUES // t.block_size)
-    fn = _BLOCK_FNS[type_id]
-    for i in range(0, len(blocks), step):
-        fn(blocks[i : i + step], out[i : i + step])
-    return out.reshape(shape)
+    n_values = raw.size // t.type_size * t.block_size
+    return split(raw, type_id, (1, n_values)).dequantize().reshape(shape)
+
+
+
+def gguf_weight(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
+    """A GGUF matrix's bytes -> a Weight: block types split to q8, F16/BF16/F32 copied as they are."""
+    if type_id in _BLOCK_FNS:
+        return split(raw, type_id, shape)
+    _check(raw, type_id, shape)
+    data = np.array(np.asarray(raw, dtype=np.uint8).view(_FLOAT_TYPES[type_id]).reshape(shape))
+    return Weight({0: "f32", 1: "f16", 30: "bf16"}[type_id], data)

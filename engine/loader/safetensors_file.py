@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.loader.errors import ModelLoadError
+from kernels.weight import Weight
 
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -46,6 +47,16 @@ class SafetensorsFile:
         if t.dtype == "BF16":
             return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(t.shape)
         return raw.astype(np.float32).reshape(t.shape)
+
+
+    def weight(self, name: str) -> Weight:
+        """A 2-D tensor as a Weight of its own precision (F32, F16, BF16), copied out of the mapping."""
+        t = self.tensors[name]
+        if t.dtype not in _DTYPES:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} has unsupported dtype {t.dtype} (supported: F32, F16, BF16)")
+        count = int(np.prod(t.shape, dtype=np.int64))
+        raw = np.frombuffer(self._buf, dtype=_DTYPES[t.dtype], count=count, offset=t.start).reshape(t.shape)
+        return Weight(t.dtype.lower(), raw.copy())
 
 
 def read_safetensors(path: str | Path) -> SafetensorsFile:

@@ -15,54 +15,54 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.model.rope import rope_cos_sin, rope_inv_freq
 from kernels.attention_meta import AttentionMetadata
+from kernels.weight import Weight, concat_rows
 
 
 @dataclass(slots=True)
 class LayerWeights:
-    """One layer on the backend. Projections are input-major [in, out], as `backend.linear` takes them."""
+    """One layer, each matrix prepared by the backend (`backend.prepare_linear`)."""
 
     attn_norm: Any
-    qkv: Any  # [D, (H + 2 * Hkv) * Dh]: q, k and v projections fused into one GEMM
+    qkv: Any  # q, k and v projections stacked along the output: one product
     qkv_bias: Any | None
     o: Any
     ffn_norm: Any
-    gate_up: Any  # [D, 2F]: gate and up fused
+    gate_up: Any  # gate and up stacked: one product
     down: Any
-
-
-def _input_major(*weights: np.ndarray) -> np.ndarray:
-    """HF [out, in] matrices, concatenated along `out`, as one C-contiguous [in, sum(out)]."""
-    return np.ascontiguousarray(np.concatenate(weights).T)
 
 
 class LlamaModel:
     """Weights on a backend plus the forward pass. Stateless apart from the KV arrays passed in."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Any) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False) -> None:
+        """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32
+        vectors otherwise. `take=True` pops each one from the dict once prepared, so that the
+        unfused parts can be freed while the rest is still being prepared (lower peak memory)."""
         self.config, self.backend = config, backend
         be = backend
-        self.num_params = sum(int(w.size) for w in weights.values())
+        self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
+        get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
-            w = lambda name: weights[f"layers.{i}.{name}"]  # noqa: E731
+            w = lambda name: get(f"layers.{i}.{name}")  # noqa: E731
             bias = None
             if config.attention_bias:
                 bias = be.asarray(np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]))
             self.layers.append(
                 LayerWeights(
                     attn_norm=be.asarray(w("attn_norm")),
-                    qkv=be.asarray(_input_major(w("q"), w("k"), w("v"))),
+                    qkv=be.prepare_linear(concat_rows([w("q"), w("k"), w("v")])),
                     qkv_bias=bias,
-                    o=be.asarray(_input_major(w("o"))),
+                    o=be.prepare_linear(w("o")),
                     ffn_norm=be.asarray(w("ffn_norm")),
-                    gate_up=be.asarray(_input_major(w("gate"), w("up"))),
-                    down=be.asarray(_input_major(w("down"))),
+                    gate_up=be.prepare_linear(concat_rows([w("gate"), w("up")])),
+                    down=be.prepare_linear(w("down")),
                 )
             )
-        self.embed = be.asarray(weights["embed"])
-        # Tied models keep the [V, D] table for lookups and an input-major copy for the head.
-        self.lm_head = be.asarray(_input_major(weights["embed" if config.tie_word_embeddings else "lm_head"]))
-        self.final_norm = be.asarray(weights["final_norm"])
+        embed = get("embed")
+        self.embed = be.prepare_embedding(embed)
+        self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else get("lm_head"))
+        self.final_norm = be.asarray(get("final_norm"))
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 
@@ -77,7 +77,7 @@ class LlamaModel:
         """Run T tokens; return float32 host logits [len(logits_rows), vocab]."""
         cfg, be = self.config, self.backend
         T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_end, k_end = H * Dh, (H + Hkv) * Dh
+        be.begin_step()
         cos, sin = (be.asarray(a) for a in rope_cos_sin(self.inv_freq, positions))
 
         h = be.embedding(self.embed, be.asarray(token_ids))
@@ -89,10 +89,7 @@ class LlamaModel:
             else:
                 x, residual = be.add_rms_norm(h, residual, layer.attn_norm, cfg.rms_eps)
             qkv = be.linear(x, layer.qkv, layer.qkv_bias)
-            q = be.rope(qkv[:, :q_end].reshape(T, H, Dh), cos, sin)
-            k = be.rope(qkv[:, q_end:k_end].reshape(T, Hkv, Dh), cos, sin)
-            v = qkv[:, k_end:].reshape(T, Hkv, Dh)
-            be.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            q = be.rope_write_kv(qkv, cos, sin, H, Hkv, k_cache, v_cache, meta.slot_mapping)
             attn = be.paged_attention(q, k_cache, v_cache, meta, self.scale)
             h = be.linear(attn.reshape(T, H * Dh), layer.o)
             x, residual = be.add_rms_norm(h, residual, layer.ffn_norm, cfg.rms_eps)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,22 +82,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`python -m app.server` on a free port with a fresh SQLite file; waits for /ready."""
+@contextmanager
+def run_server(tmp: Path, log_name: str, **env: str) -> Iterator[Server]:
+    """`python -m app.server` on a free port with a fresh SQLite file in `tmp` and FORGE_* `env`; waits for /ready."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(SHOTS, ignore_errors=True)  # only this run's screenshots
     port = _free_port()
-    db = tmp_path_factory.mktemp("e2e-db") / "forge.db"
-    log_path = OUTPUT / "e2e-server.log"
-    env = {**os.environ, "FORGE_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
-    env.pop("FORGE_API_KEY", None)
+    log_path = OUTPUT / log_name
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}, **env, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port),
-             "--db", f"sqlite+aiosqlite:///{db}"],
+             "--db", f"sqlite+aiosqlite:///{tmp / 'forge.db'}"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    srv = Server(base_url=f"http://127.0.0.1:{port}", admin_token=ADMIN_TOKEN, log_path=log_path, proc=proc)
+    srv = Server(base_url=f"http://127.0.0.1:{port}", admin_token=env.get("FORGE_ADMIN_TOKEN", ""),
+                 log_path=log_path, proc=proc)
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         while True:
@@ -119,6 +118,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The UI tests' server: no API key (the loopback default), an admin token."""
+    shutil.rmtree(SHOTS, ignore_errors=True)  # only this run's screenshots
+    with run_server(tmp_path_factory.mktemp("e2e-db"), "e2e-server.log", FORGE_ADMIN_TOKEN=ADMIN_TOKEN) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

@@ -65,8 +65,8 @@ def test_user_message_with_html_renders_literally(chat, server, screenshot):
     item = page.locator(f'[data-testid="session-item"][data-id="{sid}"]')
     assert item.get_by_test_id("session-name").text_content() == title
     assert page.locator("body script").count() == 0
-    # defence in depth: the page allows only its own scripts
-    csp = page.get_attribute('meta[http-equiv="Content-Security-Policy"]', "content")
+    # defence in depth: the page allows only its own scripts (a response header, not a <meta>)
+    csp = server.http.get("/").headers["content-security-policy"]
     assert "script-src 'self'" in csp and "object-src 'none'" in csp
     screenshot(page, "safety-user-html")
 

@@ -20,6 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-api-key"
+OTHER_KEY = "test-other-key"  # a second client of the shared server: sees none of API_KEY's sessions
 ADMIN_TOKEN = "test-admin-token"
 READY_TIMEOUT_S = 300.0  # model load takes seconds, more on a busy 2-core machine
 
@@ -39,6 +40,7 @@ class ServerProcess:
     api_key: str | None = API_KEY
     admin_token: str | None = ADMIN_TOKEN
     keepalive_s: float = 0.05
+    env: dict[str, str] = field(default_factory=dict)  # FORGE_* settings without a flag
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -58,11 +60,11 @@ class ServerProcess:
         args = [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(self.port),
                 "--db", self.db_url, "--keepalive-s", str(self.keepalive_s), "--log-level", "info"]
         if self.api_key:
-            args += ["--api-key", self.api_key]
+            args += ["--api-key", self.api_key, "--api-key", OTHER_KEY]
         if self.admin_token:
             args += ["--admin-token", self.admin_token]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
-        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env, PYTHONUNBUFFERED="1")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -114,6 +116,11 @@ class ServerProcess:
 
     # -- small helpers for tests --------------------------------------------------------------
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The headers that open /api, /ws and /v1 on this server."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
 
@@ -161,7 +168,7 @@ def post_and_leave(server: ServerProcess, path: str, body: dict,
     data = json.dumps(body).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" \
            f"Content-Length: {len(data)}\r\n"
-    for k, v in (headers or {}).items():
+    for k, v in {**server.auth, **(headers or {})}.items():
         head += f"{k}: {v}\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
         s.sendall(head.encode() + b"\r\n" + data)

@@ -1,4 +1,5 @@
-"""The engine against Hugging Face transformers' float32 reference for the default model."""
+"""The engine against Hugging Face transformers' float32 reference for the default model, on the
+numba backend (quantized weights, compiled kernels) and on the float32 NumPy reference backend."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,9 @@ def first_logits(core, prompt: list[int]) -> np.ndarray:
     )[0]
 
 
-@pytest.fixture(scope="module")
-def core(default_model):
-    return make_core(default_model, kv_memory=64 << 20)
+@pytest.fixture(scope="module", params=["numba", "numpy"])
+def core(request, default_model, reference_model):
+    return make_core(default_model if request.param == "numba" else reference_model, kv_memory=64 << 20)
 
 
 def test_prompt_tokens_match_reference(core, reference):

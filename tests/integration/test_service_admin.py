@@ -14,7 +14,7 @@ from tests.integration.conftest import ADMIN_TOKEN, REPO, ServerProcess, wait_id
 
 @pytest.fixture(scope="module")
 def http(server: ServerProcess):
-    with httpx.Client(base_url=server.url, timeout=180) as client:
+    with httpx.Client(base_url=server.url, timeout=180, headers=server.auth) as client:
         yield client
 
 
@@ -83,7 +83,7 @@ def test_metrics_follow_a_generation(http: httpx.Client, server: ServerProcess) 
 
 async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: ServerProcess) -> None:
     before = scrape(http)["forge_websocket_connections_total"]
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         await ws.send(json.dumps({"type": "session.create", "title": "watched"}))
         sid = json.loads(await asyncio.wait_for(ws.recv(), 60))["session"]["id"]
         stats = server.stats()

@@ -13,7 +13,7 @@ MISSING = "0" * 32
 
 @pytest.fixture(scope="module")
 def http(server: ServerProcess):
-    with httpx.Client(base_url=server.url, timeout=180) as client:
+    with httpx.Client(base_url=server.url, timeout=180, headers=server.auth) as client:
         yield client
 
 
@@ -48,7 +48,15 @@ def snapshot(http: httpx.Client) -> tuple[list, dict]:
     ("POST", "/api/sessions", {"system_prompt": ["a"]}, 400, "system_prompt"),
     ("POST", "/api/sessions/import", {"forge_export": 2, "session": {}, "messages": []}, 400, "forge_export"),
     ("POST", "/api/sessions/import", {"forge_export": 1, "session": {}, "messages": [{"role": "x", "content": ""}]},
-     400, "messages"),
+     400, "messages[0].role"),
+    ("POST", "/api/sessions/import", {"forge_export": 1, "session": {},
+                                      "messages": [{"role": "user", "content": "x"}] * 10_001}, 400, "messages"),
+    ("POST", "/api/sessions/import",
+     b'{"forge_export": 1, "session": {}, "messages": [{"role": "user", "content": "x", "ttft_ms": 1e400}]}',
+     400, "messages[0].ttft_ms"),
+    ("POST", "/api/sessions", b'{"settings": {"max_tokens": ' + b"9" * 400 + b"}}", 400, "settings.max_tokens"),
+    ("POST", "/api/sessions", b"[" * 100_000 + b"]" * 100_000, 400, None),
+    ("POST", "/api/sessions", b'{"title": "\\ud800"}', 400, None),
     ("GET", f"/api/sessions/{MISSING}", None, 404, "session_id"),
     ("PATCH", f"/api/sessions/{MISSING}", {"title": "x"}, 404, "session_id"),
     ("DELETE", f"/api/sessions/{MISSING}", None, 404, "session_id"),

@@ -1,4 +1,5 @@
-"""ChatService in-process with the real model: the paths a shared server can't reach on demand."""
+"""ChatService in-process with the real model: the paths a shared server can't reach on demand (a full
+engine queue, a database write that fails), each through a real seam."""
 from __future__ import annotations
 
 import asyncio
@@ -6,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from app.api.errors import ServiceError
 from app.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
 from app.store.migrate import upgrade
 from engine import Engine, GenerationRequest, SamplingParams
+
+ME = "owner"
+GREEDY = {"temperature": 0, "top_p": 1.0, "max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -30,61 +35,104 @@ async def store(tmp_path: Path):
     await s.close()
 
 
-async def test_turns_the_engine_refuses_leave_nothing_stored(tight_engine: Engine, store: Store) -> None:
-    # The service's own queue check passes (limit 1000); the engine's (limit 1) refuses.
-    chat = ChatService(tight_engine, store, Metrics(), max_waiting=1000)
-    session = await store.create_session("New chat", None, {"temperature": 0, "top_p": 1.0, "max_tokens": 4})
-    sid = session["id"]
+async def run_turn(chat: ChatService, sid: str, content: str, **kw) -> list:
     events: list = []
-    turn = await chat.send(sid, "Hello there", sink=events.append)
-    await asyncio.wait_for(turn.task, 120)
+    turn = await chat.send(sid, ME, content, sink=events.append, **kw)
+    if turn is not None:
+        await asyncio.wait_for(turn.task, 120)
+    return events
+
+
+async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(tight_engine: Engine,
+                                                                              store: Store) -> None:
+    chat = ChatService(tight_engine, store, Metrics())
+    sid = (await store.create_session(ME, "New chat", None, GREEDY))["id"]
+    events = await run_turn(chat, sid, "Hello there")
     assert events[-2]["type"] == "done" and events[-2]["status"] == "complete"
-    before = await store.get_history(sid)
+    before = await store.get_history(sid, ME)
     assert before is not None and before[0]["title"] == "Hello there" and len(before[1]) == 2
 
     prompt = tight_engine.render_chat([{"role": "user", "content": "Write a long story about a cat."}])
-    busy = [tight_engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=300, temperature=0)))
-            for _ in range(2)]
-    await anext(busy[0])  # running, the only slot
-    queued = asyncio.create_task(anext(busy[1]))  # waiting behind it
+    running = tight_engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=300, temperature=0)))
+    await anext(running)  # the only running slot
+    waiting = tight_engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=300, temperature=0)))
     try:
-        for _ in range(500):
-            if tight_engine.stats()["waiting"] == 1:
-                break
-            await asyncio.sleep(0.01)
-        assert tight_engine.stats()["waiting"] == 1
-
-        refused = []
-        for start in (lambda sink: chat.send(sid, "Another question", sink=sink),
-                      lambda sink: chat.edit(sid, before[1][0]["id"], "An edited question", sink=sink),
-                      lambda sink: chat.regenerate(sid, sink=sink)):
+        for start in (lambda sink: chat.send(sid, ME, "Another question", sink=sink),
+                      lambda sink: chat.edit(sid, ME, before[1][0]["id"], "An edited question", sink=sink),
+                      lambda sink: chat.regenerate(sid, ME, sink=sink)):
             events = []
-            turn = await start(events.append)
-            await asyncio.wait_for(turn.task, 60)
-            refused.append(events)
-            assert await store.get_history(sid) == before  # exactly as it was: messages, title, times
-            assert sid not in chat.turns
+            with pytest.raises(ServiceError) as refused:
+                await start(events.append)
+            assert refused.value.code == "overloaded" and events == []
+            assert await store.get_history(sid, ME) == before  # exactly as it was: messages, title, times
+            assert sid not in chat.turns and not chat._slots
     finally:
-        queued.cancel()
-        await asyncio.gather(queued, return_exceptions=True)
-        for gen in busy:
-            await gen.aclose()
+        await running.aclose()
+        await waiting.aclose()
 
-    for events in refused:
-        assert events[-1] is None  # the sink was told the turn is over
-        kinds = [e["type"] for e in events[:-1]]
-        assert "message.created" in kinds and kinds[-1] == "error" and "done" not in kinds
-        assert events[-2]["code"] == "overloaded" and events[-2]["message_id"]
-
-    # With room again (the aborts reach the engine within a step), the turn goes through.
-    for _ in range(1000):
+    for _ in range(1000):  # the aborts reach the engine within a step
         stats = tight_engine.stats()
         if stats["waiting"] == 0 and stats["running"] == 0:
             break
         await asyncio.sleep(0.01)
-    events = []
-    turn = await chat.send(sid, "Another question", sink=events.append)
-    await asyncio.wait_for(turn.task, 120)
+    events = await run_turn(chat, sid, "Another question")
     assert events[-2]["type"] == "done" and events[-2]["status"] == "complete"
-    _, messages = await store.get_history(sid)  # type: ignore[misc]
+    _, messages = await store.get_history(sid, ME)  # type: ignore[misc]
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("failures", [1, 99])
+async def test_a_failed_final_save_is_told_and_stored_when_the_store_raises(
+        tight_engine: Engine, store: Store, monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    real = store.finish_reply
+    calls = []
+
+    async def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise OSError("disk I/O error")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "finish_reply", flaky)
+    chat = ChatService(tight_engine, store, Metrics())
+    sid = (await store.create_session(ME, "t", None, GREEDY))["id"]
+    events = await run_turn(chat, sid, "Hello")
+    done = events[-2]
+    stored = (await store.get_history(sid, ME))[1][-1]  # type: ignore[index]
+    assert done["type"] == "done" and stored["id"] == done["message_id"]
+    if failures == 1:  # the retry stored it
+        assert done["status"] == stored["status"] == "complete"
+    else:  # the client hears that the reply is lost, and the database says the same
+        assert events[-3]["type"] == "error" and events[-3]["code"] == "internal"
+        assert done["status"] == stored["status"] == "error"
+
+
+async def test_a_repeated_idempotency_key_stores_the_message_once(tight_engine: Engine, store: Store) -> None:
+    chat = ChatService(tight_engine, store, Metrics())
+    sid = (await store.create_session(ME, "t", None, GREEDY))["id"]
+    first = await run_turn(chat, sid, "Hello", idempotency_key="k-1", client_id="a")
+    again = await run_turn(chat, sid, "Hello", idempotency_key="k-1", client_id="b")
+    _, messages = await store.get_history(sid, ME)  # type: ignore[misc]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert again == [{"type": "history", "session_id": sid, "messages": messages, "client_id": "b"}, None]
+    assert first[-2]["message_id"] == messages[1]["id"]
+    other = await run_turn(chat, sid, "Hello", idempotency_key="k-2")
+    assert other[-2]["status"] == "complete"
+    assert len((await store.get_history(sid, ME))[1]) == 4  # type: ignore[index]
+
+
+async def test_turns_per_key_are_capped(tight_engine: Engine, store: Store) -> None:
+    chat = ChatService(tight_engine, store, Metrics(), turns_per_key=1)
+    a = (await store.create_session(ME, "a", None, dict(GREEDY, max_tokens=50)))["id"]
+    b = (await store.create_session(ME, "b", None, GREEDY))["id"]
+    turn = await chat.send(a, ME, "Count to fifty.", sink=lambda ev: None)
+    with pytest.raises(ServiceError) as refused:
+        await chat.send(b, ME, "Hello", sink=lambda ev: None)
+    assert refused.value.code == "rate_limited"
+    other_owner = (await store.create_session("someone-else", "c", None, GREEDY))["id"]
+    events: list = []
+    t2 = await chat.send(other_owner, "someone-else", "Hello", sink=events.append)  # another key is not limited
+    chat.cancel(a, ME)
+    await asyncio.wait_for(asyncio.gather(turn.task, t2.task), 120)
+    assert events[-2]["status"] == "complete"
+    assert (await run_turn(chat, b, "Hello"))[-2]["status"] == "complete"  # the slot came back

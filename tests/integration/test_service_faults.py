@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from litestar.testing import AsyncTestClient
 
 from app.config import Settings
 from app.main import create_app
-from engine import Engine
+from engine import Engine, EngineOverloaded
 
 SECRET = "secret-detail-4711"
 
@@ -30,16 +29,16 @@ async def engine():
 async def client(engine: Engine, tmp_path_factory: pytest.TempPathFactory):
     db = tmp_path_factory.mktemp("faults") / "forge.db"
     app = create_app(Settings(database_url=f"sqlite+aiosqlite:///{db}", log_level="info"), engine=engine)
-    async with AsyncTestClient(app, timeout=120) as c:
+    async with AsyncTestClient(app, timeout=120, base_url="http://127.0.0.1:8000") as c:
         yield c
 
 
 @pytest.fixture
 def failing_model(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(batch: Any) -> Any:
+    def broken(inputs: Any) -> Any:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setattr(engine.core, "_run_model", broken)
+    monkeypatch.setattr(engine.core.runner, "run", broken)
 
 
 def sse_data(text: str) -> list[Any]:
@@ -69,13 +68,20 @@ async def test_engine_failure_details_stay_in_the_log_when_a_model_step_raises(
 
 
 @pytest.mark.parametrize("path, body", [("/v1/chat/completions", {**CHAT, "stream": True}),
-                                        ("/v1/completions", {"model": "default", "prompt": "Hi", "stream": True})])
-async def test_a_full_queue_is_a_503_before_any_stream_when_the_engine_reports_one(
+                                        ("/v1/completions", {"model": "default", "prompt": "Hi", "stream": True}),
+                                        ("/v1/chat/completions", CHAT)])
+async def test_a_full_queue_is_a_503_before_any_stream_when_the_engine_refuses_admission(
         client: AsyncTestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict) -> None:
-    real = engine.stats
-    monkeypatch.setattr(engine, "stats", lambda: {**real(), "waiting": 10_000})
+    def full(request: Any) -> Any:
+        raise EngineOverloaded("4 requests are already waiting")
+
+    monkeypatch.setattr(engine, "generate", full)
     r = await client.post(path, json=body)
     assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    sid = (await client.post("/api/sessions", json={})).json()["id"]
+    r = await client.post(f"/api/sessions/{sid}/messages", json={"content": "Hello"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    assert (await client.get(f"/api/sessions/{sid}")).json()["messages"] == []  # nothing stored
 
 
 async def test_a_body_cut_short_is_not_logged_as_an_error(client: AsyncTestClient,
@@ -90,7 +96,7 @@ async def test_a_body_cut_short_is_not_logged_as_an_error(client: AsyncTestClien
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"host", b"test")], "server": ("test", 80),
+             "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")], "server": ("127.0.0.1", 80),
              "client": ("127.0.0.1", 1), "root_path": "", "state": {}}
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="forge"):

@@ -14,7 +14,7 @@ from tests.integration.conftest import ServerProcess, post_and_leave, wait_idle
 
 @pytest.fixture(scope="module")
 def http(server: ServerProcess):
-    with httpx.Client(base_url=server.url, timeout=180) as client:
+    with httpx.Client(base_url=server.url, timeout=180, headers=server.auth) as client:
         yield client
 
 

@@ -1,6 +1,8 @@
 """Persistence layer against a real SQLite file migrated by Alembic (no model needed)."""
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
@@ -9,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from app.api.bodies import DEFAULT_SETTINGS, SessionFields, decode
 from app.api.errors import ServiceError
-from app.api.fields import DEFAULT_SETTINGS, session_settings
 from app.config import Settings
 from app.store import Store
 from app.store.migrate import head_revision, upgrade
 
 REPO = Path(__file__).resolve().parents[2]
+ME, OTHER = "owner-a", "owner-b"  # what app.api.gate.key_id makes of two API keys
 
 
 def url_for(path: Path) -> str:
@@ -70,36 +73,36 @@ def test_workers_migrating_at_once_all_succeed(tmp_path: Path) -> None:
 
 
 async def test_sessions_list_newest_first_rename_and_delete_with_messages(store: Store, tmp_path: Path) -> None:
-    a = await store.create_session("a", None, DEFAULT_SETTINGS)
-    b = await store.create_session("b", "be brief", DEFAULT_SETTINGS)
-    c = await store.create_session("c", None, DEFAULT_SETTINGS)
-    assert [s["id"] for s in await store.list_sessions()] == [c["id"], b["id"], a["id"]]
-    renamed = await store.update_session(a["id"], title="renamed")
+    a = await store.create_session(ME, "a", None, DEFAULT_SETTINGS)
+    b = await store.create_session(ME, "b", "be brief", DEFAULT_SETTINGS)
+    c = await store.create_session(ME, "c", None, DEFAULT_SETTINGS)
+    assert [s["id"] for s in await store.list_sessions(ME)] == [c["id"], b["id"], a["id"]]
+    renamed = await store.update_session(a["id"], ME, title="renamed")
     assert renamed is not None and renamed["title"] == "renamed"
-    assert [s["id"] for s in await store.list_sessions()] == [a["id"], c["id"], b["id"]]
-    assert await store.update_session("nope", title="x") is None
+    assert [s["id"] for s in await store.list_sessions(ME)] == [a["id"], c["id"], b["id"]]
+    assert await store.update_session("nope", ME, title="x") is None
 
-    await store.start_reply(b["id"], user_content="hello")
-    session, messages = await store.get_history(b["id"])  # type: ignore[misc]
+    await store.start_reply(b["id"], ME, user_content="hello")
+    session, messages = await store.get_history(b["id"], ME)  # type: ignore[misc]
     assert session["system_prompt"] == "be brief" and len(messages) == 2
-    assert await store.delete_session(b["id"]) is True
-    assert await store.delete_session(b["id"]) is False
-    assert await store.get_history(b["id"]) is None
+    assert await store.delete_session(b["id"], ME) is True
+    assert await store.delete_session(b["id"], ME) is False
+    assert await store.get_history(b["id"], ME) is None
     con = sqlite3.connect(tmp_path / "forge.db")
     assert con.execute("SELECT count(*) FROM messages WHERE session_id = ?", (b["id"],)).fetchone()[0] == 0
     con.close()
 
 
 async def test_reply_lifecycle_edit_and_truncate(store: Store) -> None:
-    s = await store.create_session("t", None, DEFAULT_SETTINGS)
-    started = await store.start_reply(s["id"], user_content="one")
+    s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
+    started = await store.start_reply(s["id"], ME, user_content="one")
     assert started is not None
     _, u1, r1 = started
     assert (u1["position"], u1["role"], u1["status"]) == (0, "user", "complete")
     assert (r1["position"], r1["role"], r1["status"], r1["content"]) == (1, "assistant", "streaming", "")
 
     await store.save_progress(r1["id"], "partial", 3)
-    _, msgs = await store.get_history(s["id"])  # type: ignore[misc]
+    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == ("partial", 3, "streaming")
 
     done = await store.finish_reply(r1["id"], content="partial reply", status="complete", finish_reason="stop",
@@ -107,58 +110,78 @@ async def test_reply_lifecycle_edit_and_truncate(store: Store) -> None:
                                     tokens_per_s=30.0)
     assert done is not None and (done["status"], done["cached_tokens"], done["ttft_ms"]) == ("complete", 4, 12.5)
 
-    _, u2, _ = await store.start_reply(s["id"], user_content="two")  # type: ignore[misc]
+    _, u2, _ = await store.start_reply(s["id"], ME, user_content="two")  # type: ignore[misc]
     assert u2 is not None and u2["position"] == 2
     # Edit the first user message: everything after it goes, a new reply follows it.
-    _, none, r_new = await store.start_reply(s["id"], edit=(u1["id"], "one, edited"), keep_through=0)  # type: ignore[misc]
+    _, none, r_new = await store.start_reply(  # type: ignore[misc]
+        s["id"], ME, edit=(u1["id"], "one, edited"), keep_through=0)
     assert none is None
-    _, msgs = await store.get_history(s["id"])  # type: ignore[misc]
+    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert [(m["position"], m["role"], m["content"]) for m in msgs] == [(0, "user", "one, edited"), (1, "assistant", "")]
     assert msgs[1]["id"] == r_new["id"]
 
-    assert await store.start_reply("missing", user_content="x") is None
+    assert await store.start_reply("missing", ME, user_content="x") is None
     assert await store.finish_reply("missing", content="", status="stopped", finish_reason="abort", prompt_tokens=None,
                                     cached_tokens=None, completion_tokens=None, ttft_ms=None, tokens_per_s=None) is None
 
 
 async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> None:
-    s = await store.create_session("t", None, DEFAULT_SETTINGS)
-    _, _, r = await store.start_reply(s["id"], user_content="q")  # type: ignore[misc]
+    s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
+    _, _, r = await store.start_reply(s["id"], ME, user_content="q")  # type: ignore[misc]
     await store.save_progress(r["id"], "half a rep", 4)
     assert await store.mark_interrupted(older_than_s=3600) == 0  # recent: a live worker may own it
     assert await store.mark_interrupted() == 1
-    _, msgs = await store.get_history(s["id"])  # type: ignore[misc]
+    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert [(m["status"], m["content"]) for m in msgs] == [("complete", "q"), ("interrupted", "half a rep")]
     assert await store.mark_interrupted() == 0
 
 
 async def test_export_import_round_trip_gives_new_ids(store: Store) -> None:
-    s = await store.create_session("trip", "sys", {"temperature": 0.0, "top_p": 1.0, "max_tokens": 7})
-    _, _, r = await store.start_reply(s["id"], user_content="hi")  # type: ignore[misc]
-    exported = await store.export_session(s["id"])
+    s = await store.create_session(ME, "trip", "sys", {"temperature": 0.0, "top_p": 1.0, "max_tokens": 7})
+    _, _, r = await store.start_reply(s["id"], ME, user_content="hi")  # type: ignore[misc]
+    exported = await store.export_session(s["id"], ME)
     assert exported is not None and exported["forge_export"] == 1
-    imported = await store.import_session(exported)
+    imported = await store.import_session(OTHER, exported["session"], exported["messages"])
     assert imported["id"] != s["id"]
     assert (imported["title"], imported["system_prompt"], imported["settings"]) == ("trip", "sys", s["settings"])
-    _, msgs = await store.get_history(imported["id"])  # type: ignore[misc]
+    assert await store.get_history(imported["id"], ME) is None  # it belongs to the importer
+    _, msgs = await store.get_history(imported["id"], OTHER)  # type: ignore[misc]
     assert [(m["role"], m["content"]) for m in msgs] == [("user", "hi"), ("assistant", "")]
     assert msgs[1]["status"] == "interrupted"  # was streaming: nothing generates it in the copy
     assert {m["id"] for m in msgs}.isdisjoint({m["id"] for m in exported["messages"]})
 
-    bad = dict(exported, messages=[{"role": "robot", "content": "x"}])
-    with pytest.raises(ValueError, match=r"messages\[0\]\.role"):
-        await store.import_session(bad)
-    bad = dict(exported, messages=[{"role": "user", "content": "x", "prompt_tokens": -1}])
-    with pytest.raises(ValueError, match=r"messages\[0\]\.prompt_tokens"):
-        await store.import_session(bad)
-    assert len(await store.list_sessions()) == 2  # the refused imports left nothing behind
+
+async def test_sessions_of_another_owner_are_invisible(store: Store) -> None:
+    mine = await store.create_session(ME, "mine", None, DEFAULT_SETTINGS)
+    assert await store.list_sessions(OTHER) == []
+    assert await store.get_session(mine["id"], OTHER) is None
+    assert await store.update_session(mine["id"], OTHER, title="taken") is None
+    assert await store.start_reply(mine["id"], OTHER, user_content="x") is None
+    assert await store.delete_session(mine["id"], OTHER) is False
+    assert await store.export_session(mine["id"], OTHER) is None
+    assert await store.get_history(mine["id"], ME) == (mine, [])  # untouched
+
+
+async def test_concurrent_settings_updates_all_land(store: Store) -> None:
+    sessions = [await store.create_session(ME, f"s{i}", None, DEFAULT_SETTINGS) for i in range(8)]
+    patches = [{"temperature": 1.5}, {"top_p": 0.5}, {"max_tokens": 7}]
+    await asyncio.gather(*(store.update_session(s["id"], ME, settings=p) for s in sessions for p in patches))
+    for s in sessions:
+        merged = (await store.get_session(s["id"], ME))["settings"]  # type: ignore[index]
+        assert merged == {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7}, "an update was lost"
 
 
 def test_settings_from_env_and_overrides() -> None:
     env = {"FORGE_PORT": "9001", "FORGE_DATABASE_URL": "sqlite+aiosqlite:///x.db", "FORGE_API_KEY": "k",
            "FORGE_THREADS": "2", "FORGE_MODEL": "/m.gguf"}
     s = Settings.from_env(env, port=None, model="default")
-    assert (s.port, s.database_url, s.api_key, s.threads, s.model) == (9001, "sqlite+aiosqlite:///x.db", "k", 2, "default")
+    assert (s.port, s.database_url, s.api_keys, s.threads, s.model) == (9001, "sqlite+aiosqlite:///x.db", ("k",), 2,
+                                                                        "default")
+    assert Settings.from_env({"FORGE_API_KEY": "a, b"}).api_keys == ("a", "b")
+    for env, flags in [({"FORGE_API_KEY": ""}, {}), ({"FORGE_API_KEY": "a,,b"}, {}), ({}, {"api_keys": [""]}),
+                       ({"FORGE_ADMIN_TOKEN": ""}, {})]:
+        with pytest.raises(ValueError, match="empty"):  # an empty key never turns auth off
+            Settings.from_env(env, **flags)
     assert Settings.from_env({}).database_url == "sqlite+aiosqlite:///./data/forge.db"
     with pytest.raises(ValueError, match="FORGE_PORT"):
         Settings.from_env({"FORGE_PORT": "eighty"})
@@ -168,14 +191,15 @@ def test_settings_from_env_and_overrides() -> None:
         Settings.from_env({}, colour="red")
 
 
-def test_session_settings_checks_name_the_field() -> None:
-    assert session_settings({"temperature": 0}) == dict(DEFAULT_SETTINGS, temperature=0.0)
+def test_session_fields_name_the_field_they_refuse() -> None:
+    assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session()["settings"] == \
+        dict(DEFAULT_SETTINGS, temperature=0.0)
     cases = [({"temperature": 2.5}, "settings.temperature"), ({"temperature": "hot"}, "settings.temperature"),
              ({"top_p": 0}, "settings.top_p"), ({"max_tokens": -3}, "settings.max_tokens"),
              ({"max_tokens": 1.5}, "settings.max_tokens"), ({"max_tokens": True}, "settings.max_tokens"),
-             ({"seed": 1}, "settings.seed"), ([], "settings")]
+             ({"max_tokens": 10 ** 400}, "settings.max_tokens"), ({"seed": 1}, "settings.seed"), ([], "settings")]
     for value, param in cases:
         with pytest.raises(ServiceError) as exc:
-            session_settings(value)
+            decode(json.dumps({"settings": value}), SessionFields)
         assert exc.value.param == param, value
         assert param in exc.value.message

@@ -52,26 +52,45 @@ def test_json_object_and_regex_on_completions_and_streams(client: openai.OpenAI)
     assert re.fullmatch(pattern, text), text
 
 
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 def test_bad_constraints_are_400s_naming_the_param(server: ServerProcess) -> None:
-    url, headers = server.url + "/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"}
+    url = server.url + "/v1/chat/completions"
     base = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    schema = "response_format.json_schema.schema"
     cases = [
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {}}}}, "response_format", "not"),
         ({"type": "grammar", "lark": "start: nothing_here"}, "response_format", "nothing_here"),
-        ({"type": "xml"}, "response_format.type", "json_schema"),
+        ({"type": "xml"}, "response_format.type", "xml"),
         ({"type": "regex"}, "response_format.pattern", "pattern"),
-        ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema", "schema"),
+        ({"type": "regex", "pattern": ""}, "response_format.pattern", "pattern"),
+        ({"type": "json_object", "schema": {}}, "response_format.schema", "schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, schema, "schema"),
+        # Hostile sizes are refused before anything is compiled.
+        ({"type": "json_schema", "json_schema": {"name": "deep", "schema": nested(40)}}, schema, "levels deep"),
+        ({"type": "json_schema", "json_schema": {"name": "big", "schema": {"enum": ["x" * 1000] * 100}}}, schema, "KiB"),
+        ({"type": "grammar", "lark": "start: " + " | ".join(['"w"'] * 20_000)}, "response_format.lark", "lark"),
     ]
     for fmt, param, words in cases:
         for stream in (False, True):
-            r = httpx.post(url, json={**base, "response_format": fmt, "stream": stream}, headers=headers, timeout=60)
+            r = httpx.post(url, json={**base, "response_format": fmt, "stream": stream}, headers=server.auth, timeout=60)
             assert r.status_code == 400, r.text
             err = r.json()["error"]
             assert err["param"] == param and words in err["message"], err
+    # JSON nested past what any body may hold is refused by the decoder, still a 400.
+    deep = '{"type": "json_schema", "json_schema": {"name": "d", "schema": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}}"
+    body = json.dumps(base)[:-1] + ', "response_format": ' + deep + "}"
+    r = httpx.post(url, content=body, headers={**server.auth, "Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
 
 
 async def test_websocket_message_send_honours_response_format(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         session = await create_session(ws, settings={"temperature": 1.0, "max_tokens": 24})
         sid = session["id"]
         pattern = "(red|green|blue) (cat|dog)"
@@ -91,17 +110,20 @@ async def test_websocket_message_send_honours_response_format(server: ServerProc
 
 
 def test_sse_message_api_takes_response_format(server: ServerProcess) -> None:
-    sid = httpx.post(server.url + "/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 32}}, timeout=30).json()["id"]
+    sid = httpx.post(server.url + "/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 32}},
+                     headers=server.auth, timeout=30).json()["id"]
     body = {"content": "Name a color.", "response_format": {"type": "json_schema", "json_schema": {
         "name": "color", "schema": SCHEMAS["enum"]}}}
-    with httpx.stream("POST", f"{server.url}/api/sessions/{sid}/messages", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{server.url}/api/sessions/{sid}/messages", json=body, headers=server.auth,
+                      timeout=120) as r:
         assert r.status_code == 200
         text = "".join(json.loads(line[5:])["text"] for line in r.iter_lines()
                        if line.startswith("data:") and '"delta"' in line)
     jsonschema.validate(json.loads(text), SCHEMAS["enum"])
-    r = httpx.post(f"{server.url}/api/sessions/{sid}/messages", timeout=30,
+    r = httpx.post(f"{server.url}/api/sessions/{sid}/messages", headers=server.auth, timeout=30,
                    json={"content": "x", "response_format": {"type": "grammar", "lark": "start: /[/"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert len(stored(server, sid)) == 2  # the refused send stored nothing
 
 
 def test_speculation_counters_reach_metrics_and_per_request_override(server: ServerProcess, client: openai.OpenAI) -> None:

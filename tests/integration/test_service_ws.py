@@ -64,7 +64,7 @@ def deltas_text(events: list[dict[str, Any]], message_id: str) -> str:
 
 
 def stored(server: ServerProcess, session_id: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{server.url}/api/sessions/{session_id}", timeout=30)
+    r = httpx.get(f"{server.url}/api/sessions/{session_id}", timeout=30, headers=server.auth)
     r.raise_for_status()
     return r.json()["messages"]
 
@@ -72,7 +72,7 @@ def stored(server: ServerProcess, session_id: str) -> list[dict[str, Any]]:
 async def test_three_turns_reuse_the_cache_and_match_a_cold_run(server: ServerProcess, cold_engine: Engine) -> None:
     questions = ["What is the capital of France?", "And what is the capital of Germany?", "Which of the two is bigger?"]
     history: list[dict[str, str]] = []
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         session = await create_session(ws, settings=GREEDY)
         sid = session["id"]
         for turn, question in enumerate(questions):
@@ -103,7 +103,7 @@ async def test_three_turns_reuse_the_cache_and_match_a_cold_run(server: ServerPr
 
 
 async def test_cancel_mid_reply_stores_a_stopped_partial(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 400}))["id"]
         await ws.send(json.dumps({"type": "message.send", "session_id": sid,
                                   "content": "Write a very long story about a dragon who learns to cook."}))
@@ -123,7 +123,7 @@ async def test_cancel_mid_reply_stores_a_stopped_partial(server: ServerProcess) 
 
 
 async def test_malformed_messages_get_errors_and_the_socket_keeps_working(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         bad = [
             ("{not json", "bad_request", None),
             ("[1, 2]", "bad_request", None),
@@ -153,7 +153,7 @@ async def test_malformed_messages_get_errors_and_the_socket_keeps_working(server
 
 
 async def test_oversized_frame_closes_with_1009(server: ServerProcess) -> None:
-    async with connect(server.ws_url, max_size=None) as ws:
+    async with connect(server.ws_url, max_size=None, additional_headers=server.auth) as ws:
         await ws.send(json.dumps({"type": "message.send", "session_id": "x", "content": "a" * (1 << 20)}))
         with pytest.raises(ConnectionClosed) as exc:
             await recv(ws)
@@ -163,7 +163,7 @@ async def test_oversized_frame_closes_with_1009(server: ServerProcess) -> None:
 
 
 async def test_one_socket_drives_two_sessions_and_busy_is_refused(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         a = (await create_session(ws, settings={"temperature": 0, "max_tokens": 6}))["id"]
         b = (await create_session(ws, settings={"temperature": 0, "max_tokens": 6}))["id"]
         await ws.send(json.dumps({"type": "message.send", "session_id": a, "content": "Name a colour.",
@@ -190,7 +190,7 @@ async def test_one_socket_drives_two_sessions_and_busy_is_refused(server: Server
 
 
 async def test_regenerate_and_edit(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as ws:
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
         sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 8}))["id"]
         await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "What is 2 + 2?"}))
         first = await recv_until(ws, "done", sid)
@@ -220,7 +220,7 @@ async def test_regenerate_and_edit(server: ServerProcess) -> None:
 
 async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess) -> None:
     before = wait_idle(server)["engine"]["kv_blocks_used"]
-    ws = await connect(server.ws_url)
+    ws = await connect(server.ws_url, additional_headers=server.auth)
     sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 400}))["id"]
     await ws.send(json.dumps({"type": "message.send", "session_id": sid,
                               "content": "Tell me a very long story about the sea."}))
@@ -240,7 +240,8 @@ async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess)
 
 
 async def test_cancel_from_another_socket_is_acknowledged(server: ServerProcess) -> None:
-    async with connect(server.ws_url) as owner, connect(server.ws_url) as other:
+    async with connect(server.ws_url, additional_headers=server.auth) as owner, \
+            connect(server.ws_url, additional_headers=server.auth) as other:
         sid = (await create_session(owner, settings={"temperature": 0, "max_tokens": 400}))["id"]
         await owner.send(json.dumps({"type": "message.send", "session_id": sid,
                                      "content": "Write a very long story about a lighthouse."}))

@@ -27,17 +27,23 @@ def test_block_sizes_agree_with_gguf_py():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tid)] == (t.block_size, t.type_size), t.name
 
 
-@pytest.mark.parametrize("type_id", QUANTIZED, ids=lambda t: GGML_TYPES[t].name)
-def test_random_blocks_bit_equal_to_gguf_py(type_id):
+def random_blocks(type_id: int, rows: int, blocks_per_row: int, rng: np.random.Generator) -> np.ndarray:
+    """Random raw blocks [rows, bytes]; every block but the last has finite half-float scales
+    (random scale bytes can be NaN/inf halves: keep most finite so values are compared, not NaNs)."""
     t = GGML_TYPES[type_id]
-    rng = np.random.default_rng(type_id)
-    rows, blocks_per_row = 7, 3
     raw = rng.integers(0, 256, size=(rows, blocks_per_row * t.type_size), dtype=np.uint8)
-    # random scale bytes can be NaN/inf half floats; keep most finite so values are compared, not NaNs
     f16_at = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208]}[type_id]
     blocks = raw.reshape(rows * blocks_per_row, t.type_size)
     for at in f16_at:
         blocks[:-1, at : at + 2] = rng.standard_normal(len(blocks) - 1).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@pytest.mark.parametrize("type_id", QUANTIZED, ids=lambda t: GGML_TYPES[t].name)
+def test_random_blocks_bit_equal_to_gguf_py(type_id):
+    t = GGML_TYPES[type_id]
+    rows, blocks_per_row = 7, 3
+    raw = random_blocks(type_id, rows, blocks_per_row, np.random.default_rng(type_id))
     want = _reference(raw, type_id)
     got = dequantize(raw, type_id, (rows, blocks_per_row * t.block_size))
     assert got.dtype == np.float32 and got.flags.c_contiguous

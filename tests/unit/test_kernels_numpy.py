@@ -230,7 +230,7 @@ def test_get_backend_auto_logs_its_choice(caplog):
     reason = kernels.cupy_unavailable_reason()
     with caplog.at_level(logging.INFO, logger="forge.kernels"):
         be = kernels.get_backend("auto")
-    assert be.name == ("numpy" if reason else "cupy")
+    assert be.name == ("numba" if reason else "cupy")
     assert any(be.name in r.getMessage() for r in caplog.records)
     if reason:
         assert any(reason in r.getMessage() for r in caplog.records)

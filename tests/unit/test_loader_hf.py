@@ -17,6 +17,7 @@ from _gguf_helpers import (
 
 from engine.loader import load_model
 from engine.loader.gguf_file import read_gguf
+from kernels.weight import Weight
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -31,17 +32,20 @@ def test_hf_dir_and_gguf_load_identically(tmp_path, arch, dtype):
     assert (a.name, b.name) == (hf_dir.name, gguf_path.stem)
     assert sorted(a.weights) == sorted(b.weights)
     for k in a.weights:
-        assert a.weights[k].dtype == b.weights[k].dtype == np.float32, k
-        assert a.weights[k].flags.c_contiguous and b.weights[k].flags.c_contiguous, k
-        np.testing.assert_array_equal(a.weights[k], b.weights[k], err_msg=k)
+        wa, wb = a.weights[k], b.weights[k]
+        if isinstance(wa, Weight):  # matrices keep the file's precision
+            assert wa.kind == wb.kind == dtype.lower(), k
+            wa, wb = wa.dequantize(), wb.dequantize()
+        assert wa.dtype == wb.dtype == np.float32, k
+        np.testing.assert_array_equal(wa, wb, err_msg=k)
 
 
 def test_llama_pair_really_exercises_the_permutation(tmp_path):
     hf_dir, gguf_path = write_tiny_pair(tmp_path, "llama")
     raw_q = read_gguf(gguf_path).raw("blk.0.attn_q.weight").view(np.float32).reshape(64, 64)
-    hf_q = load_model(hf_dir).weights["layers.0.q"]
+    hf_q = load_model(hf_dir).weights["layers.0.q"].dequantize()
     assert not np.array_equal(raw_q, hf_q)  # stored permuted ...
-    np.testing.assert_array_equal(load_model(gguf_path).weights["layers.0.q"], hf_q)  # ... loaded unpermuted
+    np.testing.assert_array_equal(load_model(gguf_path).weights["layers.0.q"].dequantize(), hf_q)  # ... loaded unpermuted
 
 
 def test_llama_and_qwen2_shapes_of_the_pair(tmp_path):
@@ -62,8 +66,8 @@ def test_values_match_what_was_written(tmp_path):
     w = hf_weights(spec, len(tiny_vocab()[0]), seed=5)
     m = load_model(write_hf_dir(tmp_path / "m", spec, w, shards=1))
     assert not (tmp_path / "m" / "model.safetensors.index.json").exists()
-    np.testing.assert_array_equal(m.weights["layers.1.down"], w["model.layers.1.mlp.down_proj.weight"])
-    np.testing.assert_array_equal(m.weights["lm_head"], w["lm_head.weight"])
+    np.testing.assert_array_equal(m.weights["layers.1.down"].dequantize(), w["model.layers.1.mlp.down_proj.weight"])
+    np.testing.assert_array_equal(m.weights["lm_head"].dequantize(), w["lm_head.weight"])
     np.testing.assert_array_equal(m.weights["final_norm"], w["model.norm.weight"])
 
 

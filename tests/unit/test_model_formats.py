@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 
 from _gguf_helpers import hf_weights, spec_for, tiny_vocab, write_tiny_pair
-from engine.loader import load_model
+from engine.loader import ModelLoadError, load_model
 from engine.model.llama import LlamaModel
 from kernels import get_backend
 from kernels.attention_meta import build_attention_metadata
 
 
-def paged_logits(path, prompt: list[int], chunks: list[int]) -> np.ndarray:
+def paged_logits(path, prompt: list[int], chunks: list[int], backend: str = "numpy", quantize: str | None = None) -> np.ndarray:
     """Logits at every position, feeding the prompt in `chunks` through a paged cache whose
     blocks are deliberately out of order."""
-    loaded = load_model(path)
-    be = get_backend("numpy")
+    loaded = load_model(path, quantize=quantize)
+    be = get_backend(backend)
     model = LlamaModel(loaded.config, loaded.weights, be)
     c, bs = loaded.config, 4
     n_blocks = -(-len(prompt) // bs)
@@ -73,3 +73,25 @@ def test_safetensors_and_gguf_give_the_same_logits_as_a_dense_reference(tmp_path
     from_gguf = paged_logits(gguf_path, prompt, [4, 1, 6])  # chunked prefill + a decode step
     np.testing.assert_allclose(from_hf, from_gguf, atol=1e-5, rtol=0)
     np.testing.assert_allclose(from_hf, dense_reference(arch, prompt), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_numba_backend_on_float_weights_matches_numpy(tmp_path, arch, dtype):
+    """F32/F16/BF16 matrices stay as they are on the numba backend; chunked prefill + decode."""
+    hf_dir, gguf_path = write_tiny_pair(tmp_path, arch, dtype=dtype)
+    prompt = [5, 17, 42, 8, 99, 23, 61, 7, 150, 3, 77]
+    want = paged_logits(hf_dir, prompt, [len(prompt)])
+    np.testing.assert_allclose(paged_logits(gguf_path, prompt, [4, 1, 6], "numba"), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(paged_logits(hf_dir, prompt, [9, 1, 1], "numba"), want, atol=1e-4, rtol=0)
+
+
+def test_q8_0_at_load_is_close_and_backends_agree(tmp_path):
+    hf_dir, _ = write_tiny_pair(tmp_path, "llama", dtype="BF16")
+    prompt = [5, 17, 42, 8, 99, 23, 61, 7]
+    exact = paged_logits(hf_dir, prompt, [len(prompt)])
+    q8 = paged_logits(hf_dir, prompt, [len(prompt)], "numba", quantize="q8_0")
+    np.testing.assert_allclose(q8, paged_logits(hf_dir, prompt, [len(prompt)], "numpy", quantize="q8_0"), atol=1e-4, rtol=0)
+    assert 0 < np.abs(q8 - exact).max() < 0.02 * np.abs(exact).max()
+    with pytest.raises(ModelLoadError, match="q4_2"):
+        load_model(hf_dir, quantize="q4_2")

@@ -1,0 +1,229 @@
+"""Every request body and WebSocket command as a msgspec Struct: the app's own bounds live here, once.
+
+Bodies are decoded straight into these types (no intermediate dicts), so deep nesting, numbers beyond
+range, NaN and lone surrogates are refused while decoding. `decode` turns every refusal into a
+ServiceError naming the field (`param`); the engine checks its own limits (SamplingParams.validate).
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from app.api.errors import ServiceError
+from app.api.response_format import ResponseFormatField
+
+T = TypeVar("T")
+
+DEFAULT_TITLE = "New chat"
+DEFAULT_SETTINGS: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
+
+Int = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # the engine checks its own ranges
+Count = Annotated[int, Meta(ge=0, le=1 << 40)]
+Seconds = Annotated[float, Meta(ge=0, le=1e9)]
+Id = Annotated[str, Meta(min_length=1, max_length=64)]
+Title = Annotated[str, Meta(max_length=200)]
+SystemPrompt = Annotated[str, Meta(max_length=50_000)]
+Content = Annotated[str, Meta(max_length=100_000)]
+MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]  # the model's context is the real bound, checked per turn
+
+
+def _non_blank(value: str, name: str) -> None:
+    if not value.strip():
+        raise ServiceError("invalid_parameter", f"'{name}' must not be empty", param=name)
+
+
+# -- sessions ---------------------------------------------------------------------------------------
+
+
+class SessionSettings(Struct, forbid_unknown_fields=True):
+    """Sampling settings of a session; a partial object is merged over the current values."""
+
+    temperature: Annotated[float, Meta(ge=0, le=2)] | UnsetType = UNSET
+    top_p: Annotated[float, Meta(gt=0, le=1)] | UnsetType = UNSET
+    max_tokens: MaxTokens | UnsetType = UNSET
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k in self.__struct_fields__ if (v := getattr(self, k)) is not UNSET}
+
+
+class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
+    """`POST /api/sessions`, `PATCH /api/sessions/{id}`: only the fields given change."""
+
+    title: Title | None | UnsetType = UNSET  # null or blank: "New chat"
+    system_prompt: SystemPrompt | None | UnsetType = UNSET  # null: the model's own default
+    settings: SessionSettings | UnsetType = UNSET
+
+    def changes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.title is not UNSET:
+            out["title"] = (self.title or "").strip() or DEFAULT_TITLE
+        if self.system_prompt is not UNSET:
+            out["system_prompt"] = self.system_prompt
+        if self.settings is not UNSET:
+            out["settings"] = self.settings.given()
+        return out
+
+    def new_session(self) -> dict[str, Any]:
+        """Keyword arguments for Store.create_session."""
+        changes = self.changes()
+        return {"title": changes.get("title", DEFAULT_TITLE), "system_prompt": changes.get("system_prompt"),
+                "settings": {**DEFAULT_SETTINGS, **changes.get("settings", {})}}
+
+
+class EditBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """`POST /api/sessions/{id}/messages/{message_id}/edit`."""
+
+    content: Content
+
+    def __post_init__(self) -> None:
+        _non_blank(self.content, "content")
+
+
+class SendBody(EditBody, kw_only=True):
+    """`POST /api/sessions/{id}/messages`."""
+
+    idempotency_key: Id | None = None  # a retried send with the same key is answered, not stored twice
+    response_format: ResponseFormatField | None = None  # constrains this reply (docs/api.md#structured-output)
+
+
+class Empty(Struct, forbid_unknown_fields=True):
+    """A body that may be left out: `{}` at most."""
+
+
+class ImportedMessage(Struct, kw_only=True):
+    """One message of an export; read-only fields of the export (ids, dates) are ignored."""
+
+    role: Literal["system", "user", "assistant"]
+    content: Content
+    status: Literal["streaming", "complete", "stopped", "error", "interrupted"] = "complete"
+    finish_reason: Annotated[str, Meta(max_length=16)] | None = None
+    prompt_tokens: Count | None = None
+    cached_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    ttft_ms: Seconds | None = None
+    tokens_per_s: Annotated[float, Meta(ge=0, le=1e9)] | None = None
+
+
+class ImportedSession(Struct, kw_only=True):
+    title: Title | None = None
+    system_prompt: SystemPrompt | None = None
+    settings: SessionSettings | None = None
+
+
+class Export(Struct, forbid_unknown_fields=True):
+    """`POST /api/sessions/import`: what `GET /api/sessions/{id}/export` gave."""
+
+    forge_export: Literal[1]
+    session: ImportedSession
+    messages: list[ImportedMessage]
+
+
+# -- WebSocket commands (docs/protocol.md) ------------------------------------------------------------
+
+
+class Command(Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    client_id: Annotated[str, Meta(max_length=200)] | None = None  # echoed on every answer
+
+
+class SessionCreate(Command, tag="session.create"):
+    title: Title | None | UnsetType = UNSET
+    system_prompt: SystemPrompt | None | UnsetType = UNSET
+    settings: SessionSettings | UnsetType = UNSET
+
+    def fields(self) -> SessionFields:
+        return SessionFields(title=self.title, system_prompt=self.system_prompt, settings=self.settings)
+
+
+class SessionOpen(Command, tag="session.open"):
+    session_id: Id
+
+
+class MessageSend(Command, tag="message.send"):
+    session_id: Id
+    content: Content
+    idempotency_key: Id | None = None
+    response_format: ResponseFormatField | None = None
+
+    def __post_init__(self) -> None:
+        _non_blank(self.content, "content")
+
+
+class MessageEdit(Command, tag="message.edit"):
+    session_id: Id
+    message_id: Id
+    content: Content
+
+    def __post_init__(self) -> None:
+        _non_blank(self.content, "content")
+
+
+class MessageRegenerate(Command, tag="message.regenerate"):
+    session_id: Id
+
+
+class GenerationCancel(Command, tag="generation.cancel"):
+    session_id: Id
+
+
+class Ping(Command, tag="ping"):
+    pass
+
+
+AnyCommand = SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | GenerationCancel | Ping
+
+
+class Envelope(Struct):
+    """What can be read back from a command that failed to decode, to address the error event."""
+
+    client_id: str | None = None
+    session_id: str | None = None
+
+
+# -- decoding ---------------------------------------------------------------------------------------
+
+_AT = re.compile(r" - at `(?:key` in `)?\$([^`]*)`$")
+_FIELD = re.compile(r"Object (missing required|contains unknown) field `([^`]*)`")
+
+
+def decode(raw: bytes | str, into: type[T], what: str = "request body", unsupported: bool = False) -> T:
+    """Decode JSON `raw` into `into`; a ServiceError naming the field otherwise.
+
+    `unsupported`: unknown fields (and known ones typed `None`) are OpenAI parameters Forge does not
+    implement: code `unsupported_parameter` instead of `bad_request`.
+    """
+    if not raw or (isinstance(raw, bytes) and not raw.strip()):
+        raise ServiceError("bad_request", f"{what} is empty; expected a JSON object")
+    try:
+        return msgspec.json.decode(raw, type=into)
+    except msgspec.ValidationError as e:
+        raise refusal(str(e), unsupported) from None
+    except msgspec.DecodeError as e:
+        raise ServiceError("bad_request", f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ServiceError("bad_request", f"{what} is nested too deeply") from None
+
+
+def refusal(message: str, unsupported: bool = False) -> ServiceError:
+    """msgspec's validation message -> a ServiceError with `param` ("settings.temperature", "messages[0].role")."""
+    m = _AT.search(message)
+    path = m.group(1) if m else ""
+    detail = message[: m.start()] if m else message
+    path = path.split("[...]", 1)[0].lstrip(".")
+    field = _FIELD.match(detail)
+    if field:
+        name = f"{path}.{field.group(2)}" if path else field.group(2)
+        if field.group(1) == "missing required":
+            return ServiceError("bad_request", f"'{name}' is required", param=name)
+        if unsupported:
+            return ServiceError("unsupported_parameter", f"'{name}' is not supported by Forge", param=name)
+        return ServiceError("bad_request", f"unknown field '{name}'", param=name)
+    param = path or None
+    where = f"'{path}'" if path else "the body"
+    if unsupported and detail.startswith("Expected `null`"):
+        return ServiceError("unsupported_parameter", f"{where} is not supported by Forge", param=param)
+    if detail.startswith("Invalid enum") or any(s in detail for s in ("<", ">", "out of range")):
+        return ServiceError("invalid_parameter", f"{where} is out of range: {detail}", param=param)
+    return ServiceError("bad_request", f"{where} is invalid: {detail}", param=param)

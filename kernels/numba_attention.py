@@ -1,0 +1,116 @@
+"""Compiled paged attention for every sequence of a step in one call.
+
+Each work item is (sequence, kv head, tile of query rows): decode rows (one new token) and
+rows of a prefill chunk or a speculative verification (several new tokens over a cached
+prefix) go through the same code. An item copies the keys it can see into a transposed
+scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once), then for
+each query row and each query head of the group: scores over the visible keys (vectorized
+over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.numba_jit import JIT
+
+f32 = np.float32
+ROW_TILE = 16  # query rows per work item of a prefill
+
+
+@njit(**JIT)
+def _gather(k_cache, v_cache, table, kvh, n_keys, kt, v):
+    bs, Dh = k_cache.shape[1], k_cache.shape[3]
+    for l in range(n_keys):
+        blk = table[l // bs]
+        off = l % bs
+        for d in range(Dh):
+            kt[d, l] = k_cache[blk, off, kvh, d]
+            v[l, d] = v_cache[blk, off, kvh, d]
+
+
+@njit(**JIT)
+def _attend_row(qrow, kt, v, n_keys, scale, s, out):
+    """out [Dh] = softmax(scale * qrow . K[:n_keys]) @ V[:n_keys]."""
+    Dh = qrow.shape[0]
+    for l in range(n_keys):
+        s[l] = 0.0
+    for d in range(Dh):
+        qd = qrow[d] * scale
+        for l in range(n_keys):
+            s[l] += qd * kt[d, l]
+    mx = s[0]
+    for l in range(1, n_keys):
+        mx = max(mx, s[l])
+    total = f32(0.0)
+    for l in range(n_keys):
+        e = math.exp(s[l] - mx)
+        s[l] = e
+        total += e
+    for d in range(Dh):
+        out[d] = 0.0
+    for l in range(n_keys):
+        p = s[l]
+        for d in range(Dh):
+            out[d] += p * v[l, d]
+    inv = f32(1.0) / total
+    for d in range(Dh):
+        out[d] *= inv
+
+
+@njit(**JIT)
+def _tiles(query_start):
+    """First work-item tile of each sequence ([B + 1], cumulative)."""
+    B = query_start.shape[0] - 1
+    tiles = np.empty(B + 1, dtype=np.int64)
+    tiles[0] = 0
+    for b in range(B):
+        n = query_start[b + 1] - query_start[b]
+        tiles[b + 1] = tiles[b] + (n + ROW_TILE - 1) // ROW_TILE
+    return tiles
+
+
+@njit(**JIT)
+def _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item):
+    """One (sequence, kv head, row tile) work item."""
+    Hkv = k_cache.shape[2]
+    Dh = q.shape[2]
+    G = q.shape[1] // Hkv
+    kvh = item % Hkv
+    tile = item // Hkv
+    b = np.searchsorted(tiles, tile, side="right") - 1
+    r0, r1 = query_start[b], query_start[b + 1]
+    start = context_lens[b] - (r1 - r0)  # position of the sequence's first new row
+    i0 = r0 + (tile - tiles[b]) * ROW_TILE
+    i1 = min(r1, i0 + ROW_TILE)
+    n_keys = start + (i1 - r0)  # keys visible to the tile's last row
+    kt = np.empty((Dh, n_keys), dtype=np.float32)
+    v = np.empty((n_keys, Dh), dtype=np.float32)
+    s = np.empty(n_keys, dtype=np.float32)
+    _gather(k_cache, v_cache, block_tables[b], kvh, n_keys, kt, v)
+    for i in range(i0, i1):
+        visible = start + (i - r0) + 1
+        for g in range(G):
+            h = kvh * G + g
+            _attend_row(q[i, h], kt, v, visible, scale, s, out[i, h])
+
+
+@njit(parallel=True, **JIT)
+def paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out):
+    """q [T, H, Dh] -> out [T, H, Dh]: causal attention of each sequence's new rows over its paged context.
+
+    Query row i of sequence b (n new rows, context c) sits at position c - n + i and sees keys 0..c-n+i.
+    """
+    tiles = _tiles(query_start)
+    for item in prange(tiles[-1] * k_cache.shape[2]):
+        _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item)
+
+
+@njit(**JIT)
+def paged_attention_serial(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out):
+    """`paged_attention` on the calling thread: for steps too small to pay for a parallel launch."""
+    tiles = _tiles(query_start)
+    for item in range(tiles[-1] * k_cache.shape[2]):
+        _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item)

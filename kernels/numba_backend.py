@@ -1,0 +1,227 @@
+"""Numba backend: the CPU path. Weights stay quantized (kernels/weight.py) and the hot ops are
+compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
+
+Matrix products with few activation rows (decode) read the quantized weight directly in a
+parallel numba kernel. With more rows (prefill, batched decode) each worker thread takes panels
+of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
+single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
+where OpenBLAS's own threads collapse (20x slower with other processes on the cores).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from kernels.attention_meta import AttentionMetadata
+from kernels.numba_attention import paged_attention as paged_attention_kernel
+from kernels.numba_attention import paged_attention_serial
+from kernels.numba_linear import half_dequant, matvec, q4_dequant, q8_dequant
+from kernels.numba_ops import (
+    PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
+)
+from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
+from kernels.numpy_backend import NumpyBackend
+from kernels.weight import Weight
+
+log = logging.getLogger("forge.kernels")
+
+# Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
+MATVEC_MAX_ROWS = 4
+# Attention steps under this many query-key dot products run on the calling thread.
+SERIAL_ATTENTION_DOTS = 1 << 14
+# float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
+PANEL_VALUES = 1 << 18
+
+# 'workqueue', numba's fallback layer, aborts the process when two Python threads launch parallel
+# kernels at once (two engines in one process); 'omp' (GNU libgomp, there wherever gcc is) and
+# 'tbb' do not. Takes effect at the first parallel launch.
+numba.config.THREADING_LAYER = "threadsafe"
+# Idle kernel threads sleep instead of spinning: with another process on a core, spinning
+# workers made each parallel kernel wait for the scheduler (1-2 tok/s instead of tens). Read by
+# libgomp when the first parallel kernel loads it; a value set by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@dataclass(slots=True)
+class Linear:
+    """A weight prepared for `NumbaBackend.linear`: q4/q8 values as [N, groups, bytes per group]."""
+
+    weight: Weight
+    q3: np.ndarray | None
+    min: np.ndarray | None  # an empty [N, 0] array for q8 types without an offset
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape
+
+
+class NumbaBackend(NumpyBackend):
+    """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel."""
+
+    name = "numba"
+    blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
+
+    def __init__(self, threads: int | None = None) -> None:
+        super().__init__()
+        self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
+        self._lut: np.ndarray | None = None
+        # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
+        threadpool_limits(limits=self.blas_threads, user_api="blas")
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
+        self._local = threading.local()  # each worker's panel scratch
+
+    def begin_step(self) -> None:
+        """Bind the calling thread's kernel thread count and dynamic chunking (both thread-local)."""
+        numba.set_num_threads(self.threads)
+        numba.set_parallel_chunksize(1)
+
+    # ---- weights ---------------------------------------------------------------
+    def prepare_linear(self, w: Weight) -> Linear:
+        if w.kind not in ("q4", "q8"):
+            return Linear(w, None, None)
+        n, k = w.shape
+        per_group = w.group // 2 if w.kind == "q4" else w.group
+        mins = w.min if w.min is not None else np.empty((n, 0), dtype=np.float32)
+        return Linear(w, w.data.reshape(n, k // w.group, per_group), mins)
+
+    def prepare_embedding(self, w: Weight) -> Linear:
+        return self.prepare_linear(w)
+
+    def dequantize_rows(self, lin: Linear, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out [len(rows), K] = the weight's `rows` (int64) in float32."""
+        w = lin.weight
+        if w.kind == "q4":
+            q4_dequant(lin.q3, w.scale, lin.min, rows, out)
+        elif w.kind == "q8":
+            q8_dequant(lin.q3, w.scale, lin.min, rows, out)
+        elif w.kind == "f32":
+            np.take(w.data, rows, axis=0, out=out)
+        else:
+            half_dequant(w.data.view(np.uint16), w.kind == "bf16", self._f16_table(), rows, out)
+        return out
+
+    def _f16_table(self) -> np.ndarray:
+        if self._lut is None:
+            self._lut = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        return self._lut
+
+    # ---- ops -------------------------------------------------------------------
+    def embedding(self, table: Linear, ids: Any) -> np.ndarray:
+        ids = np.asarray(ids)
+        n = table.shape[0]
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"embedding ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise ValueError(f"embedding ids out of range [0, {n}): min {ids.min()} max {ids.max()}")
+        return self.dequantize_rows(table, ids.astype(np.int64), np.empty((ids.size, table.shape[1]), dtype=np.float32))
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        out = np.empty_like(x)
+        rms_norm_serial(x, weight, eps, out)
+        return out
+
+    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """In place on `residual` (residual += x), which the caller owns; returns (norm, residual)."""
+        out = np.empty_like(x)
+        fn = add_rms_norm_serial if x.shape[0] < PARALLEL_ROWS else add_rms_norm_parallel
+        fn(x, residual, weight, eps, out)
+        return out, residual
+
+    def linear(self, x: np.ndarray, w: Linear, bias: np.ndarray | None = None) -> np.ndarray:
+        """x [T, K] times the weight [N, K] -> [T, N] (+ bias)."""
+        T, K = x.shape
+        N = w.shape[0]
+        kind = w.weight.kind
+        if kind == "f32":
+            out = x @ w.weight.data.T
+        elif w.q3 is not None and T <= MATVEC_MAX_ROWS:
+            out = np.empty((T, N), dtype=np.float32)
+            matvec(w.q3, w.weight.scale, w.min, x.reshape(T, K // w.weight.group, w.weight.group), out)
+        else:
+            out = self._panels_gemm(x, w)
+        if bias is not None:
+            out += bias
+        return out
+
+    def _panels_gemm(self, x: np.ndarray, w: Linear) -> np.ndarray:
+        T, K = x.shape
+        N = w.shape[0]
+        out = np.empty((T, N), dtype=np.float32)
+        step = max(16, PANEL_VALUES // K)
+
+        def panel(r0: int) -> None:
+            n = min(step, N - r0)
+            scratch = getattr(self._local, "panel", None)
+            if scratch is None or scratch.size < n * K:
+                scratch = self._local.panel = np.empty(step * K, dtype=np.float32)
+            wd = self.dequantize_rows(w, np.arange(r0, r0 + n, dtype=np.int64), scratch[: n * K].reshape(n, K))
+            np.matmul(x, wd.T, out=out[:, r0 : r0 + n])
+
+        starts = range(0, N, step)
+        if self._pool is None or len(starts) == 1:
+            for r0 in starts:
+                panel(r0)
+        else:  # panels handed out one at a time: a worker that loses its core does less of them
+            list(self._pool.map(panel, starts))
+        return out
+
+    def rope_write_kv(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, num_heads: int, num_kv_heads: int,
+                      k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+        rope_write_kv_kernel(qkv, cos, sin, num_heads, num_kv_heads, k_cache, v_cache, slot_mapping)
+        T, Dh = qkv.shape[0], k_cache.shape[3]
+        return qkv[:, : num_heads * Dh].reshape(T, num_heads, Dh)
+
+    def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
+        out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=np.float32)
+        silu_mul_kernel(gate_up, out)
+        return out
+
+    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float) -> np.ndarray:
+        if meta.plan is None:  # validate and size once per step; every layer reuses it
+            tables, ctx, qs = self._plan(q.shape, k_cache.shape, meta)[:3]
+            dots = int(np.dot(np.diff(qs), ctx)) * q.shape[1]
+            meta.plan = tables, ctx, qs, paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
+        tables, ctx, qs, kernel = meta.plan
+        out = np.empty(q.shape, dtype=np.float32)
+        kernel(np.ascontiguousarray(q), k_cache, v_cache, qs, ctx, tables, np.float32(scale), out)
+        return out
+
+
+def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | None = None) -> None:
+    """Compile (or load from the on-disk cache) every kernel signature the model uses, with progress.
+
+    The arrays mirror the model's dtypes and layouts (tests check that a real forward adds no
+    new compilation after this).
+    """
+    rng = np.random.default_rng(0)
+    q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), rng.random((8, 2), dtype=np.float32), None, 32)
+    weights = [backend.prepare_linear(w) for w in (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4())]
+    few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
+    kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
+    qkv = np.ones((2, 24), np.float32)
+    cos, sin = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("matvec", lambda: [backend.linear(few, w) for w in weights]),
+        ("dequantize", lambda: [backend.linear(many, w) for w in weights]),
+        ("rms_norm", lambda: (backend.rms_norm(few, few[0], 1e-5), backend.add_rms_norm(few, few.copy(), few[0], 1e-5))),
+        ("rms_norm (many rows)", lambda: backend.add_rms_norm(many, many.copy(), few[0], 1e-5)),
+        ("rope + kv write", lambda: backend.rope_write_kv(qkv, cos, sin, 1, 1, kv, kv.copy(), np.array([0, 1]))),
+        ("silu_mul", lambda: backend.silu_mul(few)),
+        ("attention", lambda: [kernel(
+            np.ones((2, 1, 8), np.float32), kv, kv, np.array([0, 2]), np.array([2]), np.zeros((1, 1), np.int32),
+            np.float32(1.0), np.empty((2, 1, 8), np.float32)) for kernel in (paged_attention_kernel, paged_attention_serial)]),
+    ]
+    for i, (name, run) in enumerate(steps, 1):
+        if progress:
+            progress(i, len(steps), name)
+        run()
+

@@ -1,0 +1,121 @@
+"""The numba backend (quantized weights, compiled kernels) against the float32 NumPy reference
+on whole-engine runs, its warm-up, and two engines stepping in two threads of one process."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engine_helpers import greedy, make_core, run_all
+from kernels import numba_attention, numba_linear, numba_ops
+from kernels.attention_meta import build_attention_metadata
+from kernels.numba_backend import NumbaBackend, warm_up
+
+TOKENS = 8
+
+
+def prompts(reference) -> list[list[int]]:
+    base = [case["prompt_ids"] for case in reference["prompts"]]
+    return base + [base[0][:7], base[1] + base[2][5:40]]
+
+
+def run(model, reqs, **config) -> dict:
+    for i, req in enumerate(reqs):
+        req.request_id = f"r{i}"
+    return run_all(make_core(model, kv_memory=64 << 20, **config), reqs)
+
+
+def assert_same_tokens(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for rid in want:
+        assert got[rid].token_ids == want[rid].token_ids, rid
+
+
+def test_batched_and_chunked_runs_agree_with_the_float32_reference(default_model, reference_model, reference):
+    """All prompts in one batch, prefills cut into 16-token chunks that share steps with decodes."""
+    reqs = lambda: [greedy(p, TOKENS, ignore_eos=True) for p in prompts(reference)]  # noqa: E731
+    want = run(reference_model, reqs())
+    assert_same_tokens(run(default_model, reqs()), want)
+    assert_same_tokens(run(default_model, reqs(), max_batched_tokens=16), want)
+
+
+def test_prefix_cached_second_run_agrees(default_model, reference_model, reference):
+    p = prompts(reference)[4]
+    core = make_core(default_model, kv_memory=64 << 20)
+    first = run_all(core, [greedy(p[:-9], TOKENS)])  # caches the shared leading blocks
+    second = run_all(core, [greedy(p, TOKENS, ignore_eos=True)])
+    assert first and core.blocks.stats.hit_tokens >= 16
+    cold = run(reference_model, [greedy(p, TOKENS, ignore_eos=True)])
+    assert next(iter(second.values())).token_ids == next(iter(cold.values())).token_ids
+
+
+def test_logits_agree_on_a_multi_row_step_over_a_cached_prefix(default_model, reference_model, reference):
+    """Speculative verification's shape: several new rows of one sequence over a cached prefix,
+    every row's logits returned."""
+    ids = np.asarray(reference["prompts"][0]["prompt_ids"] + reference["prompts"][0]["greedy32_no_eos_stop_ids"][:9])
+    out = []
+    for pair in (default_model, reference_model):
+        model, core = pair[1], make_core(pair, kv_memory=16 << 20)
+        table = list(range(-(-len(ids) // 16)))
+        n0 = len(ids) - 5
+        for lo, hi in ((0, n0), (n0, len(ids))):  # a prefill, then 5 rows at once over it
+            meta = build_attention_metadata([hi - lo], [hi], [table], 16, model.backend)
+            logits = model.forward(ids[lo:hi], np.arange(lo, hi), meta, core.runner.kv_caches, np.arange(hi - lo))
+        out.append(logits)
+    assert out[0].shape == (5, 49152)
+    np.testing.assert_allclose(out[0], out[1], atol=2e-3, rtol=0)
+    assert (out[0].argmax(axis=1) == out[1].argmax(axis=1)).all()
+
+
+def _signatures() -> dict[str, int]:
+    return {
+        f"{mod.__name__}.{name}": len(fn.signatures)
+        for mod in (numba_linear, numba_ops, numba_attention)
+        for name, fn in vars(mod).items()
+        if hasattr(fn, "signatures")
+    }
+
+
+def test_warm_up_compiles_everything_a_forward_needs(default_model, reference):
+    _, model = default_model
+    warm_up(model.backend)
+    before = _signatures()
+    reqs = [greedy(p, 3) for p in prompts(reference)[:2]] + [greedy(list(range(5, 80)), 2)]
+    run(default_model, reqs)  # prefill over 64 rows, batched and single decodes, attention over many blocks
+    run(default_model, [greedy(prompts(reference)[3], 2)])
+    assert _signatures() == before, "a forward compiled a kernel signature that warm_up did not"
+
+
+def test_two_engines_step_in_two_threads_of_one_process(loaded_default, reference):
+    """Parallel kernels launched from two Python threads at once must neither crash nor mix results."""
+    from engine.model.llama import LlamaModel
+
+    models = [(loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2))) for _ in range(2)]
+    work = [[greedy(p, TOKENS, ignore_eos=True) for p in prompts(reference)[i::2]] for i in range(2)]
+    solo = [run(m, [greedy(r.prompt_token_ids, TOKENS, ignore_eos=True) for r in w]) for m, w in zip(models, work)]
+    results: list[dict | BaseException] = [{}, {}]
+
+    def drive(i: int) -> None:
+        try:
+            results[i] = run(models[i], work[i])
+        except BaseException as exc:  # surfaced below
+            results[i] = exc
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    for i in range(2):
+        if isinstance(results[i], BaseException):
+            raise results[i]
+        assert_same_tokens(results[i], solo[i])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_count_is_honoured_and_capped(threads):
+    import numba
+
+    be = NumbaBackend(threads)
+    assert be.threads == min(threads, numba.config.NUMBA_NUM_THREADS)

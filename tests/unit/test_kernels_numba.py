@@ -1,0 +1,184 @@
+"""The numba backend's compiled kernels against the NumPy reference and gguf-py.
+
+Shapes include row counts that are not multiples of the 4-row blocks or the 32-row work chunks,
+and every GGML type the loader keeps: block types as q4/q8 weights, F16/BF16/F32 as they are.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_dequant import QUANTIZED, random_blocks
+from test_kernels_numpy import (  # the same op semantics, run here against the numba backend
+    test_add_rms_norm_returns_sum_and_its_norm,
+    test_paged_attention_decode_flag_and_mixed_agree,
+    test_paged_attention_matches_dense_causal,
+    test_paged_attention_rejects_mismatched_metadata,
+    test_paged_attention_tiled_long_prefill,
+    test_rms_norm_matches_formula,
+    test_silu_mul_matches_formula,
+)
+
+from engine.loader.quant import GGML_TYPES, gguf_weight, split
+from kernels import numba_attention, numba_linear
+from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
+from kernels.numba_ops import PARALLEL_ROWS
+from kernels.numpy_backend import NumpyBackend
+from kernels.weight import Weight, concat_rows, quantize_q8_0
+
+__all__ = [  # re-exported tests (keeps linters from calling the imports unused)
+    "test_add_rms_norm_returns_sum_and_its_norm", "test_paged_attention_decode_flag_and_mixed_agree",
+    "test_paged_attention_matches_dense_causal", "test_paged_attention_rejects_mismatched_metadata",
+    "test_paged_attention_tiled_long_prefill", "test_rms_norm_matches_formula", "test_silu_mul_matches_formula",
+]
+NAMES = {t: GGML_TYPES[t].name for t in GGML_TYPES}
+
+
+@pytest.fixture(scope="module")
+def be() -> NumbaBackend:
+    return NumbaBackend(threads=2)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def quantized(type_id: int, rows: int, cols: int, rng: np.random.Generator) -> tuple[Weight, np.ndarray]:
+    """A random [rows, cols] weight of a GGML block type and gguf-py's float32 dequantization of it."""
+    t = GGML_TYPES[type_id]
+    raw = random_blocks(type_id, rows, cols // t.block_size, rng)
+    raw[-1] = raw[0]  # random_blocks leaves the last block's scales random (maybe NaN): not wanted here
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id)).reshape(rows, cols)
+    return split(raw, type_id, (rows, cols)), want
+
+
+def float_weight(kind: str, rows: int, cols: int, rng: np.random.Generator) -> tuple[Weight, np.ndarray]:
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    type_id = {"f32": 0, "f16": 1, "bf16": 30}[kind]
+    raw = x.astype(np.float16) if kind == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16) if kind == "bf16" else x
+    w = gguf_weight(raw.view(np.uint8), type_id, (rows, cols))
+    return w, w.dequantize()
+
+
+@pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
+def test_in_kernel_dequantization_is_bit_equal_to_gguf_py(be, rng, type_id):
+    rows, cols = 37, 2 * GGML_TYPES[type_id].block_size
+    w, want = quantized(type_id, rows, cols, rng)
+    assert w.kind == ("q4" if NAMES[type_id] in ("Q4_0", "Q4_1", "Q4_K") else "q8")
+    assert np.isfinite(want).all()
+    lin = be.prepare_linear(w)
+    picked = np.array([36, 0, 5, 5, 17])
+    got = be.dequantize_rows(lin, picked, np.empty((len(picked), cols), np.float32))
+    np.testing.assert_array_equal(got, want[picked])
+    np.testing.assert_array_equal(w.dequantize(), want)
+    np.testing.assert_array_equal(be.embedding(be.prepare_embedding(w), picked), want[picked])
+
+
+@pytest.mark.parametrize("rows", [1, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 3], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
+def test_linear_over_every_block_type(be, rng, type_id, rows):
+    n, k = 70, 2 * GGML_TYPES[type_id].block_size  # 70 rows: two 32-row chunks and a ragged 6
+    w, dense = quantized(type_id, n, k, rng)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    got = be.linear(x, be.prepare_linear(w), bias)
+    want = x.astype(np.float64) @ dense.T.astype(np.float64) + bias
+    assert got.shape == (rows, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("rows", [1, MATVEC_MAX_ROWS + 1], ids=lambda t: f"T{t}")
+def test_linear_over_float_weights(be, rng, kind, rows):
+    w, dense = float_weight(kind, 45, 40, rng)
+    assert w.kind == kind
+    x = rng.standard_normal((rows, 40)).astype(np.float32)
+    got = be.linear(x, be.prepare_linear(w))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ dense.T, rtol=1e-5, atol=1e-4)
+
+
+def test_linear_matches_the_numpy_backend_on_model_shapes(be, rng):
+    w, _ = quantized(3, 96, 576, rng)  # Q4_1, the default model's matrices
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    ref = NumpyBackend()
+    np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), ref.linear(x, ref.prepare_linear(w)), rtol=1e-4, atol=1e-4)
+
+
+def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch):
+    monkeypatch.setattr("kernels.numba_backend.PANEL_VALUES", 16 * 64)  # 16-row panels over 150 rows
+    w, dense = quantized(8, 150, 64, rng)
+    x = rng.standard_normal((MATVEC_MAX_ROWS + 2, 64)).astype(np.float32)
+    np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), x @ dense.T, rtol=1e-4, atol=1e-3)
+
+
+def test_fused_parts_of_mixed_types_match_their_parts(rng):
+    # Q4_K_M files put Q6_K (groups of 16, no min) beside Q4_K (packed, groups of 32, mins).
+    parts = [quantized(12, 8, 256, rng), quantized(14, 4, 256, rng), quantized(2, 4, 256, rng)]
+    fused = concat_rows([w for w, _ in parts])
+    assert (fused.kind, fused.group) == ("q8", 16)
+    np.testing.assert_array_equal(fused.dequantize(), np.concatenate([d for _, d in parts]))
+    q4 = concat_rows([parts[0][0], parts[2][0]])
+    assert q4.kind == "q4"
+    np.testing.assert_array_equal(q4.dequantize(), np.concatenate([parts[0][1], parts[2][1]]))
+    mixed = concat_rows([parts[0][0], float_weight("f16", 3, 256, rng)[0]])
+    assert mixed.kind == "f32" and mixed.shape == (11, 256)
+
+
+def test_q8_0_quantization_at_load_is_close_and_byte_sized(rng):
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    w = quantize_q8_0(x)
+    assert (w.kind, w.data.dtype, w.group) == ("q8", np.int8, 32)
+    step = np.abs(x).reshape(6, 2, 32).max(axis=2, keepdims=True) / 127
+    assert (np.abs(w.dequantize().reshape(6, 2, 32) - x.reshape(6, 2, 32)) <= step * 0.5 + 1e-3 * step).all()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8_0(np.ones((2, 40), np.float32))
+
+
+def test_embedding_rejects_bad_ids(be, rng):
+    lin = be.prepare_embedding(quantized(8, 10, 32, rng)[0])
+    with pytest.raises(ValueError, match="out of range"):
+        be.embedding(lin, np.array([10]))
+    with pytest.raises(ValueError, match="1-D integer"):
+        be.embedding(lin, np.array([0.5]))
+
+
+@pytest.mark.parametrize("rows", [3, PARALLEL_ROWS + 5], ids=["serial", "parallel"])
+def test_rope_write_kv_and_row_ops_match_numpy(be, rng, rows):
+    ref = NumpyBackend()
+    H, Hkv, Dh, nb, bs = 4, 2, 8, 40, 4
+    qkv = rng.standard_normal((rows, (H + 2 * Hkv) * Dh)).astype(np.float32)
+    ang = rng.uniform(-4, 4, (rows, Dh // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    slots = rng.permutation(nb * bs)[:rows]
+    caches = [[np.zeros((nb, bs, Hkv, Dh), np.float32) for _ in range(2)] for _ in range(2)]
+    q_got = be.rope_write_kv(qkv.copy(), cos, sin, H, Hkv, *caches[0], slots)
+    q_want = ref.rope_write_kv(qkv.copy(), cos, sin, H, Hkv, *caches[1], slots)
+    np.testing.assert_allclose(q_got, q_want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(caches[0], caches[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    x, res, w = (rng.standard_normal((rows, 48)).astype(np.float32) for _ in range(3))
+    got, got_res = be.add_rms_norm(x, res.copy(), w[0], 1e-5)
+    want, want_res = ref.add_rms_norm(x, res.copy(), w[0], 1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_res, want_res, rtol=1e-6)
+    np.testing.assert_allclose(be.silu_mul(x), ref.silu_mul(x), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    monkeypatch.setattr(numba_attention, "ROW_TILE", 16)
+    case = make_case(rng, [(50, 83), (1, 9)], heads=6, kv_heads=2, head_dim=16, block_size=8)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
+    np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_are_cached_on_disk():
+    # cache=True everywhere: a fresh process loads machine code instead of compiling.
+    for fn in (numba_linear.matvec, numba_linear.q4_dequant, numba_attention.paged_attention):
+        assert fn._cache.__class__.__name__ == "FunctionCache", fn
