@@ -15,7 +15,7 @@ from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
-from app.api import admin, openai, pages, sessions, ws
+from app.api import admin, openai, pages, search, sessions, ws
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
 from app.api.state import Services
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
 
     return Litestar(
         route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
-                        pages.static_router, sessions.router, openai.router, ws.chat_socket],
+                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
         lifespan=[lifespan],
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -177,6 +177,11 @@ class Engine:
         return self.core.max_context
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The sampling settings the model's files recommend (SamplingParams names; engine/loader/recommended.py)."""
+        return dict(self.core.loaded.sampling)
+
+    @property
     def model_info(self) -> dict[str, Any]:
         m, c = self.core.loaded, self.core.loaded.config
         return {
@@ -195,6 +200,7 @@ class Engine:
             "kv_block_size": self.core.blocks.block_size,
             "kv_blocks": self.core.blocks.num_blocks,
             "threads": self.threads,
+            "sampling_defaults": self.sampling_defaults,
         }
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:

@@ -28,6 +28,7 @@ from app.api.outbox import Outbox
 from app.api.response_format import compile_response_format
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, ready_services
+from app.defaults import openai_defaults
 
 log = logging.getLogger("forge.openai")
 
@@ -68,8 +69,9 @@ def _check_model(model: str, svc: Services) -> str:
 
 async def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: int | None,
                     logprobs: int | None) -> SamplingParams:
-    """SamplingParams from the body, its `response_format` compiled; the engine checks its own ranges when the
-    request is admitted."""
+    """SamplingParams from the body, its `response_format` compiled and parameters left out taken from
+    app.defaults (the model's recommendation, else OpenAI's; `max_tokens` capped by
+    Settings.default_max_tokens); the engine checks its own ranges when the request is admitted."""
     room = int(svc.engine.max_context) - prompt_len
     if room < 1:
         raise ServiceError("context_length_exceeded", f"the prompt is {prompt_len} tokens; this model's maximum context "
@@ -86,16 +88,17 @@ async def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: 
     def given(value: Any, default: Any) -> Any:
         return default if value is None else value
 
+    defaults = openai_defaults(svc.engine)
     return SamplingParams(
-        max_tokens=given(max_tokens, room),
-        temperature=given(body.temperature, 1.0),
-        top_p=given(body.top_p, 1.0),
+        max_tokens=given(max_tokens, min(room, svc.settings.default_max_tokens)),
+        temperature=given(body.temperature, defaults["temperature"]),
+        top_p=given(body.top_p, defaults["top_p"]),
         n=given(body.n, 1),
         presence_penalty=given(body.presence_penalty, 0.0),
         frequency_penalty=given(body.frequency_penalty, 0.0),
-        top_k=given(body.top_k, 0),
-        min_p=given(body.min_p, 0.0),
-        repetition_penalty=given(body.repetition_penalty, 1.0),
+        top_k=given(body.top_k, defaults["top_k"]),
+        min_p=given(body.min_p, defaults["min_p"]),
+        repetition_penalty=given(body.repetition_penalty, defaults["repetition_penalty"]),
         logit_bias=dict(body.logit_bias or {}),
         seed=body.seed,
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,15 @@ def test_bad_input_gets_a_clear_message_and_exit_code():
     assert "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
     bad_mode = forge("generate", "--speculative", "eagle", "hi")
     assert bad_mode.returncode == 2 and "--speculative" in bad_mode.stderr and "ngram" in bad_mode.stderr
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_the_model(tmp_path):
+    db = tmp_path / "forge.db"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = forge("serve", "--port", str(port), "--db", f"sqlite+aiosqlite:///{db}", "--log-level", "info")
+    assert run.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in run.stderr and "Traceback" not in run.stderr
+    assert "loaded" not in run.stderr and not db.exists()  # neither the model nor the database was touched
