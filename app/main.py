@@ -18,6 +18,7 @@ from litestar.openapi import OpenAPIConfig
 from app.api import admin, openai, pages, search, sessions, ws
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
+from app.api.reference import ApiReference
 from app.api.state import Services
 from app.api.typed import TypedRequest
 from app.chat import ChatService
@@ -83,7 +84,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",
                                      description="Chat sessions, SSE turns and an OpenAI-compatible shim. "
-                                                 "The WebSocket protocol is in docs/protocol.md."),
+                                                 "The WebSocket protocol is in docs/protocol.md.",
+                                     render_plugins=[ApiReference()]),
         logging_config=None,
     )
 
