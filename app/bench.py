@@ -31,9 +31,12 @@ def _raw_prompt(engine: Engine, n_tokens: int, salt: int) -> list[int]:
 
 
 async def _run(engine: Engine, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> dict:
-    """One request (greedy, to max_tokens unless `params`); its final event's numbers, its tokens and
-    the arrival time of every token (a step may bring several: speculative decoding)."""
-    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    """One request (greedy, to max_tokens, no speculation unless `params`); its final event's numbers, its
+    tokens and the arrival time of every token (a step may bring several: speculative decoding).
+
+    The plain rows (prefill, TTFT, decode, aggregate, chat) measure kernels and batching, comparable with
+    llama.cpp's plain decoding; speculation is measured on its own workload (`_speculative`)."""
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
     stamps: list[float] = []
     text: list[str] = []
     token_ids: list[int] = []

@@ -1,0 +1,92 @@
+"""Served decode speed against the engine's own: one chat prompt, greedy, no speculation, decoded
+
+  served     streaming `/v1/chat/completions` on a live `forge serve` (its own server on 127.0.0.1,
+             temp database), read with the official `openai` client: tokens after the first chunk
+             over the time from the first content chunk to the last
+  in-process the same rendered prompt through `Engine.generate` in this process (the server stopped,
+             so the two never share cores): tokens after the first step over the same span
+
+    python scripts/served_speed.py [--max-tokens 128] [--repeats 3] [--threads N]
+
+Prints both medians and their ratio (the service's overhead: HTTP, SSE framing, the event loop).
+A measurement script, not a test: the numbers go in the README.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from openai import OpenAI
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from scripts.reliability import Server  # noqa: E402
+
+from engine import Engine, GenerationRequest, SamplingParams  # noqa: E402
+
+KEY = "served-speed"
+MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
+
+
+def served(srv: Server, max_tokens: int) -> float:
+    client = OpenAI(base_url=srv.url + "/v1", api_key=KEY)
+    stream = client.chat.completions.create(
+        model="default", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body={"speculative": "off"})
+    stamps: list[float] = []
+    tokens = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            stamps.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    # One token a chunk here (no speculation); the first waits for the prefill.
+    return (tokens - 1) / (stamps[-1] - stamps[0])
+
+
+async def in_process(engine: Engine, max_tokens: int) -> float:
+    prompt = engine.render_chat(MESSAGES)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off")
+    stamps: list[float] = []
+    async for ev in engine.generate(GenerationRequest(prompt, params)):
+        stamps += [time.perf_counter()] * len(ev.token_ids)
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+async def in_process_runs(args: argparse.Namespace) -> list[float]:
+    engine = Engine.load(threads=args.threads)
+    try:
+        await in_process(engine, 8)  # warm-up
+        return [await in_process(engine, args.max_tokens) for _ in range(args.repeats)]
+    finally:
+        await engine.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    env = {"FORGE_THREADS": str(args.threads)} if args.threads else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = Server(Path(tmp), [KEY], env).start()
+        try:
+            served(srv, 8)  # warm-up
+            over_http = [served(srv, args.max_tokens) for _ in range(args.repeats)]
+        finally:
+            srv.stop()
+    direct = asyncio.run(in_process_runs(args))
+    a, b = statistics.median(over_http), statistics.median(direct)
+    print(f"served decode      {a:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in over_http)})")
+    print(f"in-process decode  {b:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in direct)})")
+    print(f"served / in-process  {a / b:.2f}")
+
+
+if __name__ == "__main__":
+    main()
