@@ -10,8 +10,10 @@ from engine.types import (
     TokenLogprob,
     Usage,
 )
+from kernels import BackendUnavailable, resolve_backend  # `forge serve` checks the backend before loading
 
 __all__ = [
+    "BackendUnavailable",
     "Engine",
     "EngineOverloaded",
     "GenerationEvent",
@@ -22,4 +24,5 @@ __all__ = [
     "TokenLogprob",
     "Usage",
     "parse_size",
+    "resolve_backend",
 ]

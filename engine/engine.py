@@ -26,7 +26,7 @@ from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
-from kernels import get_backend
+from kernels import get_backend, resolve_backend
 
 log = logging.getLogger("forge.engine")
 
@@ -132,7 +132,8 @@ class Engine:
         progress: Callable[[str], None] | None = None,
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
-        the first time on a machine) and start the step loop.
+        the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
+        once, before loading anything, when `backend` cannot run here ("cupy" without a usable GPU).
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `progress` receives one line per stage (also logged).
@@ -144,8 +145,11 @@ class Engine:
             if progress:
                 progress(line)
 
+        resolve_backend(backend)  # an unusable choice fails here, before the weights load
         loaded = load_model(model, quantize=quantize)
         be = get_backend(backend, threads)
+        if progress:
+            progress(f"kernel backend: {be.choice}")  # get_backend logged it
         if be.name == "numba":
             from kernels.numba_backend import warm_up
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 import numpy as np
 
+from engine.decode_graphs import DecodeGraphs
 from engine.kv_cache import BlockManager
 from engine.loader import LoadedModel
 from engine.model.llama import LlamaModel
@@ -40,6 +41,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_batched_tokens: int = 512
     max_waiting: int = 256
+    cuda_graphs: bool = True  # replay decode steps from CUDA graphs where the backend can (engine/decode_graphs.py)
 
 
 def kv_bytes_per_block(model: LoadedModel, block_size: int, itemsize: int = 4) -> int:
@@ -55,13 +57,15 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         mc = loaded.config
         bs = self.config.block_size
-        num_blocks = self.config.kv_memory // kv_bytes_per_block(loaded, bs)
+        num_blocks = self.config.kv_memory // kv_bytes_per_block(loaded, bs, np.dtype(backend.kv_dtype).itemsize)
         if num_blocks < 2:
             raise ValueError(f"kv_memory {self.config.kv_memory} bytes holds fewer than 2 blocks of {bs} tokens")
+        graphs = self.config.cuda_graphs and hasattr(backend, "capture_graph")
+        cache_blocks = num_blocks + graphs  # + the graphs' pad block, which the block manager never hands out
         self.kv_caches = [
             (
-                backend.empty_kv_cache(num_blocks, bs, mc.num_kv_heads, mc.head_dim, np.float32),
-                backend.empty_kv_cache(num_blocks, bs, mc.num_kv_heads, mc.head_dim, np.float32),
+                backend.empty_kv_cache(cache_blocks, bs, mc.num_kv_heads, mc.head_dim, backend.kv_dtype),
+                backend.empty_kv_cache(cache_blocks, bs, mc.num_kv_heads, mc.head_dim, backend.kv_dtype),
             )
             for _ in range(mc.num_layers)
         ]
@@ -71,6 +75,9 @@ class LLMEngine:
             self.blocks,
         )
         self.max_context = min(mc.max_position, num_blocks * bs)
+        self.graphs = DecodeGraphs(
+            model, self.kv_caches, bs, pad_block=num_blocks, width=-(-self.max_context // bs), max_batch=self.config.max_num_seqs
+        ) if graphs else None
         self.eos_ids = frozenset(mc.eos_token_ids)
         self._seq_ids = itertools.count()
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its live sequences
@@ -178,9 +185,12 @@ class LLMEngine:
             if start + n == seq.num_tokens:  # the chunk reaches the end: sample after it
                 logits_rows.append(row - 1)
                 sampling.append(seq)
-        meta = build_attention_metadata(
-            batch.num_new, context_lens, [s.block_table for s in batch.seqs], self.blocks.block_size, self.backend
-        )
+        tables = [s.block_table for s in batch.seqs]
+        if self.graphs is not None and len(sampling) == row:  # decode only: one new token a sequence, each sampled
+            logits = self.graphs.run(token_ids, [int(p[0]) for p in positions], tables)
+            if logits is not None:
+                return self.backend.to_numpy(logits), sampling
+        meta = build_attention_metadata(batch.num_new, context_lens, tables, self.blocks.block_size, self.backend)
         logits = self.model.forward(
             np.asarray(token_ids, dtype=np.int64),
             np.concatenate(positions),

@@ -27,6 +27,8 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
+    kv_dtype = np.float32
+    choice = ""  # get_backend says what it chose and why
     blas_threads: int | None = None  # None: as many as the engine's threads
 
     def __init__(self) -> None:
@@ -39,6 +41,10 @@ class NumpyBackend:
 
     def to_numpy(self, a: Any) -> np.ndarray:
         return np.asarray(a)
+
+    def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Copy host data into a backend array of the same shape and dtype."""
+        np.copyto(dst, src)
 
     def synchronize(self) -> None:
         """Nothing to wait for on the CPU."""
@@ -110,6 +116,11 @@ class NumpyBackend:
                 raise ValueError(f"linear: bias {bias.shape} should be ({weight.shape[1]},)")
             out += bias
         return out
+
+    def rope_cos_sin(self, inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin float32 [T, len(inv_freq)] at angles positions[t] * inv_freq[j] (float32, as transformers)."""
+        angles = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]
+        return np.cos(angles), np.sin(angles)
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """Rotate-half (NeoX/HF) RoPE on x [T, H, Dh] with cos/sin [T, Dh//2]; in place, returns x."""
