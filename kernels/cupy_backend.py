@@ -3,8 +3,8 @@
 Weights stay as the loader hands them over (kernels/device_weight.py): q4/q8 values and float32
 group scales in device memory. Products with up to GEMV_MAX_ROWS activation rows (decode) read them
 in GEMV kernels that dequantize in registers; with more rows (prefill) panels of the weight are
-dequantized into a float16 scratch and multiplied by cuBLAS (float32 accumulation, float16 result),
-as float16 weights are directly. Activations and the residual stream are float32, the KV cache is
+dequantized into a float16 scratch and multiplied by cuBLAS (float16 inputs, float32 accumulation
+and result), as float16 weights are directly. Activations and the residual stream are float32, the KV cache is
 float16. Norms, RoPE, SiLU, the embedding gather, the KV write and paged attention are CUDA kernels
 from kernels/cuda/*.cu (cupy.RawModule, compiled by NVRTC on first use).
 
@@ -67,6 +67,7 @@ class CupyBackend:
         # Allocated once, so that CUDA graphs may hold its address.
         self._panel = cupy.empty(PANEL_VALUES, dtype=np.float16)
         self._shared: tuple[Weight, DeviceWeight] | None = None
+        self._one, self._zero = np.ones((), np.float32), np.zeros((), np.float32)  # cuBLAS alpha, beta (host)
 
     # ---- kernels ------------------------------------------------------------
     def _kernel(self, name: str) -> Any:
@@ -184,9 +185,10 @@ class CupyBackend:
             for n0 in range(0, N, step):
                 panel = self._panel[: min(step, N - n0) * K].reshape(-1, K)
                 self._dequantize(w, panel, n0, None)
-                out[:, n0 : n0 + panel.shape[0]] = cp.matmul(x16, panel.T)
+                self._gemm_f16(x16, panel, out[:, n0 : n0 + panel.shape[0]])
         elif w.kind == "f16":
-            out = cp.matmul(x.astype(np.float16), w.data.T).astype(np.float32)
+            out = cp.empty((T, N), dtype=np.float32)
+            self._gemm_f16(x.astype(np.float16), w.data, out)
         else:
             out = cp.matmul(x, w.data.T)
         if bias is not None:
@@ -194,6 +196,21 @@ class CupyBackend:
                 raise ValueError(f"linear: bias {bias.shape} should be ({N},)")
             out += bias
         return out
+
+    def _gemm_f16(self, x16: Any, w16: Any, out: Any) -> None:
+        """out [T, n] = x16 [T, K] @ w16 [n, K].T by cuBLAS: float16 in, float32 accumulated and written
+        (cupy.matmul would round the result to float16). `out` may be a column slice of a wider matrix."""
+        (T, K), n = x16.shape, w16.shape[0]
+        if T == 0:
+            return
+        cublas, runtime = self._cp.cuda.cublas, self._cp.cuda.runtime
+        # cuBLAS is column-major: the row-major out [T, n] is a column-major [n, T] matrix whose leading
+        # dimension is out's row stride, and it equals w16 (column-major [K, n], transposed) times x16 ([K, T]).
+        cublas.gemmEx(
+            self._cp.cuda.get_cublas_handle(), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
+            self._one.ctypes.data, w16.data.ptr, runtime.CUDA_R_16F, K, x16.data.ptr, runtime.CUDA_R_16F, K,
+            self._zero.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, out.strides[0] // 4,
+            cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP)
 
     def embedding(self, table: DeviceWeight, ids: Any) -> Any:
         """Rows `ids` [T] of the table, float32 [T, D] (quantized rows bit-equal to Weight.dequantize)."""
