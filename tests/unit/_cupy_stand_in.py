@@ -2,14 +2,17 @@
 
 Arrays are numpy arrays (a subclass with CuPy's `set`). RawModule reads the extern "C" signatures of
 its source, and every launch is checked against them (argument count, pointer element types, scalar
-types, grid and block limits) and recorded. Kernels compute nothing (fresh memory reads as zeros). Stream capture is modelled to enforce what CUDA forbids while capturing (host <-> device
-copies) and what CupyBackend promises (allocations come from the graphs' own pool); a replayed graph
-records its kernel launches again.
+types, grid and block limits) and recorded. With `execute=True` the kernels then run on the CPU
+(_cuda_on_cpu.py: the same CUDA source, built with g++) and fresh memory is filled with 0xFF bytes
+(NaN as floats, -1 as integers) so that unwritten outputs show; otherwise kernels compute nothing and
+fresh memory reads as zeros. Stream capture (without execution) is modelled to enforce what CUDA
+forbids while capturing (host <-> device copies) and what CupyBackend promises (allocations come from
+the graphs' own pool); a replayed graph records its kernel launches again.
 """
 from __future__ import annotations
 
 import contextlib
-import re
+import ctypes
 import sys
 import types
 from dataclasses import dataclass, field
@@ -17,25 +20,19 @@ from typing import Any
 
 import numpy as np
 
+import _cuda_on_cpu
+
 POINTEE = {"float": np.float32, "__half": np.float16, "int": np.int32, "long long": np.int64,
            "unsigned char": np.uint8, "signed char": np.int8}
 SCALAR = {"int": np.int32, "long long": np.int64, "float": np.float32}
 
 
-def signatures(code: str) -> dict[str, list[tuple[str, bool, str]]]:
-    """kernel -> [(C type, is pointer, name)] of each extern "C" kernel's parameters."""
-    out = {}
-    for kernel, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
-        parsed = []
-        for p in params.split(","):
-            words = re.sub(r"\b(const|__restrict__)\b", " ", p).replace("*", " * ").split()
-            parsed.append((" ".join(w for w in words[:-1] if w != "*"), "*" in words, words[-1]))
-        out[kernel] = parsed
-    return out
-
-
 class StandInArray(np.ndarray):
     """What cupy.ndarray offers beyond numpy that the backend uses."""
+
+    @property
+    def data(self) -> Any:  # cupy: a MemoryPointer to the first element
+        return types.SimpleNamespace(ptr=self.ctypes.data)
 
     def set(self, src: np.ndarray, stream: Any = None) -> None:
         _STATE.forbid_transfer("ndarray.set")
@@ -56,6 +53,7 @@ class _State:
     launches: list[Launch] = field(default_factory=list)
     capturing: list[Launch] | None = None  # launches of the graph being captured
     allocator: Any = None
+    execute: bool = False
 
     def forbid_transfer(self, what: str) -> None:
         if self.capturing is not None:
@@ -74,9 +72,20 @@ def _device(a: np.ndarray) -> StandInArray:
     return a.view(StandInArray)
 
 
+def _fresh(fill: Any) -> Any:
+    """np.empty-like allocation: poisoned when kernels execute, else zeros."""
+    def alloc(*a: Any, **k: Any) -> StandInArray:
+        out = fill(*a, **k)
+        if _STATE.execute:
+            out.view(np.uint8).fill(0xFF)
+        return _device(out)
+    return alloc
+
+
 class Kernel:
-    def __init__(self, name: str, params: list[tuple[str, bool, str]]) -> None:
-        self.name, self.params = name, params
+    def __init__(self, code: str, name: str) -> None:
+        self.name, self.params = name, _cuda_on_cpu.signatures(code)[name]
+        self.run = _cuda_on_cpu.Kernel(code, name) if _STATE.execute else None
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         assert len(args) == len(self.params), f"{self.name}: {len(args)} arguments for {len(self.params)} parameters"
@@ -95,14 +104,16 @@ class Kernel:
         _STATE.launches.append(launch)
         if _STATE.capturing is not None:
             _STATE.capturing.append(launch)
+        elif self.run is not None:  # a captured launch runs when its graph is replayed
+            self.run(grid, block, args)
 
 
 class RawModule:
     def __init__(self, code: str, options: tuple = ()) -> None:
-        self.kernels = signatures(code)
+        self.code = code
 
     def get_function(self, name: str) -> Kernel:
-        return Kernel(name, self.kernels[name])
+        return Kernel(self.code, name)
 
 
 class Graph:
@@ -124,6 +135,9 @@ class Stream:
         _STATE.forbid_transfer("synchronize")
 
     def begin_capture(self) -> None:
+        # Work outside the kernels (numpy here, CuPy's own kernels on a GPU) would run now, not at replay.
+        if _STATE.execute:
+            raise NotImplementedError("the stand-in does not capture graphs when kernels execute")
         assert _STATE.capturing is None
         _STATE.capturing = []
 
@@ -141,6 +155,31 @@ class Stream:
 class MemoryPool:
     def malloc(self, nbytes: int) -> None:
         raise AssertionError("the stand-in allocates through numpy")
+
+
+_CUDA_TYPES = {2: np.float16, 0: np.float32}  # cudaDataType: CUDA_R_16F, CUDA_R_32F
+
+
+def _column_major(ptr: int, dtype: Any, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The column-major [rows, cols] matrix with leading dimension ld at address ptr, as a numpy view."""
+    item = np.dtype(dtype).itemsize
+    flat = np.ctypeslib.as_array((ctypes.c_byte * ((ld * (cols - 1) + rows) * item)).from_address(ptr)).view(dtype)
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (item, ld * item))
+
+
+def gemm_ex(handle: Any, transa: int, transb: int, m: int, n: int, k: int, alpha: int, A: int, a_type: int, lda: int,
+            B: int, b_type: int, ldb: int, beta: int, C: int, c_type: int, ldc: int, compute: int, algo: int) -> None:
+    """cublasGemmEx in numpy: C [m, n] = alpha op(A) op(B) + beta C, column-major, float32 arithmetic."""
+    assert compute == 68  # CUBLAS_COMPUTE_32F
+    if _STATE.capturing is not None:  # captured work only runs at replay, which the stand-in does not model
+        return
+    scalar = lambda p: float(ctypes.c_float.from_address(p).value)  # noqa: E731
+    op_a = _column_major(A, _CUDA_TYPES[a_type], *((k, m) if transa else (m, k)), lda)
+    op_b = _column_major(B, _CUDA_TYPES[b_type], *((n, k) if transb else (k, n)), ldb)
+    op_a, op_b = (op_a.T if transa else op_a), (op_b.T if transb else op_b)
+    c = _column_major(C, _CUDA_TYPES[c_type], m, n, ldc)
+    product = scalar(alpha) * (op_a.astype(np.float32) @ op_b.astype(np.float32))
+    c[...] = product if scalar(beta) == 0 else product + scalar(beta) * c  # beta 0: C is not read (cuBLAS)
 
 
 @contextlib.contextmanager
@@ -170,27 +209,30 @@ def asnumpy(a: Any, stream: Any = None) -> np.ndarray:
     return np.array(a)
 
 
-def module() -> types.ModuleType:
-    """A fresh `cupy` stand-in (launch records cleared)."""
+def module(execute: bool = False) -> types.ModuleType:
+    """A fresh `cupy` stand-in (launch records cleared); `execute`: run the kernels on the CPU."""
     _STATE.launches.clear()
-    _STATE.capturing, _STATE.allocator = None, None
+    _STATE.capturing, _STATE.allocator, _STATE.execute = None, None, execute
     cp = types.ModuleType("cupy")
     cp.RawModule, cp.asarray, cp.ascontiguousarray, cp.asnumpy = RawModule, asarray, ascontiguousarray, asnumpy
-    # Fresh memory reads as zeros (the kernels leave their outputs as they were).
-    for name, fn in (("empty", np.zeros), ("zeros", np.zeros), ("empty_like", np.zeros_like), ("take", np.take),
-                     ("matmul", np.matmul), ("argmax", np.argmax)):
+    cp.empty, cp.empty_like = _fresh(np.zeros), _fresh(np.zeros_like)
+    for name, fn in (("zeros", np.zeros), ("full", np.full), ("take", np.take), ("matmul", np.matmul), ("argmax", np.argmax)):
         setattr(cp, name, lambda *a, _fn=fn, **k: _device(np.asarray(_fn(*a, **k))))
     device = types.SimpleNamespace(id=0)
     cp.cuda = types.SimpleNamespace(
         Device=lambda: device, Stream=Stream, MemoryPool=MemoryPool, using_allocator=using_allocator,
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"CuPy stand-in (no GPU)"}),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"CuPy stand-in (no GPU)"},
+                                      CUDA_R_16F=2, CUDA_R_32F=0),
+        cublas=types.SimpleNamespace(gemmEx=gemm_ex, CUBLAS_OP_N=0, CUBLAS_OP_T=1, CUBLAS_COMPUTE_32F=68,
+                                     CUBLAS_GEMM_DEFAULT_TENSOR_OP=99),
+        get_cublas_handle=lambda: 1,
     )
     cp.launches = _STATE.launches
     return cp
 
 
-def install(monkeypatch: Any) -> types.ModuleType:
+def install(monkeypatch: Any, execute: bool = False) -> types.ModuleType:
     """Make `import cupy` give a fresh stand-in for the rest of the test."""
-    cp = module()
+    cp = module(execute)
     monkeypatch.setitem(sys.modules, "cupy", cp)
     return cp
