@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_helpers import greedy, make_core, run_all
+from engine_helpers import greedy, greedy_divergence, make_core, run_all
 from kernels import cupy_unavailable_reason, get_backend
 from kernels.attention_meta import build_attention_metadata
 
@@ -27,15 +27,6 @@ def gpu_model(loaded_default):
     from engine.model.llama import LlamaModel
 
     return loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, get_backend("cupy"))
-
-
-def reference_margin(reference_model, ids: list[int], at: int) -> float:
-    """top-1 minus top-2 of the reference logits for the token at position `at` of `ids`."""
-    core = make_core(reference_model, kv_memory=64 << 20)
-    meta = build_attention_metadata([at], [at], [list(range(-(-at // 16)))], 16, core.backend)
-    logits = core.model.forward(np.asarray(ids[:at]), np.arange(at), meta, core.kv_caches, np.array([at - 1]))[0]
-    top = np.sort(logits)[-2:]
-    return float(top[1] - top[0])
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda_graphs", "eager"])
@@ -55,13 +46,13 @@ def test_greedy_ids_equal_the_numpy_backend(gpu_model, reference_model, referenc
     assert (core.graphs is not None) == graphs and (not graphs or core.graphs._graphs)
     for i, prompt in enumerate(prompts):
         a, b = got[f"r{i}"].token_ids, want[f"r{i}"].token_ids
-        first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if first is None:
+        diverged = greedy_divergence(reference_model, prompt, a, b)
+        if diverged is None:
             print(f"r{i}: {TOKENS} greedy ids equal")
             continue
-        margin = reference_margin(reference_model, prompt + b, len(prompt) + first)
-        print(f"r{i}: first divergence at generated token {first} ({a[first]} vs {b[first]}), reference margin {margin:.4f}")
-        assert margin < NEAR_TIE, f"r{i} diverges at token {first} where the reference margin is {margin:.4f}"
+        at, margin = diverged
+        print(f"r{i}: first divergence at generated token {at} ({a[at]} vs {b[at]}), reference margin {margin:.4f}")
+        assert margin < NEAR_TIE, f"r{i} diverges at token {at} where the reference margin is {margin:.4f}"
 
 
 def test_first_position_logits_close_to_transformers(gpu_model, reference):
