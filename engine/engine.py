@@ -150,12 +150,15 @@ class Engine:
         be = get_backend(backend, threads)
         if progress:
             progress(f"kernel backend: {be.choice}")  # get_backend logged it
+        t1 = time.perf_counter()
         if be.name == "numba":
             from kernels.numba_backend import warm_up
 
-            t1 = time.perf_counter()
             warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
             say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
+        elif be.name == "cupy":
+            be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
+            say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
@@ -192,6 +195,7 @@ class Engine:
             "num_heads": c.num_heads,
             "num_kv_heads": c.num_kv_heads,
             "num_params": self.core.model.num_params,
+            "weight_bytes": self.core.model.weight_bytes,
             "kv_block_size": self.core.blocks.block_size,
             "kv_blocks": self.core.blocks.num_blocks,
             "threads": self.threads,

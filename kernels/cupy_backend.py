@@ -82,6 +82,15 @@ class CupyBackend:
             fn = self._functions[name] = module.get_function(name)
         return fn
 
+    def compile_kernels(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Compile (or load from CuPy's cache) every source now rather than at the first request."""
+        files = sorted(set(KERNELS.values()))
+        for i, file in enumerate(files, 1):
+            if progress:
+                progress(i, len(files), file)
+            for name in (k for k, f in KERNELS.items() if f == file):
+                self._kernel(name)
+
     def _f32(self, a: Any, what: str) -> Any:
         if a.dtype != np.float32:
             raise ValueError(f"{what} must be float32, got {a.dtype}")

@@ -41,6 +41,7 @@ class LlamaModel:
         self.config, self.backend = config, backend
         be = backend
         self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
+        self.weight_bytes = sum(w.nbytes for w in weights.values())  # as loaded: what a decode step reads
         get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):

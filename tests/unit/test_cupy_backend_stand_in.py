@@ -165,3 +165,11 @@ def test_a_failed_capture_leaves_that_bucket_eager(cp, gpu, rng):
     model.forward_device = real
     assert graphs.run([5], [0], [[0]]).shape == (1, 100)  # smaller buckets still capture
     assert graphs.run([5] * 6, [0] * 6, [[0]] * 6) is None
+
+
+def test_compile_kernels_builds_every_source_up_front(gpu):
+    seen = []
+    gpu.compile_kernels(lambda i, n, file: seen.append((i, n, file)))
+    files = sorted(set(KERNELS.values()))
+    assert seen == [(i, len(files), f) for i, f in enumerate(files, 1)]
+    assert set(gpu._functions) == set(KERNELS)
