@@ -23,9 +23,10 @@ MAX_BLOCKS = 4096
 
 
 def gemv_geometry(n_out: int, n_rows: int) -> tuple[tuple[int, int], tuple[int]]:
-    """(grid, block) of gemv_q4 / gemv_q8 for a weight of `n_out` rows times `n_rows` activation rows."""
-    assert n_out > 0 and 0 < n_rows <= GEMV_MAX_ROWS
-    return (-(-n_out // GEMV_WARPS), -(-n_rows // GEMV_ROWS)), (32 * GEMV_WARPS,)
+    """(grid, block) of gemv_q4 / gemv_q8 for a weight of `n_out` rows times `n_rows` activation rows:
+    x walks the activation rows (so blocks sharing weight rows run together), y the weight rows."""
+    assert 0 < n_rows <= GEMV_MAX_ROWS and 0 < n_out <= 65535 * GEMV_WARPS
+    return (-(-n_rows // GEMV_ROWS), -(-n_out // GEMV_WARPS)), (32 * GEMV_WARPS,)
 
 
 def elementwise_blocks(n: int, threads: int = ROW_THREADS) -> int:

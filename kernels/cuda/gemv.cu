@@ -3,9 +3,10 @@
 // with w = scale * q + min per group (layouts as in dequant.cu). Sums in float32; per group the lane adds
 // scale * sum(x * q) + min * sum(x).
 //
-// Block: GEMV_WARPS warps, warp w takes weight row blockIdx.x * GEMV_WARPS + w; its lanes split the row's groups
-// (q4: 32 values, q8: 16-value chunks) and sum across the warp at the end. Activation rows blockIdx.y * GEMV_ROWS
-// onwards (GEMV_ROWS of them or what is left): more rows share the weight bytes each lane loads.
+// Block: GEMV_WARPS warps, warp w takes weight row blockIdx.y * GEMV_WARPS + w; its lanes split the row's groups
+// (q4: 32 values, q8: 16-value chunks) and sum across the warp at the end. Activation rows blockIdx.x * GEMV_ROWS
+// onwards (GEMV_ROWS of them or what is left) share the weight bytes each lane loads; the blocks of one weight
+// row group are neighbours in the grid, so that after the first their weight reads can hit L2.
 // K must be a multiple of 32 (q4) or 16 (q8, whose group is 16 or 32).
 #include "common.cuh"
 
@@ -52,8 +53,8 @@ __device__ __forceinline__ void write_rows(float* out, const float (&acc)[GEMV_R
 extern "C" __global__ void gemv_q4(float* __restrict__ out, const float* __restrict__ x,
                                    const unsigned char* __restrict__ data, const float* __restrict__ scale,
                                    const float* __restrict__ mins, int T, int N, int K) {
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int t0 = blockIdx.y * GEMV_ROWS, rows = min(GEMV_ROWS, T - t0);
+    const int n = blockIdx.y * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int t0 = blockIdx.x * GEMV_ROWS, rows = min(GEMV_ROWS, T - t0);
     if (n >= N) return;  // whole warps only; no block-wide barrier below
     const int groups = K / 32;
     const uint4* w = reinterpret_cast<const uint4*>(data + (long long)n * (K / 2));
@@ -79,8 +80,8 @@ extern "C" __global__ void gemv_q4(float* __restrict__ out, const float* __restr
 extern "C" __global__ void gemv_q8(float* __restrict__ out, const float* __restrict__ x,
                                    const signed char* __restrict__ data, const float* __restrict__ scale,
                                    const float* __restrict__ mins, int T, int N, int K, int group) {
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int t0 = blockIdx.y * GEMV_ROWS, rows = min(GEMV_ROWS, T - t0);
+    const int n = blockIdx.y * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int t0 = blockIdx.x * GEMV_ROWS, rows = min(GEMV_ROWS, T - t0);
     if (n >= N) return;  // whole warps only; no block-wide barrier below
     const int groups = K / group;
     const uint4* w = reinterpret_cast<const uint4*>(data + (long long)n * K);

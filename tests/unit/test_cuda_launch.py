@@ -28,13 +28,16 @@ def test_gemv_grid_covers_every_output_and_row_once(n_out, n_rows):
     (gx, gy), (threads,) = gemv_geometry(n_out, n_rows)
     warps = threads // 32
     assert warps == cuda_launch.GEMV_WARPS
-    assert (gx - 1) * warps < n_out <= gx * warps
-    assert (gy - 1) * cuda_launch.GEMV_ROWS < n_rows <= gy * cuda_launch.GEMV_ROWS
+    assert (gy - 1) * warps < n_out <= gy * warps
+    assert (gx - 1) * cuda_launch.GEMV_ROWS < n_rows <= gx * cuda_launch.GEMV_ROWS
 
 
-def test_gemv_takes_only_few_rows():
+def test_gemv_takes_only_few_rows_and_a_grid_it_can_launch():
     with pytest.raises(AssertionError):
         gemv_geometry(10, cuda_launch.GEMV_MAX_ROWS + 1)
+    assert gemv_geometry(128256, 32)[0] == (4, 32064)  # Llama 3's vocabulary: grid y stays under 65536
+    with pytest.raises(AssertionError):
+        gemv_geometry(65536 * cuda_launch.GEMV_WARPS, 1)
 
 
 def test_thread_counts_are_whole_warps_within_limits():
