@@ -4,9 +4,9 @@ Weights stay as the loader hands them over (kernels/device_weight.py): q4/q8 val
 group scales in device memory. Products with up to GEMV_MAX_ROWS activation rows (decode) read them
 in GEMV kernels that dequantize in registers; with more rows (prefill) panels of the weight are
 dequantized into a float16 scratch and multiplied by cuBLAS (float16 inputs, float32 accumulation
-and result), as float16 weights are directly. Activations and the residual stream are float32, the KV cache is
-float16. Norms, RoPE, SiLU, the embedding gather, the KV write and paged attention are CUDA kernels
-from kernels/cuda/*.cu (cupy.RawModule, compiled by NVRTC on first use).
+and result), as float16 weights are directly. Activations and the residual stream are float32, the
+KV cache is float16. Norms, RoPE, SiLU, the embedding gather, the KV write and paged attention are
+CUDA kernels from kernels/cuda/*.cu (cupy.RawModule, compiled by NVRTC: `compile_kernels` at load).
 
 All work goes to one stream of the backend's (`begin_step` makes it current on the calling thread),
 so that eager steps and CUDA graph replays (`capture_graph`) are ordered. It is a blocking stream:
@@ -150,7 +150,7 @@ class CupyBackend:
         if shared is not None and shared[0] is w:
             return shared[1]
         d = device_layout(w)
-        put = lambda a: None if a is None else self._cp.asarray(a)  # noqa: E731
+        put = lambda a: None if a is None else self._cp.asarray(np.ascontiguousarray(a))  # noqa: E731
         return DeviceWeight(d.kind, put(d.data), put(d.scale), put(d.min), d.group)
 
     def prepare_embedding(self, w: Weight) -> DeviceWeight:
