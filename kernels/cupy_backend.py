@@ -63,6 +63,7 @@ class CupyBackend:
         name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
         self.stream = cupy.cuda.Stream(non_blocking=False)
+        self._capture_stream = cupy.cuda.Stream(non_blocking=True)
         self._graph_pool = cupy.cuda.MemoryPool()
         # Allocated once, so that CUDA graphs may hold its address.
         self._panel = cupy.empty(PANEL_VALUES, dtype=np.float16)
@@ -121,21 +122,24 @@ class CupyBackend:
 
         `fn` must read its inputs from device arrays that outlive the graph and must not copy between host and
         device; `replay(graph)` then redoes its work on the same buffers. Memory that `fn` allocates comes from a
-        pool of the graphs' own, so nothing else is ever handed an address a graph writes to. Raises if CUDA
-        refuses the capture.
+        pool of the graphs' own, so nothing else is ever handed an address a graph writes to. Warm-up and capture
+        run on a non-blocking stream of their own (a blocking one would tie the capture to the legacy stream);
+        CuPy's pools keep free memory per stream, so the warm-up fills the arena the capture then draws from.
+        Raises if CUDA refuses the capture.
         """
-        cp = self._cp
-        with cp.cuda.using_allocator(self._graph_pool.malloc), self.stream:
-            fn()  # compiles and loads every kernel, and fills the pool, outside the capture
-            self.stream.synchronize()
-            self.stream.begin_capture()
+        cp, capture = self._cp, self._capture_stream
+        self.stream.synchronize()  # the capture stream is not ordered with the backend's
+        with cp.cuda.using_allocator(self._graph_pool.malloc), capture:
+            fn()  # loads every kernel, and fills the pool, outside the capture
+            capture.synchronize()
+            capture.begin_capture()
             try:
                 out = fn()
             except BaseException:
                 with contextlib.suppress(Exception):  # the capture is void; keep fn's error
-                    self.stream.end_capture()
+                    capture.end_capture()
                 raise
-            graph = self.stream.end_capture()
+            graph = capture.end_capture()
         return graph, out
 
     def replay(self, graph: Any) -> None:

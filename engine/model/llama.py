@@ -41,7 +41,7 @@ class LlamaModel:
         self.config, self.backend = config, backend
         be = backend
         self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
-        self.weight_bytes = sum(w.nbytes for w in weights.values())  # as loaded: what a decode step reads
+        self.weight_bytes = sum(w.nbytes for w in weights.values())  # as loaded: what a decode step reads on numba and CuPy
         get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
@@ -76,6 +76,7 @@ class LlamaModel:
         logits_rows: np.ndarray,
     ) -> np.ndarray:
         """Run T tokens; return float32 host logits [len(logits_rows), vocab]."""
+        self.backend.begin_step()
         return self.backend.to_numpy(self.forward_device(token_ids, positions, meta, kv_caches, logits_rows))
 
     def forward_device(
@@ -86,11 +87,11 @@ class LlamaModel:
         kv_caches: list[tuple[Any, Any]],
         logits_rows: Any,
     ) -> Any:
-        """`forward` leaving the logits on the backend. Given backend arrays (meta's plan made), it copies
-        nothing between host and device: what a CUDA graph captures (engine/decode_graphs.py)."""
+        """`forward` leaving the logits on the backend, on whatever thread setup or stream is current (no
+        `begin_step`). Given backend arrays (meta's plan made), it copies nothing between host and device:
+        what a CUDA graph captures (engine/decode_graphs.py)."""
         cfg, be = self.config, self.backend
         T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        be.begin_step()
         cos, sin = be.rope_cos_sin(self.inv_freq, be.asarray(positions))
 
         h = be.embedding(self.embed, be.asarray(token_ids))
