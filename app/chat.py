@@ -21,6 +21,7 @@ from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, Sa
 
 from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE
 from app.api.errors import ServiceError
+from app.api.response_format import ResponseFormatField, compile_response_format
 from app.metrics import Metrics
 from app.store import Conflict, Store
 
@@ -95,15 +96,17 @@ class ChatService:
     # -- starting turns -------------------------------------------------------------------
 
     async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
-                   idempotency_key: str | None = None) -> Turn | None:
-        """Append a user message and stream a reply. Raises ServiceError before storing anything.
+                   idempotency_key: str | None = None,
+                   response_format: ResponseFormatField | None = None) -> Turn | None:
+        """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
+        ServiceError before storing anything.
 
         A send whose `idempotency_key` the session already holds stores nothing: the sink gets the
         session's `history` (that message and its reply as stored now) and None is returned."""
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
-        return await self._begin(session_id, owner, sink, client_id,
-                                 lambda s, msgs: self._plan_send(s, msgs, content), idempotency_key)
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
+                                 idempotency_key, response_format)
 
     async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
                    client_id: str | None = None) -> Turn:
@@ -158,7 +161,7 @@ class ChatService:
 
     async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None,
                      plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan],
-                     idempotency_key: str | None = None) -> Turn:
+                     idempotency_key: str | None = None, response_format: ResponseFormatField | None = None) -> Turn:
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
         if session_id in self.turns or session_id in self._reserved:
@@ -173,7 +176,9 @@ class ChatService:
             plan = plan_for(before, messages)
             # Rendering and tokenizing a long conversation takes a while: not on the event loop.
             prompt = await asyncio.to_thread(self._render, before, plan.history)
-            req = GenerationRequest(prompt_token_ids=prompt, params=self._sampling(before["settings"], len(prompt)))
+            params = self._sampling(before["settings"], len(prompt))
+            params.response_format = await compile_response_format(self.engine, response_format)
+            req = GenerationRequest(prompt_token_ids=prompt, params=params)
             self.take_slot(owner)  # given back by the turn's task, or in `finally` when there is none
             try:
                 gen = self._admit(req)

@@ -20,6 +20,7 @@ class Settings:
     database_url: str = "sqlite+aiosqlite:///./data/forge.db"
     backend: str = "auto"
     kv_memory: str = "1GiB"
+    speculative: str = "ngram"  # n-gram speculative decoding by default ("off" to disable); requests may override
     api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
     admin_token: str | None = None
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted besides the served host's own
@@ -77,6 +78,8 @@ class Settings:
             raise ValueError(f"database_url must be an SQLAlchemy URL, got {self.database_url!r}")
         if self.log_level.lower() not in _LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
         if self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:

@@ -25,7 +25,8 @@ from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
-from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
+from engine.speculative import SpecConfig
+from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
 from kernels import get_backend, resolve_backend
 
 log = logging.getLogger("forge.engine")
@@ -130,6 +131,7 @@ class Engine:
         threads: int | None = None,
         quantize: str | None = None,
         progress: Callable[[str], None] | None = None,
+        speculative: str = "ngram",
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
@@ -137,6 +139,7 @@ class Engine:
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `progress` receives one line per stage (also logged).
+        `speculative` ("ngram" | "off"): the default for requests that do not choose.
         """
         t0 = time.perf_counter()
 
@@ -161,7 +164,8 @@ class Engine:
             say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         _return_freed_memory()
-        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
+        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
+                              SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
@@ -224,7 +228,9 @@ class Engine:
         """Admit `request` now and return its events: token deltas, then one final event per sample.
 
         Raises InvalidRequest or EngineOverloaded here, before anything is queued, so a caller can refuse
-        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request."""
+        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request. A
+        `response_format` is compiled here unless `compile_response_format` did it first (await that from
+        the event loop: compiling is CPU work, done on a worker thread there)."""
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
@@ -242,6 +248,11 @@ class Engine:
         # earlier request with the same id can never reach this one).
         self._commands.put(("add", request, time.monotonic(), stream))
         return RequestStream(self, request.request_id, request.params.n, stream.events)
+
+    async def compile_response_format(self, fmt: ResponseFormat) -> None:
+        """Compile a constraint ahead of `generate` (cached; a worker thread, not the event loop).
+        Raises InvalidRequest naming what cannot be enforced."""
+        await asyncio.to_thread(self.core.grammars.compile, fmt)
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use stay valid); applied between two steps."""

@@ -40,6 +40,7 @@ KERNELS = {
     "q4_rows_f32": "dequant.cu", "q4_rows_f16": "dequant.cu", "q8_rows_f32": "dequant.cu", "q8_rows_f16": "dequant.cu",
     "gemv_q4": "gemv.cu", "gemv_q8": "gemv.cu",
     "paged_attention_decode_f16": "paged_attention.cu", "paged_attention_prefill_f16": "paged_attention.cu",
+    "apply_token_bitmask_f32": "token_bitmask.cu",
 }
 # float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
 PANEL_VALUES = 1 << 24
@@ -336,9 +337,24 @@ class CupyBackend:
                 (elementwise_blocks(T * F),), (ROW_THREADS,), (gate_up, out, np.int32(F), np.int64(gate_up.strides[0] // 4), np.int64(T * F)))
         return out
 
-    def argmax_rows(self, logits: Any) -> np.ndarray:
-        """[T, V] -> host int64 [T] (first maximum per row)."""
-        return self.to_numpy(self._cp.argmax(logits, axis=-1))
+    def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]:
+        """[T, V] -> host (int64 [T] first maximum per row, float32 [T] its logit): all that greedy
+        sampling copies back."""
+        return self.to_numpy(self._cp.argmax(logits, axis=-1)), self.to_numpy(logits.max(axis=-1))
+
+    def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
+        """Set device logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W], host or
+        device) is 0, in place; columns past 32 * W too."""
+        if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
+            raise ValueError(f"apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+        R, V = logits.shape
+        if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[0] != R:
+            raise ValueError(f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}")
+        bitmask = self._cp.ascontiguousarray(self._cp.asarray(bitmask))
+        if R and V:
+            self._kernel("apply_token_bitmask_f32")(
+                (-(-V // ROW_THREADS), R), (ROW_THREADS,),
+                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)))
 
     # ---- KV cache + attention -----------------------------------------------------
     def _check_caches(self, op: str, k_cache: Any, v_cache: Any, num_kv_heads: int) -> int:

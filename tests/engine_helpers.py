@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.llm_engine import EngineConfig, LLMEngine
-from engine.types import GenerationEvent, GenerationRequest, SamplingParams
+from engine.types import GenerationEvent, GenerationRequest, SamplingParams, TokenLogprob
 from kernels.attention_meta import build_attention_metadata
 
 
@@ -14,12 +14,22 @@ from kernels.attention_meta import build_attention_metadata
 class Result:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     final: GenerationEvent | None = None
 
 
 def make_core(default_model, **config) -> LLMEngine:
     loaded, model = default_model
     return LLMEngine(loaded, model, EngineConfig(**config))
+
+
+def chat_prompt(core: LLMEngine, messages: list[dict[str, str]]) -> list[int]:
+    """The messages in the model's chat template, as token ids."""
+    from engine.chat_template import render_chat
+
+    tok = core.tokenizer
+    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
+                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
 
 
 def greedy(prompt: list[int], max_tokens: int = 16, **kw) -> GenerationRequest:
@@ -31,6 +41,7 @@ def collect(events: list[GenerationEvent], results: dict[tuple[str, int], Result
         r = results.setdefault((ev.request_id, ev.index), Result())
         r.token_ids += ev.token_ids
         r.text += ev.text
+        r.logprobs += ev.logprobs or []
         if ev.final:
             r.final = ev
 
@@ -58,6 +69,6 @@ def greedy_divergence(reference, prompt: list[int], got: list[int], want: list[i
     ids = prompt + want[:at]
     core = make_core(reference, kv_memory=1 << 24, block_size=16)
     meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // 16)))], 16, core.backend)
-    logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.kv_caches, np.array([len(ids) - 1]))[0]
+    logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1]))[0]
     top = np.sort(logits)[-2:]
     return at, float(top[1] - top[0])

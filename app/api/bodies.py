@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.api.errors import ServiceError
+from app.api.response_format import ResponseFormatField
 
 T = TypeVar("T")
 
@@ -85,6 +86,7 @@ class SendBody(EditBody, kw_only=True):
     """`POST /api/sessions/{id}/messages`."""
 
     idempotency_key: Id | None = None  # a retried send with the same key is answered, not stored twice
+    response_format: ResponseFormatField | None = None  # constrains this reply (docs/api.md#structured-output)
 
 
 class Empty(Struct, forbid_unknown_fields=True):
@@ -143,6 +145,7 @@ class MessageSend(Command, tag="message.send"):
     session_id: Id
     content: Content
     idempotency_key: Id | None = None
+    response_format: ResponseFormatField | None = None
 
     def __post_init__(self) -> None:
         _non_blank(self.content, "content")

@@ -150,7 +150,8 @@ async def send_message(request: Request, session_id: FromPath[str], data: JSONBo
     svc = ready_services(request)
     who = owner(request.scope)
     return await turn_stream(svc, lambda sink: svc.chat.send(session_id, who, data.content, sink=sink,
-                                                             idempotency_key=data.idempotency_key))
+                                                             idempotency_key=data.idempotency_key,
+                                                             response_format=data.response_format))
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)

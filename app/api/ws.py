@@ -212,7 +212,8 @@ class Connection:
     async def message_send(self, cmd: bodies.MessageSend) -> None:
         self._room_for(cmd.session_id)
         self._track(await self.svc.chat.send(cmd.session_id, self.owner, cmd.content, sink=self.send,
-                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key))
+                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key,
+                                             response_format=cmd.response_format))
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)

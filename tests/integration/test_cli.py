@@ -35,9 +35,10 @@ def test_generate_streams_text_and_raw_mode_skips_the_template():
     out = json.loads(run.stdout)
     assert out["prompt_token_ids"][0] != 1  # no <|im_start|>: the prompt went in as written
     assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
-    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "Once upon a time")
+    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "--speculative", "off",
+                     "Once upon a time")
     assert streamed.returncode == 0
-    assert streamed.stdout.rstrip("\n") == out["text"]
+    assert streamed.stdout.rstrip("\n") == out["text"]  # speculation (the default) changes nothing
 
 
 def test_chat_keeps_history_and_reuses_the_cache():
@@ -56,6 +57,8 @@ def test_bad_input_gets_a_clear_message_and_exit_code():
     bad_temp = forge("generate", "--temperature", "-1", "hi")
     assert bad_temp.returncode == 2
     assert "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
+    bad_mode = forge("generate", "--speculative", "eagle", "hi")
+    assert bad_mode.returncode == 2 and "--speculative" in bad_mode.stderr and "ngram" in bad_mode.stderr
 
 
 @pytest.mark.skipif(cupy_unavailable_reason() is None, reason="a CUDA GPU is usable here: cupy would run")

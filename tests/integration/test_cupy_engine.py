@@ -43,7 +43,7 @@ def test_greedy_ids_equal_the_numpy_backend(gpu_model, reference_model, referenc
     core = make_core(gpu_model, kv_memory=256 << 20, cuda_graphs=graphs)
     got = run_all(core, reqs())
     want = run_all(make_core(reference_model, kv_memory=64 << 20), reqs())
-    assert (core.graphs is not None) == graphs and (not graphs or core.graphs._graphs)
+    assert (core.runner.graphs is not None) == graphs and (not graphs or core.runner.graphs._graphs)
     for i, prompt in enumerate(prompts):
         a, b = got[f"r{i}"].token_ids, want[f"r{i}"].token_ids
         diverged = greedy_divergence(reference_model, prompt, a, b)
@@ -60,7 +60,7 @@ def test_first_position_logits_close_to_transformers(gpu_model, reference):
     for case in reference["prompts"]:
         ids = case["prompt_ids"]
         meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // 16)))], 16, core.backend)
-        logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.kv_caches, np.array([len(ids) - 1]))[0]
+        logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1]))[0]
         top = case["first_position_top5"]
         assert int(np.argmax(logits)) == top["ids"][0]
         np.testing.assert_allclose(logits[top["ids"]], top["values"], atol=5e-2, rtol=0)  # float16 paths: ~1e-3 relative

@@ -94,7 +94,10 @@ def test_chat_logprobs_and_n(client: openai.OpenAI, model_id: str) -> None:
 
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"uniqueItems": True}}}},
+     "response_format"),
+    ({"response_format": {"type": "regex", "pattern": "a(b"}}, "response_format"),
+    ({"speculative": "eagle"}, "speculative"),
     ({"max_tokens": -5}, "max_tokens"),
     ({"temperature": 3.5}, "temperature"),
     ({"top_p": 0}, "top_p"),

@@ -15,6 +15,7 @@ from kernels.numpy_backend import NumpyBackend
 from test_kernels_cupy_parity import RTOL_SUM, _attention_pair, _close
 from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CPU build of the kernels)
     test_add_rms_norm_updates_the_residual_in_place,
+    test_apply_token_bitmask,
     test_argmax_takes_the_first_maximum,
     test_embedding_of_float_tables,
     test_embedding_rows_are_bit_equal_to_gguf_py,

@@ -62,7 +62,9 @@ def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
     meta = case.meta(gpu)
     kc, vc = (gpu.asarray(c.astype(np.float16)) for c in (case.k_cache, case.v_cache))
     assert gpu.paged_attention(gpu.asarray(case.q), kc, vc, meta, Dh**-0.5).shape == case.q.shape
-    assert gpu.argmax_rows(f32(3, 10)).shape == (3,)
+    ids, values = gpu.argmax_rows(f32(3, 10))
+    assert ids.shape == values.shape == (3,) and isinstance(ids, np.ndarray)
+    gpu.apply_token_bitmask(f32(3, 10), np.zeros((3, 1), np.int32))
     assert set(launched(cp)) == set(KERNELS)
 
 

@@ -1,6 +1,9 @@
 """Decode graphs' host side on real parts: batch buckets, the packed step inputs, and the padded decode
-step a graph captures, run eagerly on the NumPy backend against the ordinary forward."""
+step a graph captures, run eagerly on the NumPy backend against the ordinary forward; which steps the
+model runner offers to its graphs."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,6 +11,7 @@ import pytest
 from _tiny_model import tiny_config, tiny_weights
 from engine.decode_graphs import PackedInputs, bucket_for, graph_buckets
 from engine.model.llama import LlamaModel
+from engine.model_runner import ModelRunner, SeqInput
 from kernels.attention_meta import build_attention_metadata
 from kernels.numpy_backend import NumpyBackend
 
@@ -60,3 +64,28 @@ def test_a_padded_decode_step_gives_the_ordinary_logits_and_writes_only_the_pad_
         np.testing.assert_allclose(k1[:pad], k0[:pad], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(v1[:pad], v0[:pad], rtol=1e-5, atol=1e-5)
         assert np.abs(k1[pad, 0]).max() > 0
+
+
+class _GraphsStandIn:
+    """Stands in for DecodeGraphs (capturing needs a GPU): records the steps offered to it and runs none,
+    as DecodeGraphs does for a batch no bucket holds."""
+
+    def __init__(self) -> None:
+        self.offered: list[tuple[list[int], list[int], list[list[int]]]] = []
+
+    def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> None:
+        self.offered.append((token_ids, positions, block_tables))
+
+
+def test_the_runner_offers_only_plain_decode_steps_to_the_graphs_stand_in():
+    config = tiny_config()
+    model = LlamaModel(config, tiny_weights(config, ["q8"], np.random.default_rng(5)), NumpyBackend())
+    runner = ModelRunner(SimpleNamespace(config=config), model, num_blocks=8, block_size=4, max_num_seqs=4)
+    assert runner.graphs is None  # NumPy cannot capture
+    runner.graphs = graphs = _GraphsStandIn()
+    runner.run([SeqInput([5, 6, 7], 0, [0], 1), SeqInput([8, 9], 0, [1], 1)])  # prefill
+    decode = runner.run([SeqInput([4], 3, [0], 1), SeqInput([3], 2, [1], 1)])
+    verify = runner.run([SeqInput([4, 2, 2], 4, [0, 2], 3), SeqInput([1], 3, [1], 1)])  # a draft of two
+    runner.run([SeqInput([2], 7, [0, 2], 1), SeqInput([6, 6, 6], 4, [1, 3], 0)])  # a decode beside a prefill chunk
+    assert graphs.offered == [([4, 3], [3, 2], [[0], [1]])]
+    assert decode.shape == (2, config.vocab_size) and verify.shape == (4, config.vocab_size)

@@ -157,10 +157,25 @@ def test_silu_mul(gpu, cpu, rng):
     _close(gpu, gpu.silu_mul(gpu.asarray(gu)), cpu.silu_mul(gu))
 
 
+@pytest.mark.parametrize("words", [31, 32, 40])  # 992 ids (the last 8 are out), exactly the vocabulary, more
+def test_apply_token_bitmask(gpu, cpu, rng, words):
+    logits = rng.standard_normal((5, 1024)).astype(np.float32)
+    mask = rng.integers(-(2**31), 2**31, (5, words), dtype=np.int64).astype(np.int32)
+    want = logits[:, :1000].copy()
+    cpu.apply_token_bitmask(want, mask)
+    got = gpu.asarray(logits)
+    gpu.apply_token_bitmask(got[:, :1000], mask)  # rows of a wider matrix; the mask from the host
+    np.testing.assert_array_equal(gpu.to_numpy(got)[:, :1000], want)
+    np.testing.assert_array_equal(gpu.to_numpy(got)[:, 1000:], logits[:, 1000:])
+
+
 def test_argmax_takes_the_first_maximum(gpu, cpu, rng):
     logits = rng.standard_normal((4, 1000)).astype(np.float32)
     logits[1, [7, 300, 999]] = 50.0
-    assert gpu.argmax_rows(gpu.asarray(logits)).tolist() == cpu.argmax_rows(logits).tolist()
+    logits[3] = -np.inf
+    got, want = gpu.argmax_rows(gpu.asarray(logits)), cpu.argmax_rows(logits)
+    assert got[0].tolist() == want[0].tolist()
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 # ---- weights: embedding and linear -----------------------------------------------------

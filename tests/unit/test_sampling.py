@@ -13,8 +13,8 @@ from engine.types import InvalidRequest, SamplingParams
 V = 49152  # the default model's vocabulary
 
 
-def row(rng: np.random.Generator | None = None, prompt=(), output=(), **params) -> SamplerRow:
-    return SamplerRow(SamplingParams(**params), rng, np.asarray(prompt, dtype=np.int64), list(output))
+def row(rng: np.random.Generator | None = None, prompt=(), output=(), draft=(), **params) -> SamplerRow:
+    return SamplerRow(SamplingParams(**params), rng, list(prompt) + list(output), len(prompt), list(draft))
 
 
 def draw_many(logits: np.ndarray, n: int, seed: int = 0, **params) -> np.ndarray:
@@ -65,6 +65,29 @@ def test_greedy_is_argmax_and_never_draws():
     np.testing.assert_array_equal(out.token_ids, logits.argmax(axis=1))
     assert [r.bit_generator.state for r in rngs] == before
     assert out.logprobs == [None] * 6
+
+
+def test_greedy_from_argmax_alone_matches_sample_with_drafts():
+    """sample_greedy (a backend's argmax_rows instead of the logits) emits what sample does: drafts kept
+    while they equal their row's argmax, then that argmax."""
+    gen = np.random.default_rng(2)
+    logits = gen.standard_normal((8, 300)).astype(np.float32)
+    top = logits.argmax(axis=1)
+    rows = [row(draft=[int(top[0]), int(top[1])], temperature=0.0), row(temperature=0.0),
+            row(draft=[int(top[4]), (int(top[5]) + 1) % 300, 7], temperature=0.0)]
+    assert all(sampling.is_plain_greedy(r.params) for r in rows)
+    want = sample(logits, rows)
+    got = sampling.sample_greedy(top, logits.max(axis=1), rows)
+    assert got.token_ids.tolist() == want.token_ids.tolist() == [*top[:3], top[3], top[4], top[5]]
+    assert got.num_tokens == want.num_tokens == [3, 1, 2] and got.logprobs == [None] * 6
+    assert not sampling.is_plain_greedy(SamplingParams(temperature=0.0, logprobs=0))
+    assert not sampling.is_plain_greedy(SamplingParams(temperature=0.0, repetition_penalty=1.1))
+    best = logits.max(axis=1)
+    best[5] = -np.inf
+    with pytest.raises(ValueError, match="row 5 has no usable token"):
+        sampling.sample_greedy(top, best, rows)
+    with pytest.raises(ValueError, match="need 8"):
+        sampling.sample_greedy(top[:7], best[:7], rows)
 
 
 def test_tiny_temperature_is_effectively_greedy_without_overflow():
@@ -294,7 +317,7 @@ def test_same_seed_same_tokens_whatever_the_batch():
             logits[position] = target_logits[s]
             out = sample(logits, rows)
             for r, t in zip(rows, out.token_ids):
-                r.output_ids.append(int(t))
+                r.token_ids.append(int(t))
             tokens.append(int(out.token_ids[position]))
             lps.append(out.logprobs[position])
         return tokens, lps
@@ -394,7 +417,7 @@ def test_bad_logits_give_clear_errors():
         sample(np.zeros(V, dtype=np.float32), ok)
     with pytest.raises(ValueError, match="2-D float"):
         sample(np.zeros((1, V), dtype=np.int64), ok)
-    with pytest.raises(ValueError, match="2 rows but 1 sampler rows"):
+    with pytest.raises(ValueError, match="has 2 rows but the 1 sequences need 1"):
         sample(np.zeros((2, V), dtype=np.float32), ok)
     nan = np.zeros((2, V), dtype=np.float32)
     nan[1, 17] = np.nan
@@ -426,17 +449,14 @@ def test_bad_logits_give_clear_errors():
     ],
 )
 def test_bad_params_raise_invalid_request_naming_the_field(params, param):
+    # The engine checks params once, at admission; the sampler relies on that check.
     with pytest.raises(InvalidRequest, match=param) as err:
-        sample(np.zeros((1, V), dtype=np.float32), [row(make_rng(0), **params)])
+        SamplingParams(**params).validate(V)
     assert err.value.param == param
 
 
 def test_bad_rows_give_clear_errors():
     logits = np.zeros((1, V), dtype=np.float32)
-    with pytest.raises(ValueError, match="output_ids holds token id 49152"):
-        sample(logits, [row(None, [], [V], temperature=0.0, presence_penalty=0.5)])
-    with pytest.raises(ValueError, match="prompt_ids holds token id -1"):
-        sample(logits, [row(None, [-1], [], temperature=0.0, repetition_penalty=1.1)])
     with pytest.raises(ValueError, match="needs a numpy Generator"):
         sample(logits, [row(None, temperature=0.7)])
     with pytest.raises(InvalidRequest, match="seed must be an integer") as err:
