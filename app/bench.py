@@ -252,9 +252,10 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "structured": await _structured(engine, decode_len),
         "speculative": await _speculative(engine, 64 if quick else 160),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "weight_mb": engine.model_info["weight_bytes"] / 1e6,
         "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
     }
-    if profile:
+    if profile and engine.model_info["backend"] != "cupy":  # GPU ops return before they run: nothing to time here
         result["decode_profile"] = await _profile_decode(engine, decode_len)
     return result
 
@@ -287,8 +288,9 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
          f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
          f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
+        ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]
-    if profile:
+    if "decode_profile" in result:
         p = result["decode_profile"]
         rows.append(("decode step (profiled)", f"{p['step_ms']:.2f} ms, {p['outside_kernels_share']:.0%} outside the ops"))
         rows += [(f"  {op} x{p['calls_per_step'][op]:.0f}", f"{ms:.2f} ms") for op, ms in p["ops_ms"].items()]

@@ -8,7 +8,7 @@ import logging
 import sys
 from dataclasses import asdict
 
-from engine import Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
+from engine import BackendUnavailable, Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 from engine.loader import ModelLoadError
 
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(_generate(_load(args), args))
         elif args.command == "chat":
             asyncio.run(_chat(_load(args), args))
-    except (ModelLoadError, InvalidRequest, EngineOverloaded, ValueError) as exc:
+    except (ModelLoadError, BackendUnavailable, InvalidRequest, EngineOverloaded, ValueError) as exc:
         print(f"forge {args.command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

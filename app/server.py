@@ -87,16 +87,17 @@ def configure_logging(level: str) -> None:
 
 
 def preflight(settings: Settings) -> None:
-    """Fail fast, in one line, on the usual mistakes (a wrong model path, a bad KV size, a port in use)
-    before uvicorn starts and the lifespan loads the model."""
-    from engine import parse_size
+    """Fail fast, in one line, on the usual mistakes (a wrong model path, a bad KV size, --backend cupy
+    without a usable GPU, a port in use) before uvicorn starts and the lifespan loads the model."""
+    from engine import BackendUnavailable, parse_size, resolve_backend
     from engine.loader import ModelLoadError, resolve_model_path
 
     try:
         resolve_model_path(settings.model)
         parse_size(settings.kv_memory)
+        resolve_backend(settings.backend)
         check_port(settings.host, settings.port)
-    except (ModelLoadError, ValueError) as e:
+    except (ModelLoadError, BackendUnavailable, ValueError) as e:
         raise SystemExit(f"forge: {e}") from None
 
 

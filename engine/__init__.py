@@ -11,8 +11,10 @@ from engine.types import (
     TokenLogprob,
     Usage,
 )
+from kernels import BackendUnavailable, resolve_backend  # `forge serve` checks the backend before loading
 
 __all__ = [
+    "BackendUnavailable",
     "Engine",
     "EngineOverloaded",
     "GenerationEvent",
@@ -24,4 +26,5 @@ __all__ = [
     "TokenLogprob",
     "Usage",
     "parse_size",
+    "resolve_backend",
 ]

@@ -27,7 +27,7 @@ from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
-from kernels import get_backend
+from kernels import get_backend, resolve_backend
 
 log = logging.getLogger("forge.engine")
 
@@ -134,7 +134,8 @@ class Engine:
         speculative: str = "ngram",
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
-        the first time on a machine) and start the step loop.
+        the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
+        once, before loading anything, when `backend` cannot run here ("cupy" without a usable GPU).
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `progress` receives one line per stage (also logged).
@@ -147,14 +148,20 @@ class Engine:
             if progress:
                 progress(line)
 
+        resolve_backend(backend)  # an unusable choice fails here, before the weights load
         loaded = load_model(model, quantize=quantize)
         be = get_backend(backend, threads)
+        if progress:
+            progress(f"kernel backend: {be.choice}")  # get_backend logged it
+        t1 = time.perf_counter()
         if be.name == "numba":
             from kernels.numba_backend import warm_up
 
-            t1 = time.perf_counter()
             warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
             say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
+        elif be.name == "cupy":
+            be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
+            say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
@@ -197,6 +204,7 @@ class Engine:
             "num_heads": c.num_heads,
             "num_kv_heads": c.num_kv_heads,
             "num_params": self.core.model.num_params,
+            "weight_bytes": self.core.model.weight_bytes,
             "kv_block_size": self.core.blocks.block_size,
             "kv_blocks": self.core.blocks.num_blocks,
             "threads": self.threads,

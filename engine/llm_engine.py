@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from engine.loader import LoadedModel
 from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
 from engine.model_runner import ModelRunner, SeqInput, kv_bytes_per_block
-from engine.sampling import SampleOutput, SamplerRow, make_rng, sample
+from engine.sampling import SampleOutput, SamplerRow, is_plain_greedy, make_rng, sample, sample_greedy
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.speculative import Drafter, SpecConfig
@@ -45,6 +46,7 @@ class EngineConfig:
     max_batched_tokens: int = 512
     max_waiting: int = 256
     speculative: SpecConfig = field(default_factory=SpecConfig)
+    cuda_graphs: bool = True  # replay plain decode steps from CUDA graphs where the backend can (engine/decode_graphs.py)
 
 
 class LLMEngine:
@@ -56,10 +58,10 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         mc = loaded.config
         bs = self.config.block_size
-        num_blocks = self.config.kv_memory // kv_bytes_per_block(loaded, bs)
+        num_blocks = self.config.kv_memory // kv_bytes_per_block(loaded, bs, np.dtype(self.backend.kv_dtype).itemsize)
         if num_blocks < 2:
             raise ValueError(f"kv_memory {self.config.kv_memory} bytes holds fewer than 2 blocks of {bs} tokens")
-        self.runner = ModelRunner(loaded, model, num_blocks, bs)
+        self.runner = ModelRunner(loaded, model, num_blocks, bs, self.config.max_num_seqs, self.config.cuda_graphs)
         self.blocks = BlockManager(num_blocks, bs)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens, self.config.max_waiting),
@@ -200,8 +202,11 @@ class LLMEngine:
             seq.draft = draft
             spare -= len(draft)
 
-    def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> list[tuple[list[int], list[TokenLogprob] | None] | Exception]:
-        """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error."""
+    def _sample(self, seqs: list[Sequence], logits: Any) -> list[tuple[list[int], list[TokenLogprob] | None] | Exception]:
+        """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error.
+
+        `logits` are the runner's, on the backend: masked there; when every sequence is plain greedy only
+        each row's argmax and its logit come back to the host, otherwise the logits do."""
         if not seqs:
             return []
         try:
@@ -210,6 +215,12 @@ class LLMEngine:
             log.exception("structured output mask failed")
             return [RuntimeError(f"structured output failed: {exc}")] * len(seqs)
         rows = [SamplerRow(s.request.params, s.rng, s.token_ids, s.prompt_len, s.draft) for s in seqs]
+        if all(is_plain_greedy(r.params) for r in rows):
+            try:
+                return _split(sample_greedy(*self.backend.argmax_rows(logits), rows))
+            except ValueError:
+                pass  # a row with no usable token: the host path below singles its sequence out
+        logits = self.backend.to_numpy(logits)
         try:
             return _split(sample(logits, rows))
         except Exception:
@@ -227,7 +238,7 @@ class LLMEngine:
             start = end
         return results
 
-    def _mask(self, seqs: list[Sequence], logits: np.ndarray) -> None:
+    def _mask(self, seqs: list[Sequence], logits: Any) -> None:
         """Structured output: disallowed tokens of every constrained row get -inf (one batched fill)."""
         rows, work, row = [], [], 0
         for seq in seqs:
@@ -242,9 +253,10 @@ class LLMEngine:
         if len(rows) == logits.shape[0]:
             self.backend.apply_token_bitmask(logits, bitmask)
         else:
-            part = logits[rows]
+            index = self.backend.asarray(np.asarray(rows, dtype=np.int64))
+            part = logits[index]
             self.backend.apply_token_bitmask(part, bitmask)
-            logits[rows] = part
+            logits[index] = part
 
     def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float) -> list[GenerationEvent]:
         """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all

@@ -1,11 +1,16 @@
 """The model runner: owns the KV tensors, turns one scheduled batch into model inputs, runs the
-forward and returns the logits rows that were asked for."""
+forward and returns the logits rows that were asked for, left on the backend (the device on CuPy).
+Plain decode steps (one new token and one logits row a sequence) replay a CUDA graph where the
+backend can capture one (engine/decode_graphs.py); prefill chunks and speculative verification run
+eagerly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from engine.decode_graphs import DecodeGraphs
 from engine.loader import LoadedModel
 from engine.model.llama import LlamaModel
 from kernels.attention_meta import build_attention_metadata
@@ -28,19 +33,31 @@ def kv_bytes_per_block(model: LoadedModel, block_size: int, itemsize: int = 4) -
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, loaded: LoadedModel, model: LlamaModel, num_blocks: int, block_size: int,
+                 max_num_seqs: int, cuda_graphs: bool = True) -> None:
+        """`num_blocks` for the block manager; `cuda_graphs`: replay decode steps where the backend can."""
         self.model, self.backend, self.block_size = model, model.backend, block_size
-        c = loaded.config
+        c, be = loaded.config, self.backend
+        graphs = cuda_graphs and hasattr(be, "capture_graph")
+        cache_blocks = num_blocks + graphs  # + the graphs' pad block, which the block manager never hands out
         self.kv_caches = [
             (
-                self.backend.empty_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, np.float32),
-                self.backend.empty_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, np.float32),
+                be.empty_kv_cache(cache_blocks, block_size, c.num_kv_heads, c.head_dim, be.kv_dtype),
+                be.empty_kv_cache(cache_blocks, block_size, c.num_kv_heads, c.head_dim, be.kv_dtype),
             )
             for _ in range(c.num_layers)
         ]
+        width = -(-min(c.max_position, num_blocks * block_size) // block_size)  # the most blocks a sequence holds
+        self.graphs = DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
 
-    def run(self, inputs: list[SeqInput]) -> np.ndarray:
-        """Write every input's K/V and return float32 host logits [sum(num_logits), vocab], in input order."""
+    def run(self, inputs: list[SeqInput]) -> Any:
+        """Write every input's K/V and return float32 logits [sum(num_logits), vocab] on the backend, in
+        input order. On CuPy a graph's logits are its own buffer: valid until the next step."""
+        self.backend.begin_step()
+        if self.graphs is not None and all(len(x.tokens) == 1 and x.num_logits == 1 for x in inputs):
+            logits = self.graphs.run([x.tokens[0] for x in inputs], [x.start for x in inputs], [x.block_table for x in inputs])
+            if logits is not None:
+                return logits
         token_ids: list[int] = []
         positions, logits_rows = [], []
         query_lens, context_lens = [], []
@@ -54,7 +71,7 @@ class ModelRunner:
             row += n
             logits_rows.append(np.arange(row - x.num_logits, row))
         meta = build_attention_metadata(query_lens, context_lens, [x.block_table for x in inputs], self.block_size, self.backend)
-        return self.model.forward(
+        return self.model.forward_device(
             np.asarray(token_ids, dtype=np.int64),
             np.concatenate(positions),
             meta,

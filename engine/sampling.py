@@ -159,11 +159,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
     for i, row in enumerate(rows):
         draft = row.draft
         if i in best:
-            picks = best[i]
-            n = 0
-            while n < len(draft) and picks[n] == draft[n]:
-                n += 1
-            tokens = list(draft[:n]) + [picks[n]]
+            tokens = _verify_greedy(best[i], draft)
         else:
             p, rng = row.params, row.rng
             tokens = []
@@ -197,6 +193,41 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
                 top=[(int(t), float(v - lse[j])) for t, v in zip(ids, vals.astype(np.float64))],
             )
     return SampleOutput(token_ids=token_ids, num_tokens=num_tokens, logprobs=logprobs)
+
+
+def is_plain_greedy(p: SamplingParams) -> bool:
+    """Whether a row's token is its raw logits' argmax and nothing else is read from them (no logprobs)."""
+    return p.temperature == 0.0 and not _adjusts(p) and p.logprobs is None
+
+
+def sample_greedy(top: np.ndarray, best: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
+    """`sample` for sequences whose params are all `is_plain_greedy`, from each logits row's argmax `top`
+    and its logit `best` (what a backend's argmax_rows copies back instead of the logits).
+
+    Raises ValueError, as `sample` would, when a row has no usable token."""
+    starts = np.cumsum([0] + [1 + len(r.draft) for r in rows]).tolist()
+    if top.shape != (starts[-1],) or best.shape != top.shape:
+        raise ValueError(f"argmax of {top.shape} / {best.shape} rows, but the {len(rows)} sequences need {starts[-1]}")
+    bad = np.isnan(best) | (best == -np.inf)
+    if bad.any():
+        j = int(np.argmax(bad))
+        _raise_bad_row(j, float(best[j]))
+    picks = top.tolist()
+    emitted: list[int] = []
+    num_tokens: list[int] = []
+    for i, row in enumerate(rows):
+        tokens = _verify_greedy(picks[starts[i] : starts[i + 1]], row.draft)
+        emitted += tokens
+        num_tokens.append(len(tokens))
+    return SampleOutput(np.asarray(emitted, dtype=np.int64), num_tokens, [None] * len(emitted))
+
+
+def _verify_greedy(picks: list[int], draft: Sequence[int]) -> list[int]:
+    """The drafts that equal the argmax of their row, then the argmax after the last of them."""
+    n = 0
+    while n < len(draft) and picks[n] == draft[n]:
+        n += 1
+    return list(draft[:n]) + [picks[n]]
 
 
 def _row_index(seqs: list[int], starts: list[int]) -> np.ndarray:

@@ -3,9 +3,10 @@ path), NumPy (float32 reference) and CuPy (CUDA kernels).
 
     backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None)
 
-All offer: asarray, to_numpy, synchronize, begin_step, prepare_linear, prepare_embedding,
-empty_kv_cache, embedding, rms_norm, add_rms_norm, linear, rope, rope_write_kv, silu_mul,
-argmax_rows, apply_token_bitmask, write_kv, paged_attention.
+All offer: asarray, to_numpy, upload, synchronize, begin_step, prepare_linear, prepare_embedding,
+empty_kv_cache (of dtype `kv_dtype`), embedding, rms_norm, add_rms_norm, linear, rope_cos_sin, rope,
+rope_write_kv, silu_mul, argmax_rows, apply_token_bitmask, write_kv, paged_attention. CuPy adds
+capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
-__all__ = ["AttentionMetadata", "Backend", "NumpyBackend", "build_attention_metadata", "cupy_unavailable_reason", "get_backend"]
+__all__ = [
+    "AttentionMetadata", "Backend", "BackendUnavailable", "NumpyBackend", "build_attention_metadata",
+    "cupy_unavailable_reason", "get_backend", "resolve_backend",
+]
 
 
 class Backend(Protocol):
@@ -28,9 +32,12 @@ class Backend(Protocol):
 
     name: str
     xp: Any
+    kv_dtype: Any  # the KV cache's dtype: float32 on the CPU, float16 on the GPU
+    choice: str  # set by get_backend: which backend, and why
 
     def asarray(self, a: Any, dtype: Any = None) -> Any: ...
     def to_numpy(self, a: Any) -> np.ndarray: ...
+    def upload(self, dst: Any, src: np.ndarray) -> None: ...
     def synchronize(self) -> None: ...
     def begin_step(self) -> None: ...
     def prepare_linear(self, w: Weight) -> Any: ...
@@ -40,14 +47,19 @@ class Backend(Protocol):
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
     def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]: ...
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any: ...
+    def rope_cos_sin(self, inv_freq: Any, positions: Any) -> tuple[Any, Any]: ...
     def rope(self, x: Any, cos: Any, sin: Any) -> Any: ...
     def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
                       k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any: ...
     def silu_mul(self, gate_up: Any) -> Any: ...
-    def argmax_rows(self, logits: Any) -> np.ndarray: ...
+    def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]: ...
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None: ...
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any: ...
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend asked for cannot run on this machine."""
 
 
 def cupy_unavailable_reason() -> str | None:
@@ -55,7 +67,7 @@ def cupy_unavailable_reason() -> str | None:
     try:
         import cupy
     except Exception as e:  # ImportError, or a broken install raising anything else
-        return f"cupy is not importable ({type(e).__name__}: {e})"
+        return f"cupy is not importable ({type(e).__name__}: {e}; install Forge's `gpu` extra)"
     try:
         if not cupy.cuda.is_available():
             return "cupy imports but sees no CUDA device"
@@ -68,33 +80,42 @@ def cupy_unavailable_reason() -> str | None:
     return None
 
 
-def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
-    """Return the named backend; "auto" picks CuPy only when a GPU is really usable, else numba.
+def resolve_backend(name: str = "auto") -> tuple[str, str]:
+    """(the backend `name` means on this machine, why): "auto" is cupy when a GPU is really usable, else numba.
 
-    `threads`: worker threads of the numba kernels (default: the cores this process may use).
+    Raises BackendUnavailable for "cupy" without a usable GPU, ValueError for an unknown name. Cheap
+    enough to call before loading a model, so that a wrong choice fails at once.
     """
-    if name == "numpy":
-        log.info("kernels: using the numpy backend (asked for by name)")
-        return NumpyBackend()
-    if name == "numba":
-        return _numba_backend(threads, "asked for by name")
+    if name in ("numpy", "numba"):
+        return name, "asked for by name"
     if name not in ("auto", "cupy"):
         raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numba', 'numpy' or 'cupy'")
     reason = cupy_unavailable_reason()
     if reason is None:
+        return "cupy", "asked for by name" if name == "cupy" else "auto: a CUDA GPU is usable"
+    if name == "cupy":
+        raise BackendUnavailable(f"kernel backend 'cupy' is not usable here: {reason}")
+    return "numba", f"auto: no usable GPU, {reason}"
+
+
+def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
+    """The backend `name` resolves to (see resolve_backend); its `choice` says which and why, as logged.
+
+    `threads`: worker threads of the numba kernels (default: the cores this process may use).
+    """
+    kind, why = resolve_backend(name)
+    if kind == "numpy":
+        backend, what = NumpyBackend(), "numpy (float32 reference)"
+    elif kind == "numba":
+        from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
+
+        backend = NumbaBackend(threads)
+        what = f"numba with {backend.threads} threads"
+    else:
         from kernels.cupy_backend import CupyBackend
 
         backend = CupyBackend()
-        log.info("kernels: using the cupy backend on %s", backend.device_name)
-        return backend
-    if name == "cupy":
-        raise RuntimeError(f"kernel backend 'cupy' is not usable: {reason}")
-    return _numba_backend(threads, reason)
-
-
-def _numba_backend(threads: int | None, why: str) -> Backend:
-    from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
-
-    backend = NumbaBackend(threads)
-    log.info("kernels: using the numba backend with %d threads (%s)", backend.threads, why)
+        what = f"cupy on {backend.device_name}"
+    backend.choice = f"{what} ({why})"
+    log.info("kernels: using %s", backend.choice)
     return backend

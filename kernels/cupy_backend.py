@@ -1,138 +1,289 @@
-"""CuPy backend: the same ops as NumpyBackend on an NVIDIA GPU.
+"""CuPy backend: the forward pass on an NVIDIA GPU, with the NumPy backend's op semantics.
 
-Elementwise ops, norms, RoPE, the KV-cache scatter and paged attention are CUDA kernels from
-kernels/cuda/*.cu (cupy.RawModule, compiled by NVRTC on first use); linear is cuBLAS via
-cupy.matmul; embedding is CuPy fancy indexing. float32 throughout.
+Weights stay as the loader hands them over (kernels/device_weight.py): q4/q8 values and float32
+group scales in device memory. Products with up to GEMV_MAX_ROWS activation rows (decode) read them
+in GEMV kernels that dequantize in registers; with more rows (prefill) panels of the weight are
+dequantized into a float16 scratch and multiplied by cuBLAS (float16 inputs, float32 accumulation
+and result), as float16 weights are directly. Activations and the residual stream are float32, the
+KV cache is float16. Norms, RoPE, SiLU, the embedding gather, the KV write and paged attention are
+CUDA kernels from kernels/cuda/*.cu (cupy.RawModule, compiled by NVRTC: `compile_kernels` at load).
+
+All work goes to one stream of the backend's (`begin_step` makes it current on the calling thread),
+so that eager steps and CUDA graph replays (`capture_graph`) are ordered. It is a blocking stream:
+work queued on the legacy default stream by another thread (weight uploads) is ordered with it too.
 
 Importing this module needs neither CuPy nor a GPU; constructing CupyBackend needs both.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
-from kernels.numpy_backend import NumpyBackend, apply_token_bitmask as host_apply_token_bitmask
+from kernels.cuda_launch import (
+    GEMV_MAX_ROWS, PA_MAX_DH, PA_WARPS, ROW_THREADS, attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads,
+)
+from kernels.device_weight import QUANTIZED, DeviceWeight, device_layout
+from kernels.weight import Weight
 
 CUDA_DIR = Path(__file__).with_name("cuda")
-_NORM_THREADS = 256
-_ROW_THREADS = 256
-_ATTN_THREADS = 128  # PA_WARPS * 32 in paged_attention.cu
-_ATTN_MAX_HEAD_DIM = 256  # PA_MAX_DH in paged_attention.cu
+# Every kernel the backend launches -> its source in kernels/cuda (a unit test checks both ways).
+KERNELS = {
+    "rms_norm_f32": "rms_norm.cu", "add_rms_norm_f32": "rms_norm.cu",
+    "rope_cos_sin_f32": "rope.cu", "rope_neox_f32": "rope.cu", "rope_write_kv_f16": "rope.cu",
+    "silu_mul_f32": "silu_mul.cu",
+    "write_kv_f16": "kv_cache.cu",
+    "q4_rows_f32": "dequant.cu", "q4_rows_f16": "dequant.cu", "q8_rows_f32": "dequant.cu", "q8_rows_f16": "dequant.cu",
+    "gemv_q4": "gemv.cu", "gemv_q8": "gemv.cu",
+    "paged_attention_decode_f16": "paged_attention.cu", "paged_attention_prefill_f16": "paged_attention.cu",
+    "apply_token_bitmask_f32": "token_bitmask.cu",
+}
+# float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
+PANEL_VALUES = 1 << 24
 
 
 class CupyBackend:
     """All ops on cupy arrays on the current CUDA device."""
 
     name = "cupy"
+    kv_dtype = np.float16
+    choice = ""  # get_backend says what it chose and why
+    blas_threads: int | None = None  # host BLAS is only used by the sampler here
 
     def __init__(self) -> None:
         import cupy  # deferred: the module must import on machines without CuPy
 
-        self.xp = cupy
-        self._cp = cupy
+        self.xp = self._cp = cupy
         self._modules: dict[str, Any] = {}
-        self._functions: dict[tuple[str, str], Any] = {}
+        self._functions: dict[str, Any] = {}
         dev = cupy.cuda.Device()
-        props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"]
+        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.stream = cupy.cuda.Stream(non_blocking=False)
+        self._capture_stream = cupy.cuda.Stream(non_blocking=True)
+        self._graph_pool = cupy.cuda.MemoryPool()
+        # Allocated once, so that CUDA graphs may hold its address.
+        self._panel = cupy.empty(PANEL_VALUES, dtype=np.float16)
+        self._shared: tuple[Weight, DeviceWeight] | None = None
+        self._one, self._zero = np.ones((), np.float32), np.zeros((), np.float32)  # cuBLAS alpha, beta (host)
 
     # ---- kernels ------------------------------------------------------------
-    def _kernel(self, file: str, name: str) -> Any:
-        """cupy.RawKernel `name` from kernels/cuda/`file` (compiled once, on first use)."""
-        key = (file, name)
-        fn = self._functions.get(key)
+    def _kernel(self, name: str) -> Any:
+        """The cupy.RawKernel `name` (its source file compiles once, on first use)."""
+        fn = self._functions.get(name)
         if fn is None:
+            file = KERNELS[name]
             module = self._modules.get(file)
             if module is None:
-                source = (CUDA_DIR / file).read_text()
-                module = self._modules[file] = self._cp.RawModule(code=source, options=("--std=c++17",))
-            fn = self._functions[key] = module.get_function(name)
+                code = (CUDA_DIR / file).read_text()
+                module = self._modules[file] = self._cp.RawModule(code=code, options=("--std=c++17", f"-I{CUDA_DIR}"))
+            fn = self._functions[name] = module.get_function(name)
         return fn
+
+    def compile_kernels(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Compile (or load from CuPy's cache) every source now rather than at the first request."""
+        files = sorted(set(KERNELS.values()))
+        for i, file in enumerate(files, 1):
+            if progress:
+                progress(i, len(files), file)
+            for name in (k for k, f in KERNELS.items() if f == file):
+                self._kernel(name)
 
     def _f32(self, a: Any, what: str) -> Any:
         if a.dtype != np.float32:
             raise ValueError(f"{what} must be float32, got {a.dtype}")
         return self._cp.ascontiguousarray(a)
 
-    # ---- transfers ----------------------------------------------------------
+    # ---- transfers, stream, graphs -------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
-        """Host (or device) data -> cupy array."""
+        """Host (or device) data -> cupy array (no copy when it already is one of that dtype)."""
         return self._cp.asarray(a, dtype=dtype)
 
     def to_numpy(self, a: Any) -> np.ndarray:
-        return self._cp.asnumpy(a)
+        return self._cp.asnumpy(a, stream=self.stream)
+
+    def upload(self, dst: Any, src: np.ndarray) -> None:
+        """Copy host data into a device array of the same shape and dtype (on the backend's stream)."""
+        dst.set(src, stream=self.stream)
 
     def synchronize(self) -> None:
-        """Wait for all queued GPU work."""
-        self._cp.cuda.get_current_stream().synchronize()
+        """Wait for all work queued on the backend's stream."""
+        self.stream.synchronize()
 
-    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float32) -> Any:
-        """[num_blocks, block_size, Hkv, Dh] zero-filled."""
+    def begin_step(self) -> None:
+        """Make the backend's stream current on the calling thread (the engine's step thread)."""
+        self.stream.use()
+
+    def capture_graph(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        """Run `fn` once, then capture a second run into a CUDA graph: returns (graph, what the captured run returned).
+
+        `fn` must read its inputs from device arrays that outlive the graph and must not copy between host and
+        device; `replay(graph)` then redoes its work on the same buffers. Memory that `fn` allocates comes from a
+        pool of the graphs' own, so nothing else is ever handed an address a graph writes to. Warm-up and capture
+        run on a non-blocking stream of their own (a blocking one would tie the capture to the legacy stream);
+        CuPy's pools keep free memory per stream, so the warm-up fills the arena the capture then draws from.
+        Raises if CUDA refuses the capture.
+        """
+        cp, capture = self._cp, self._capture_stream
+        self.stream.synchronize()  # the capture stream is not ordered with the backend's
+        with cp.cuda.using_allocator(self._graph_pool.malloc), capture:
+            fn()  # loads every kernel, and fills the pool, outside the capture
+            capture.synchronize()
+            capture.begin_capture()
+            try:
+                out = fn()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the capture is void; keep fn's error
+                    capture.end_capture()
+                raise
+            graph = capture.end_capture()
+        return graph, out
+
+    def replay(self, graph: Any) -> None:
+        graph.launch(self.stream)
+
+    # ---- weights ----------------------------------------------------------------
+    def prepare_linear(self, w: Weight) -> DeviceWeight:
+        """The weight in device memory, quantized types unchanged (kernels/device_weight.py).
+
+        Right after `prepare_embedding` of the same Weight (tied embeddings) the device copy is shared."""
+        shared, self._shared = self._shared, None
+        if shared is not None and shared[0] is w:
+            return shared[1]
+        d = device_layout(w)
+        put = lambda a: None if a is None else self._cp.asarray(np.ascontiguousarray(a))  # noqa: E731
+        return DeviceWeight(d.kind, put(d.data), put(d.scale), put(d.min), d.group)
+
+    def prepare_embedding(self, w: Weight) -> DeviceWeight:
+        dev = self.prepare_linear(w)
+        self._shared = (w, dev)
+        return dev
+
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float16) -> Any:
+        """[num_blocks, block_size, Hkv, Dh] float16, zero-filled."""
         if min(num_blocks, block_size, num_kv_heads, head_dim) <= 0:
             raise ValueError(
                 f"kv cache dims must be positive: num_blocks={num_blocks} block_size={block_size} "
                 f"num_kv_heads={num_kv_heads} head_dim={head_dim}"
             )
-        if np.dtype(dtype) != np.float32:
-            raise ValueError(f"the cupy backend keeps the KV cache in float32, got dtype {np.dtype(dtype)}")
-        return self._cp.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
+        if np.dtype(dtype) != np.float16:
+            raise ValueError(f"the cupy backend keeps the KV cache in float16, got dtype {np.dtype(dtype)}")
+        return self._cp.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float16)
 
-    # The composed ops are the NumPy backend's (they only call this backend's own ops); weights
-    # are dequantized to float32 on the host at load time, then copied to the device.
-    blas_threads = NumpyBackend.blas_threads
-    begin_step = NumpyBackend.begin_step
-    prepare_linear = NumpyBackend.prepare_linear
-    prepare_embedding = NumpyBackend.prepare_embedding
-    rope_write_kv = NumpyBackend.rope_write_kv
+    # ---- linear + embedding -------------------------------------------------------
+    def linear(self, x: Any, w: DeviceWeight, bias: Any = None) -> Any:
+        """x [T, K] float32 times the weight [N, K] -> float32 [T, N] (+ bias [N])."""
+        N, K = w.shape
+        if x.ndim != 2 or x.shape[1] != K:
+            raise ValueError(f"linear: x {x.shape} does not match the weight {w.shape} ([N, K], x [T, K])")
+        x = self._f32(x, "linear x")
+        T, cp = x.shape[0], self._cp
+        if w.kind in QUANTIZED and T <= GEMV_MAX_ROWS:
+            out = cp.empty((T, N), dtype=np.float32)
+            if T:
+                grid, block = gemv_geometry(N, T)
+                if w.kind == "q4":
+                    self._kernel("gemv_q4")(
+                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K)))
+                else:
+                    self._kernel("gemv_q8")(
+                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), np.int32(w.group)))
+        elif w.kind in QUANTIZED:
+            out = cp.empty((T, N), dtype=np.float32)
+            x16 = x.astype(np.float16)
+            step = panel_rows(N, K, self._panel.size)
+            for n0 in range(0, N, step):
+                panel = self._panel[: min(step, N - n0) * K].reshape(-1, K)
+                self._dequantize(w, panel, n0, None)
+                self._gemm_f16(x16, panel, out[:, n0 : n0 + panel.shape[0]])
+        elif w.kind == "f16":
+            out = cp.empty((T, N), dtype=np.float32)
+            self._gemm_f16(x.astype(np.float16), w.data, out)
+        else:
+            out = cp.matmul(x, w.data.T)
+        if bias is not None:
+            if bias.shape != (N,):
+                raise ValueError(f"linear: bias {bias.shape} should be ({N},)")
+            out += bias
+        return out
 
-    # ---- elementwise / norms ------------------------------------------------
-    def embedding(self, table: Any, ids: Any) -> Any:
-        """table [V, D], ids [T] -> float32 [T, D]."""
+    def _gemm_f16(self, x16: Any, w16: Any, out: Any) -> None:
+        """out [T, n] = x16 [T, K] @ w16 [n, K].T by cuBLAS: float16 in, float32 accumulated and written
+        (cupy.matmul would round the result to float16). `out` may be a column slice of a wider matrix."""
+        (T, K), n = x16.shape, w16.shape[0]
+        if T == 0:
+            return
+        cublas, runtime = self._cp.cuda.cublas, self._cp.cuda.runtime
+        # cuBLAS is column-major: the row-major out [T, n] is a column-major [n, T] matrix whose leading
+        # dimension is out's row stride, and it equals w16 (column-major [K, n], transposed) times x16 ([K, T]).
+        cublas.gemmEx(
+            self._cp.cuda.get_cublas_handle(), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
+            self._one.ctypes.data, w16.data.ptr, runtime.CUDA_R_16F, K, x16.data.ptr, runtime.CUDA_R_16F, K,
+            self._zero.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, out.strides[0] // 4,
+            cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP)
+
+    def embedding(self, table: DeviceWeight, ids: Any) -> Any:
+        """Rows `ids` [T] of the table, float32 [T, D] (quantized rows bit-equal to Weight.dequantize)."""
         ids = self._cp.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise ValueError(f"embedding ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
-        return self._cp.take(table, ids, axis=0).astype(np.float32, copy=False)
+        if table.kind not in QUANTIZED:
+            return self._cp.take(table.data, ids, axis=0).astype(np.float32, copy=False)
+        out = self._cp.empty((ids.shape[0], table.shape[1]), dtype=np.float32)
+        self._dequantize(table, out, 0, self._cp.ascontiguousarray(ids, dtype=np.int64))
+        return out
 
+    def _dequantize(self, w: DeviceWeight, out: Any, row0: int, ids: Any) -> None:
+        """out [R, K] (float32 or float16) = weight rows ids (int64 [R]), or row0 .. row0 + R - 1 when ids is None."""
+        R, K = out.shape
+        if not R:
+            return
+        kernel = self._kernel(f"{w.kind}_rows_{'f16' if out.dtype == np.float16 else 'f32'}")
+        args = (out, w.data, w.scale, w.min, ids, np.int64(row0), np.int64(w.shape[0]), np.int32(R), np.int32(K))
+        if w.kind == "q4":  # a thread per packed byte
+            kernel((elementwise_blocks(R * K // 2),), (ROW_THREADS,), args)
+        else:
+            kernel((elementwise_blocks(R * K),), (ROW_THREADS,), args + (np.int32(w.group),))
+
+    # ---- norms, RoPE, SiLU ----------------------------------------------------------
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         """x [T, D] float32 -> x / sqrt(mean(x^2) + eps) * weight."""
         _check_2d("rms_norm", x, weight.shape[0])
         x, weight = self._f32(x, "rms_norm x"), self._f32(weight, "rms_norm weight")
         out = self._cp.empty_like(x)
         if x.shape[0]:
-            self._kernel("rms_norm.cu", "rms_norm_f32")(
-                (x.shape[0],), (_NORM_THREADS,), (x, weight, out, np.int32(x.shape[1]), np.float32(eps))
-            )
+            self._kernel("rms_norm_f32")(
+                (x.shape[0],), (ROW_THREADS,), (x, weight, out, np.int32(x.shape[1]), np.float32(eps)))
         return out
 
     def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-        """new_residual = x + residual; returns (rms_norm(new_residual), new_residual)."""
+        """residual += x in place (the caller owns it); returns (rms_norm(residual), residual)."""
         if x.shape != residual.shape:
             raise ValueError(f"add_rms_norm: x {x.shape} and residual {residual.shape} differ")
         _check_2d("add_rms_norm", x, weight.shape[0])
-        x, residual = self._f32(x, "add_rms_norm x"), self._f32(residual, "add_rms_norm residual")
-        weight = self._f32(weight, "add_rms_norm weight")
-        out, new_residual = self._cp.empty_like(x), self._cp.empty_like(x)
+        if residual.dtype != np.float32 or not residual.flags.c_contiguous:
+            raise ValueError(f"add_rms_norm: residual must be contiguous float32, got {residual.dtype}")
+        x, weight = self._f32(x, "add_rms_norm x"), self._f32(weight, "add_rms_norm weight")
+        out = self._cp.empty_like(x)
         if x.shape[0]:
-            self._kernel("rms_norm.cu", "add_rms_norm_f32")(
-                (x.shape[0],), (_NORM_THREADS,),
-                (x, residual, weight, out, new_residual, np.int32(x.shape[1]), np.float32(eps)),
-            )
-        return out, new_residual
+            self._kernel("add_rms_norm_f32")(
+                (x.shape[0],), (ROW_THREADS,), (x, residual, weight, out, np.int32(x.shape[1]), np.float32(eps)))
+        return out, residual
 
-    def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
-        """x [T, K] @ weight [K, N] (+ bias [N]) -> [T, N] via cuBLAS."""
-        if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[0]:
-            raise ValueError(f"linear: x {x.shape} does not match weight {weight.shape} ([K, N], x [T, K])")
-        out = self._cp.matmul(x, weight)
-        if bias is not None:
-            if bias.shape != (weight.shape[1],):
-                raise ValueError(f"linear: bias {bias.shape} should be ({weight.shape[1]},)")
-            out += bias
-        return out
+    def rope_cos_sin(self, inv_freq: Any, positions: Any) -> tuple[Any, Any]:
+        """cos, sin float32 [T, len(inv_freq)] at angles positions[t] * inv_freq[j], computed on the device."""
+        positions = self._cp.ascontiguousarray(self._cp.asarray(positions, dtype=np.int64))
+        inv_freq = self._f32(inv_freq, "rope inv_freq")
+        T, half = positions.shape[0], inv_freq.shape[0]
+        cos, sin = (self._cp.empty((T, half), dtype=np.float32) for _ in range(2))
+        if T:
+            self._kernel("rope_cos_sin_f32")(
+                (elementwise_blocks(T * half),), (ROW_THREADS,), (cos, sin, positions, inv_freq, np.int32(T), np.int32(half)))
+        return cos, sin
 
     def rope(self, x: Any, cos: Any, sin: Any) -> Any:
         """Rotate-half RoPE on x [T, H, Dh] (may be a strided view, last dim contiguous); in place, returns x."""
@@ -146,11 +297,32 @@ class CupyBackend:
             raise ValueError(f"rope: cos {cos.shape} / sin {sin.shape} should be ({T}, {half})")
         cos, sin = self._f32(cos, "rope cos"), self._f32(sin, "rope sin")
         if T:
-            self._kernel("rope.cu", "rope_neox_f32")(
-                (T,), (min(1024, _round_up(H * half, 32)),),
-                (x, cos, sin, np.int32(H), np.int32(half), np.int64(x.strides[0] // 4), np.int64(x.strides[1] // 4)),
-            )
+            self._kernel("rope_neox_f32")(
+                (T,), (row_threads(H * half),),
+                (x, cos, sin, np.int32(H), np.int32(half), np.int64(x.strides[0] // 4), np.int64(x.strides[1] // 4)))
         return x
+
+    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
+                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+        """qkv [T, (H + 2 Hkv) * Dh]: RoPE on q (in place) and k, k and v into the float16 caches; returns q [T, H, Dh]."""
+        T, Dh = qkv.shape[0], k_cache.shape[3]
+        H, Hkv = num_heads, num_kv_heads
+        if qkv.ndim != 2 or qkv.shape[1] != (H + 2 * Hkv) * Dh or Dh % 2:
+            raise ValueError(f"rope_write_kv: qkv {qkv.shape} should be [T, {(H + 2 * Hkv) * Dh}] (even head_dim)")
+        if qkv.dtype != np.float32 or qkv.strides[1] != 4:
+            raise ValueError(f"rope_write_kv: qkv must be float32 with contiguous rows, got {qkv.dtype} strides {qkv.strides}")
+        num_slots = self._check_caches("rope_write_kv", k_cache, v_cache, Hkv)
+        half = Dh // 2
+        if cos.shape != (T, half) or sin.shape != cos.shape:
+            raise ValueError(f"rope_write_kv: cos {cos.shape} / sin {sin.shape} should be ({T}, {half})")
+        cos, sin = self._f32(cos, "rope cos"), self._f32(sin, "rope sin")
+        slots = self._slots(slot_mapping, T)
+        if T:
+            self._kernel("rope_write_kv_f16")(
+                (T,), (row_threads((H + Hkv) * half),),
+                (qkv, cos, sin, k_cache, v_cache, slots, np.int64(num_slots), np.int32(H), np.int32(Hkv), np.int32(Dh),
+                 np.int64(qkv.strides[0] // 4)))
+        return qkv[:, : H * Dh].reshape(T, H, Dh)
 
     def silu_mul(self, gate_up: Any) -> Any:
         """gate_up [T, 2F] = [gate | up] -> silu(gate) * up [T, F]."""
@@ -160,45 +332,52 @@ class CupyBackend:
             gate_up = self._f32(gate_up, "silu_mul gate_up")
         T, F = gate_up.shape[0], gate_up.shape[1] // 2
         out = self._cp.empty((T, F), dtype=np.float32)
-        n = T * F
-        if n:
-            blocks = min(65535, -(-n // _ROW_THREADS))
-            self._kernel("silu_mul.cu", "silu_mul_f32")(
-                (blocks,), (_ROW_THREADS,), (gate_up, out, np.int32(F), np.int64(gate_up.strides[0] // 4), np.int64(n))
-            )
+        if T * F:
+            self._kernel("silu_mul_f32")(
+                (elementwise_blocks(T * F),), (ROW_THREADS,), (gate_up, out, np.int32(F), np.int64(gate_up.strides[0] // 4), np.int64(T * F)))
         return out
 
-    def argmax_rows(self, logits: Any) -> np.ndarray:
-        """[T, V] -> host int64 [T] (first maximum per row)."""
-        return self._cp.asnumpy(self._cp.argmax(logits, axis=-1))
+    def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]:
+        """[T, V] -> host (int64 [T] first maximum per row, float32 [T] its logit): all that greedy
+        sampling copies back."""
+        return self.to_numpy(self._cp.argmax(logits, axis=-1)), self.to_numpy(logits.max(axis=-1))
 
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
-        """Set logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W]) is 0, in place.
-
-        Host logits (what the model returns today) are masked on the host, device logits by the kernel."""
-        if isinstance(logits, np.ndarray):
-            host_apply_token_bitmask(logits, bitmask)
-            return
+        """Set device logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W], host or
+        device) is 0, in place; columns past 32 * W too."""
         if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
             raise ValueError(f"apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
         R, V = logits.shape
         if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[0] != R:
             raise ValueError(f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}")
-        bitmask = self._cp.ascontiguousarray(bitmask)
+        bitmask = self._cp.ascontiguousarray(self._cp.asarray(bitmask))
         if R and V:
-            self._kernel("token_bitmask.cu", "apply_token_bitmask_f32")(
-                (-(-V // _ROW_THREADS), R), (_ROW_THREADS,),
-                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)),
-            )
+            self._kernel("apply_token_bitmask_f32")(
+                (-(-V // ROW_THREADS), R), (ROW_THREADS,),
+                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)))
 
-    # ---- KV cache + attention -----------------------------------------------
-    def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None:
-        """Scatter k, v [T, Hkv, Dh] into the caches at flat slots slot_mapping [T]."""
+    # ---- KV cache + attention -----------------------------------------------------
+    def _check_caches(self, op: str, k_cache: Any, v_cache: Any, num_kv_heads: int) -> int:
+        """Validate the float16 cache pair; returns its number of slots."""
         nb, bs, hkv, dh = k_cache.shape
-        if v_cache.shape != k_cache.shape:
-            raise ValueError(f"write_kv: k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
+        if v_cache.shape != k_cache.shape or hkv != num_kv_heads:
+            raise ValueError(f"{op}: caches {k_cache.shape} / {v_cache.shape} do not match {num_kv_heads} kv heads")
+        if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+            raise ValueError(f"{op}: the caches must be float16, got {k_cache.dtype} / {v_cache.dtype}")
         if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
-            raise ValueError("write_kv: the caches must be C-contiguous")
+            raise ValueError(f"{op}: the caches must be C-contiguous")
+        return nb * bs
+
+    def _slots(self, slot_mapping: Any, T: int) -> Any:
+        slots = self._cp.ascontiguousarray(self._cp.asarray(slot_mapping, dtype=np.int64))
+        if slots.shape != (T,):
+            raise ValueError(f"slot_mapping {slots.shape} should be ({T},)")
+        return slots
+
+    def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None:
+        """Scatter float32 k, v [T, Hkv, Dh] into the float16 caches at flat slots slot_mapping [T]."""
+        hkv, dh = k_cache.shape[2:]
+        num_slots = self._check_caches("write_kv", k_cache, v_cache, hkv)
         T = slot_mapping.shape[0]
         if k.shape != (T, hkv, dh) or v.shape != (T, hkv, dh):
             raise ValueError(f"write_kv: k {k.shape} / v {v.shape} should be ({T}, {hkv}, {dh}) for {T} slots")
@@ -206,52 +385,60 @@ class CupyBackend:
             k = self._f32(k, "write_kv k")
         if v.strides[2] != 4 or v.dtype != np.float32:
             v = self._f32(v, "write_kv v")
-        slots = self._cp.ascontiguousarray(self._cp.asarray(slot_mapping, dtype=np.int64))
+        slots = self._slots(slot_mapping, T)
         if T:
-            self._kernel("kv_cache.cu", "write_kv_f32")(
-                (T,), (min(1024, _round_up(hkv * dh, 32)),),
-                (k, v, k_cache, v_cache, slots, np.int64(nb * bs), np.int32(hkv), np.int32(dh),
+            self._kernel("write_kv_f16")(
+                (T,), (row_threads(hkv * dh),),
+                (k, v, k_cache, v_cache, slots, np.int64(num_slots), np.int32(hkv), np.int32(dh),
                  np.int64(k.strides[0] // 4), np.int64(k.strides[1] // 4),
-                 np.int64(v.strides[0] // 4), np.int64(v.strides[1] // 4)),
-            )
+                 np.int64(v.strides[0] // 4), np.int64(v.strides[1] // 4)))
 
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any:
-        """Causal attention of each sequence's new queries over its whole paged context (see NumpyBackend)."""
+        """Causal attention of each sequence's new queries over its whole paged context (see NumpyBackend).
+
+        Decode rows and prefill rows go to their own kernels; the split is planned once a step from the host
+        copy of query_start and kept in meta.plan for every layer (and every CUDA graph replay)."""
         T, H, Dh = q.shape
         nb, bs, Hkv, dh = k_cache.shape
         if dh != Dh or H % Hkv:
             raise ValueError(f"paged_attention: q {q.shape} does not fit cache {k_cache.shape} (Dh equal, H divisible by Hkv)")
-        if Dh > _ATTN_MAX_HEAD_DIM:
-            raise ValueError(f"paged_attention: head_dim {Dh} exceeds the kernel's limit {_ATTN_MAX_HEAD_DIM}")
+        if Dh % 8 or Dh > PA_MAX_DH:
+            raise ValueError(f"paged_attention: head_dim {Dh} must be a multiple of 8 up to {PA_MAX_DH}")
+        self._check_caches("paged_attention", k_cache, v_cache, Hkv)
         if q.dtype != np.float32 or q.strides[2] != 4:
             q = self._f32(q, "paged_attention q")
-        cp = self._cp
-        query_start = cp.ascontiguousarray(cp.asarray(meta.query_start, dtype=np.int32))
-        context_lens = cp.ascontiguousarray(cp.asarray(meta.context_lens, dtype=np.int32))
-        tables = cp.ascontiguousarray(cp.asarray(meta.block_tables, dtype=np.int32))
-        B = context_lens.shape[0]
-        if query_start.shape != (B + 1,) or tables.ndim != 2 or tables.shape[0] != B:
-            raise ValueError(
-                f"paged_attention: metadata shapes disagree: query_start {query_start.shape}, "
-                f"context_lens {context_lens.shape}, block_tables {tables.shape}"
-            )
-        if meta.query_start_host is not None and int(meta.query_start_host[-1]) != T:
-            raise ValueError(f"paged_attention: query_start does not cover {T} query rows")
-        if tables.shape[1] * bs < meta.max_context:
-            raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {meta.max_context}")
-        out = cp.empty((T, H, Dh), dtype=np.float32)
-        if T:
-            self._kernel("paged_attention.cu", "paged_attention_f32")(
-                (T, H), (_ATTN_THREADS,),
-                (out, q, k_cache, v_cache, query_start, context_lens, tables,
-                 np.int32(B), np.int32(H), np.int32(Hkv), np.int32(Dh), np.int32(bs), np.int32(tables.shape[1]),
-                 np.int64(q.strides[0] // 4), np.int64(q.strides[1] // 4), np.float32(scale)),
-            )
+        if meta.plan is None:
+            meta.plan = self._plan(T, bs, meta)
+        decode, items = meta.plan
+        tables = meta.block_tables
+        out = self._cp.empty((T, H, Dh), dtype=np.float32)
+        common = (meta.query_start, meta.context_lens, tables, np.int32(H), np.int32(Hkv), np.int32(Dh), np.int32(bs),
+                  np.int32(tables.shape[1]), np.int64(q.strides[0] // 4), np.int64(q.strides[1] // 4), np.float32(scale))
+        if decode.shape[0]:
+            self._kernel("paged_attention_decode_f16")(
+                (decode.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, decode) + common)
+        if items.shape[0]:
+            self._kernel("paged_attention_prefill_f16")(
+                (items.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, items) + common)
         return out
 
-
-def _round_up(n: int, m: int) -> int:
-    return max(m, -(-n // m) * m)
+    def _plan(self, T: int, block_size: int, meta: AttentionMetadata) -> tuple[Any, Any]:
+        qs = meta.host_query_start()
+        B = qs.shape[0] - 1
+        if qs[-1] != T:
+            raise ValueError(f"paged_attention: query_start {qs.tolist()} does not cover {T} query rows")
+        for name in ("query_start", "context_lens", "block_tables"):
+            a = getattr(meta, name)
+            if a.dtype != np.int32 or not a.flags.c_contiguous:
+                raise ValueError(f"paged_attention: meta.{name} must be contiguous int32, got {a.dtype}")
+        tables = meta.block_tables
+        if meta.context_lens.shape != (B,) or tables.ndim != 2 or tables.shape[0] != B:
+            raise ValueError(f"paged_attention: metadata shapes disagree: query_start {qs.shape}, "
+                             f"context_lens {meta.context_lens.shape}, block_tables {tables.shape}")
+        if tables.shape[1] * block_size < meta.max_context:
+            raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {meta.max_context}")
+        decode, items = attention_plan(qs)
+        return self._cp.asarray(decode), self._cp.asarray(items)
 
 
 def _check_2d(op: str, x: Any, d: int) -> None:

@@ -27,6 +27,8 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
+    kv_dtype = np.float32
+    choice = ""  # get_backend says what it chose and why
     blas_threads: int | None = None  # None: as many as the engine's threads
 
     def __init__(self) -> None:
@@ -39,6 +41,10 @@ class NumpyBackend:
 
     def to_numpy(self, a: Any) -> np.ndarray:
         return np.asarray(a)
+
+    def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Copy host data into a backend array of the same shape and dtype."""
+        np.copyto(dst, src)
 
     def synchronize(self) -> None:
         """Nothing to wait for on the CPU."""
@@ -111,6 +117,11 @@ class NumpyBackend:
             out += bias
         return out
 
+    def rope_cos_sin(self, inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin float32 [T, len(inv_freq)] at angles positions[t] * inv_freq[j] (float32, as transformers)."""
+        angles = np.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]
+        return np.cos(angles), np.sin(angles)
+
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """Rotate-half (NeoX/HF) RoPE on x [T, H, Dh] with cos/sin [T, Dh//2]; in place, returns x."""
         if x.ndim != 3 or x.shape[2] % 2:
@@ -153,9 +164,10 @@ class NumpyBackend:
         out *= up
         return out
 
-    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
-        """[T, V] -> host int64 [T] (first maximum per row)."""
-        return np.argmax(logits, axis=-1)
+    def argmax_rows(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[T, V] -> (int64 [T] first maximum per row, [T] its logit; NaN where the row has one)."""
+        ids = np.argmax(logits, axis=-1)
+        return ids, logits[np.arange(logits.shape[0]), ids]
 
     def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray) -> None:
         """Set logits [R, V] to -inf where bit (v % 32) of bitmask[r, v // 32] (int32 [R, W]) is 0, in place."""

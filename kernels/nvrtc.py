@@ -1,8 +1,9 @@
 """Compile-check CUDA sources with NVRTC, without a GPU and without CuPy.
 
 NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel and is called through ctypes; headers such as
-cuda_fp16.h come from the `nvidia-cuda-runtime-cu12` wheel. The target is given explicitly
-(compute_90) because there is no device to ask.
+cuda_fp16.h come from the `nvidia-cuda-runtime-cu12` wheel. The target is given explicitly because
+there is no device to ask: real architectures (sm_80: A100, sm_90: H100), so that ptxas runs too and
+its resource report (`--ptxas-options=-v`: registers, spills, shared memory) can be checked.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-DEFAULT_ARCH = "compute_90"
+ARCHS = ("sm_80", "sm_90")  # the GPUs Forge targets
+DEFAULT_ARCH = "sm_90"
 CUDA_DIR = Path(__file__).with_name("cuda")
 
 
@@ -91,7 +93,7 @@ def _check(status: int, what: str) -> None:
 
 
 def compile_source(source: str, name: str = "source.cu", arch: str = DEFAULT_ARCH, options: tuple[str, ...] = ()) -> str:
-    """Compile CUDA source text to PTX; returns NVRTC's log (warnings). Raises CompileError with the log."""
+    """Compile CUDA source text for `arch`; returns NVRTC's log (warnings, ptxas reports). Raises CompileError with the log."""
     lib = _lib()
     prog = ctypes.c_void_p()
     _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram")
@@ -112,12 +114,12 @@ def compile_source(source: str, name: str = "source.cu", arch: str = DEFAULT_ARC
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def compile_check(path: str | Path, arch: str = DEFAULT_ARCH) -> None:
-    """Compile one .cu file under NVRTC; raise CompileError with NVRTC's log if it is rejected."""
+def compile_check(path: str | Path, arch: str = DEFAULT_ARCH, options: tuple[str, ...] = ()) -> str:
+    """Compile one .cu file under NVRTC and return its log; raise CompileError with the log if it is rejected."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"CUDA source not found: {path}")
-    compile_source(path.read_text(), path.name, arch)
+    return compile_source(path.read_text(), path.name, arch, options)
 
 
 def cuda_sources() -> list[Path]:

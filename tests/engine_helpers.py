@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.types import GenerationEvent, GenerationRequest, SamplingParams, TokenLogprob
+from kernels.attention_meta import build_attention_metadata
 
 
 @dataclass
@@ -54,3 +57,18 @@ def run_all(core: LLMEngine, requests: list[GenerationRequest], max_steps: int =
         collect(core.step(), results)
     assert not core.has_work(), "engine did not finish"
     return {rid: r for (rid, idx), r in results.items() if idx == 0}
+
+
+def greedy_divergence(reference, prompt: list[int], got: list[int], want: list[int]) -> tuple[int, float] | None:
+    """None when greedy ids `got` equal the reference's `want`; else (the first generated position where they
+    differ, the reference's top-1 minus top-2 logit there). `reference`: (LoadedModel, LlamaModel)."""
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if at is None:
+        assert len(got) == len(want)
+        return None
+    ids = prompt + want[:at]
+    core = make_core(reference, kv_memory=1 << 24, block_size=16)
+    meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // 16)))], 16, core.backend)
+    logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1]))[0]
+    top = np.sort(logits)[-2:]
+    return at, float(top[1] - top[0])

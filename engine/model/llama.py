@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.model.rope import rope_cos_sin, rope_inv_freq
+from engine.model.rope import rope_inv_freq
 from kernels.attention_meta import AttentionMetadata
 from kernels.weight import Weight, concat_rows
 
@@ -41,6 +41,7 @@ class LlamaModel:
         self.config, self.backend = config, backend
         be = backend
         self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
+        self.weight_bytes = sum(w.nbytes for w in weights.values())  # as loaded: what a decode step reads on numba and CuPy
         get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
@@ -63,7 +64,7 @@ class LlamaModel:
         self.embed = be.prepare_embedding(embed)
         self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else get("lm_head"))
         self.final_norm = be.asarray(get("final_norm"))
-        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.inv_freq = be.asarray(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 
     def forward(
@@ -75,10 +76,23 @@ class LlamaModel:
         logits_rows: np.ndarray,
     ) -> np.ndarray:
         """Run T tokens; return float32 host logits [len(logits_rows), vocab]."""
+        self.backend.begin_step()
+        return self.backend.to_numpy(self.forward_device(token_ids, positions, meta, kv_caches, logits_rows))
+
+    def forward_device(
+        self,
+        token_ids: Any,
+        positions: Any,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[Any, Any]],
+        logits_rows: Any,
+    ) -> Any:
+        """`forward` leaving the logits on the backend, on whatever thread setup or stream is current (no
+        `begin_step`). Given backend arrays (meta's plan made), it copies nothing between host and device:
+        what a CUDA graph captures (engine/decode_graphs.py)."""
         cfg, be = self.config, self.backend
         T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        be.begin_step()
-        cos, sin = (be.asarray(a) for a in rope_cos_sin(self.inv_freq, positions))
+        cos, sin = be.rope_cos_sin(self.inv_freq, be.asarray(positions))
 
         h = be.embedding(self.embed, be.asarray(token_ids))
         residual = None
@@ -97,4 +111,4 @@ class LlamaModel:
 
         rows = be.asarray(logits_rows)
         x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, cfg.rms_eps)
-        return be.to_numpy(be.linear(x, self.lm_head))
+        return be.linear(x, self.lm_head)

@@ -1,4 +1,5 @@
-"""Rotary position embedding frequencies (HF conventions, float32 like transformers)."""
+"""Rotary position embedding frequencies (HF conventions, float32 like transformers); the backends
+turn them into cos/sin tables (`rope_cos_sin`)."""
 from __future__ import annotations
 
 import math
@@ -28,8 +29,3 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
         return np.where(medium, smoothed, scaled).astype(np.float32)
     raise ValueError(f"unsupported rope scaling type {rope_type!r}")
 
-
-def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [T, head_dim // 2] float32 at integer `positions`."""
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(angles), np.sin(angles)

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kernels import cupy_unavailable_reason
+
 FORGE = str(Path(sys.executable).parent / "forge")
 
 
@@ -68,3 +72,15 @@ def test_serve_on_a_busy_port_says_so_before_loading_the_model(tmp_path):
     assert run.returncode == 1
     assert f"port {port} on 127.0.0.1 is already in use" in run.stderr and "Traceback" not in run.stderr
     assert "loaded" not in run.stderr and not db.exists()  # neither the model nor the database was touched
+
+
+@pytest.mark.skipif(cupy_unavailable_reason() is None, reason="a CUDA GPU is usable here: cupy would run")
+def test_backend_cupy_without_a_gpu_fails_at_once_and_auto_says_why_it_chose_numba():
+    for args in (("generate", "--backend", "cupy", "hi"), ("serve", "--backend", "cupy", "--port", "1")):
+        run = forge(*args, timeout=60)
+        assert run.returncode != 0, args
+        assert "kernel backend 'cupy' is not usable here" in run.stderr and "Traceback" not in run.stderr, run.stderr
+        assert "compiling CPU kernels" not in run.stderr  # it failed before loading anything
+    run = forge("generate", "--temperature", "0", "--max-tokens", "1", "hi")
+    assert run.returncode == 0, run.stderr
+    assert "kernel backend: numba with 1 threads (auto: no usable GPU, " in run.stderr

@@ -130,9 +130,13 @@ def test_embedding_rows_and_bad_ids(be, rng):
         be.embedding(table, np.array([50]))
 
 
-def test_argmax_rows(be, rng):
+def test_argmax_rows_gives_each_row_s_first_maximum_and_its_logit(be, rng):
     logits = rng.standard_normal((3, 100)).astype(np.float32)
-    assert be.argmax_rows(logits).tolist() == [int(np.argmax(r)) for r in logits]
+    logits[1, [9, 50]] = 7.0
+    logits[2, 4] = np.nan
+    ids, values = be.argmax_rows(logits)
+    assert ids.tolist() == [int(np.argmax(logits[0])), 9, 4]
+    assert values[0] == logits[0].max() and values[1] == 7.0 and np.isnan(values[2])
 
 
 # ---- KV cache ---------------------------------------------------------------

@@ -68,6 +68,29 @@ def test_greedy_is_argmax_and_never_draws():
     assert out.logprobs == [None] * 6
 
 
+def test_greedy_from_argmax_alone_matches_sample_with_drafts():
+    """sample_greedy (a backend's argmax_rows instead of the logits) emits what sample does: drafts kept
+    while they equal their row's argmax, then that argmax."""
+    gen = np.random.default_rng(2)
+    logits = gen.standard_normal((8, 300)).astype(np.float32)
+    top = logits.argmax(axis=1)
+    rows = [row(draft=[int(top[0]), int(top[1])], temperature=0.0), row(temperature=0.0),
+            row(draft=[int(top[4]), (int(top[5]) + 1) % 300, 7], temperature=0.0)]
+    assert all(sampling.is_plain_greedy(r.params) for r in rows)
+    want = sample(logits, rows)
+    got = sampling.sample_greedy(top, logits.max(axis=1), rows)
+    assert got.token_ids.tolist() == want.token_ids.tolist() == [*top[:3], top[3], top[4], top[5]]
+    assert got.num_tokens == want.num_tokens == [3, 1, 2] and got.logprobs == [None] * 6
+    assert not sampling.is_plain_greedy(SamplingParams(temperature=0.0, logprobs=0))
+    assert not sampling.is_plain_greedy(SamplingParams(temperature=0.0, repetition_penalty=1.1))
+    best = logits.max(axis=1)
+    best[5] = -np.inf
+    with pytest.raises(ValueError, match="row 5 has no usable token"):
+        sampling.sample_greedy(top, best, rows)
+    with pytest.raises(ValueError, match="need 8"):
+        sampling.sample_greedy(top[:7], best[:7], rows)
+
+
 def test_tiny_temperature_is_effectively_greedy_without_overflow():
     logits = np.random.default_rng(2).standard_normal((1, V)).astype(np.float32) * 20
     for t in (1e-6, 1e-30, 1e-45):

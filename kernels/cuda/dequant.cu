@@ -1,0 +1,72 @@
+// Rows of a quantized weight (kernels/weight.py layouts) -> float32 or float16 out [R, K]:
+// out[i, k] = scale * q + min of weight row ids[i], or of row row0 + i when ids is null (a panel of consecutive rows).
+// Rows outside [0, N) come out as zeros. scale * q and the + min round separately (no FMA contraction), as
+// Weight.dequantize does, so float32 rows are bit-equal to it. Grid-stride loops.
+//
+// q4: data uint8 [N, K/2]; in each group of 32 values (16 bytes), byte j holds value j in its low nibble and value
+//     j + 16 in its high one; scale/min float32 [N, K/32].
+// q8: data int8 [N, K]; scale (and min, or null) float32 [N, K/group].
+#include "common.cuh"
+
+template <typename T>
+__device__ void q4_rows(T* __restrict__ out, const unsigned char* __restrict__ data, const float* __restrict__ scale,
+                        const float* __restrict__ mins, const long long* __restrict__ ids, long long row0, long long N,
+                        int R, int K) {
+    const int bytes = K / 2, groups = K / 32;
+    const long long n = (long long)R * bytes;
+    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < n; b += (long long)gridDim.x * blockDim.x) {
+        const long long i = b / bytes;
+        const int c = (int)(b - i * bytes), g = c >> 4, j = c & 15;
+        const long long row = ids ? ids[i] : row0 + i;
+        T* o = out + i * K + g * 32 + j;
+        if (row < 0 || row >= N) {
+            store(o, 0.0f);
+            store(o + 16, 0.0f);
+            continue;
+        }
+        const unsigned int q = data[row * bytes + c];
+        const float s = scale[row * groups + g], m = mins[row * groups + g];
+        store(o, __fadd_rn(__fmul_rn(s, (float)(q & 15u)), m));
+        store(o + 16, __fadd_rn(__fmul_rn(s, (float)(q >> 4)), m));
+    }
+}
+
+template <typename T>
+__device__ void q8_rows(T* __restrict__ out, const signed char* __restrict__ data, const float* __restrict__ scale,
+                        const float* __restrict__ mins, const long long* __restrict__ ids, long long row0, long long N,
+                        int R, int K, int group) {
+    const int groups = K / group;
+    const long long n = (long long)R * K;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / K;
+        const int k = (int)(e - i * K), g = k / group;
+        const long long row = ids ? ids[i] : row0 + i;
+        if (row < 0 || row >= N) {
+            store(out + e, 0.0f);
+            continue;
+        }
+        float v = __fmul_rn(scale[row * groups + g], (float)data[row * K + k]);
+        if (mins) v = __fadd_rn(v, mins[row * groups + g]);
+        store(out + e, v);
+    }
+}
+
+extern "C" __global__ void q4_rows_f32(float* out, const unsigned char* data, const float* scale, const float* mins,
+                                       const long long* ids, long long row0, long long N, int R, int K) {
+    q4_rows(out, data, scale, mins, ids, row0, N, R, K);
+}
+
+extern "C" __global__ void q4_rows_f16(__half* out, const unsigned char* data, const float* scale, const float* mins,
+                                       const long long* ids, long long row0, long long N, int R, int K) {
+    q4_rows(out, data, scale, mins, ids, row0, N, R, K);
+}
+
+extern "C" __global__ void q8_rows_f32(float* out, const signed char* data, const float* scale, const float* mins,
+                                       const long long* ids, long long row0, long long N, int R, int K, int group) {
+    q8_rows(out, data, scale, mins, ids, row0, N, R, K, group);
+}
+
+extern "C" __global__ void q8_rows_f16(__half* out, const signed char* data, const float* scale, const float* mins,
+                                       const long long* ids, long long row0, long long N, int R, int K, int group) {
+    q8_rows(out, data, scale, mins, ids, row0, N, R, K, group);
+}

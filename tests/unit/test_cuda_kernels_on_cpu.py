@@ -1,0 +1,96 @@
+"""The CUDA kernels themselves, run on the CPU (no GPU here): kernels/cuda/*.cu built with g++ over a
+fiber-based CUDA shim (_cuda_on_cpu.py), driven by the CuPy backend on the NumPy stand-in for CuPy,
+through the parity tests a GPU runs (test_kernels_cupy_parity.py). This checks the kernels' indexing,
+arithmetic and synchronisation; it is not a GPU: no memory model, timing or FMA contraction, and no
+CUDA graphs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _cuda_on_cpu
+import _cupy_stand_in
+from _attention_cases import make_case
+from kernels.numpy_backend import NumpyBackend
+from test_kernels_cupy_parity import RTOL_SUM, _attention_pair, _close
+from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CPU build of the kernels)
+    test_add_rms_norm_updates_the_residual_in_place,
+    test_apply_token_bitmask,
+    test_argmax_takes_the_first_maximum,
+    test_embedding_of_float_tables,
+    test_embedding_rows_are_bit_equal_to_gguf_py,
+    test_linear_over_every_block_type,
+    test_linear_over_float_weights,
+    test_paged_attention,
+    test_panels_cover_a_weight_larger_than_one,
+    test_rms_norm,
+    test_rope_contiguous_and_strided_view,
+    test_rope_cos_sin_with_llama3_scaling,
+    test_rope_write_kv_rotates_q_and_writes_float16_k_v,
+    test_silu_mul,
+    test_tiny_model_logits_match_numpy,
+    test_write_kv_float16,
+)
+
+_REASON = _cuda_on_cpu.unavailable_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stand_in():
+    mp = pytest.MonkeyPatch()
+    yield _cupy_stand_in.install(mp, execute=True)
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def gpu(stand_in):
+    from kernels.cupy_backend import CupyBackend
+
+    return CupyBackend()
+
+
+@pytest.fixture(scope="module")
+def cpu() -> NumpyBackend:
+    return NumpyBackend()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(4321)
+
+
+@pytest.mark.parametrize("head_dim", [80, 256])
+def test_paged_attention_many_tiles_and_odd_shapes(gpu, cpu, rng, head_dim):
+    """test_paged_attention_long_context_and_odd_shapes at a size the CPU build runs in about a second: several
+    key tiles per warp, a ragged last row tile and warps without rows, block size 32, strided q."""
+    case = make_case(rng, [(1, 300), (40, 130), (1, 3), (17, 17)], heads=4, kv_heads=2, head_dim=head_dim, block_size=32)
+    got, want = _attention_pair(gpu, cpu, case, head_dim**-0.5, q_view=True)
+    _close(gpu, got, want, RTOL_SUM, RTOL_SUM)
+
+
+@pytest.mark.parametrize("arch,dtype,quantize", [("llama", "F16", None), ("qwen2", "BF16", "q8_0")])
+def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(gpu, tmp_path, caplog, arch, dtype, quantize):
+    """Tiny GGUF models (float16 weights; q/k/v biases and Q8_0 at load) through the engine: chunked prefills
+    beside decodes, float16 KV. Float16 products move logits by ~1e-3, so ids may differ only where the
+    reference's two best logits are closer than 0.01. CUDA graphs cannot be captured here, so decode steps
+    fall back to eager."""
+    from _gguf_helpers import write_tiny_pair
+    from engine.llm_engine import EngineConfig, LLMEngine
+    from engine.loader import load_model
+    from engine.model.llama import LlamaModel
+    from engine_helpers import greedy, greedy_divergence, run_all
+
+    loaded = load_model(write_tiny_pair(tmp_path, arch, dtype=dtype)[1], quantize=quantize)
+    prompts = [[5, 17, 42, 8, 99, 23, 61, 7, 150, 3, 77], [9, 8, 7], list(range(30, 54))]
+    ids, models = [], [(loaded, LlamaModel(loaded.config, loaded.weights, be)) for be in (gpu, NumpyBackend())]
+    for model in models:
+        reqs = [greedy(p, 6, ignore_eos=True) for p in prompts]
+        for i, r in enumerate(reqs):
+            r.request_id = f"r{i}"
+        core = LLMEngine(*model, EngineConfig(kv_memory=1 << 20, max_batched_tokens=16))
+        ids.append([run_all(core, reqs)[f"r{i}"].token_ids for i in range(len(prompts))])
+    for prompt, got, want in zip(prompts, *ids):
+        diverged = greedy_divergence(models[1], prompt, got, want)
+        assert diverged is None or diverged[1] < 0.01, diverged
+    assert "CUDA graph capture failed" in caplog.text

@@ -1,0 +1,177 @@
+"""The CuPy backend's host code on a NumPy stand-in for CuPy (no GPU on this machine): every kernel
+launch matches its C signature and the launch limits, every op launches the kernels it should with a
+grid that covers its work, and CUDA-graph capture makes no host <-> device copy. The kernels themselves
+do not run here (see test_kernels_cupy_parity.py on a GPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _cupy_stand_in
+from _attention_cases import make_case
+from _tiny_model import random_weight, tiny_config, tiny_weights
+from engine.decode_graphs import DecodeGraphs
+from engine.model.llama import LlamaModel
+from kernels import cuda_launch, cupy_backend
+from kernels.cupy_backend import KERNELS, CupyBackend
+
+
+@pytest.fixture
+def cp(monkeypatch):
+    return _cupy_stand_in.install(monkeypatch)
+
+
+@pytest.fixture
+def gpu(cp) -> CupyBackend:
+    return CupyBackend()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(7)
+
+
+def launched(cp, since: int = 0) -> list[str]:
+    return [launch.kernel for launch in cp.launches[since:]]
+
+
+def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
+    T, H, Hkv, Dh = 5, 4, 2, 16
+    f32 = lambda *shape: gpu.asarray(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    for kind in ("q4", "q8", "f16", "bf16", "f32"):
+        w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
+        assert w.kind == ("f16" if kind == "bf16" else kind)
+        for rows in (1, 9, 33):
+            assert gpu.linear(f32(rows, 64), w, f32(70)).shape == (rows, 70)
+        assert gpu.embedding(w, gpu.asarray(np.array([3, 0, 69]))).shape == (3, 64)
+    x, res, g = f32(T, 64), f32(T, 64), f32(64)
+    assert gpu.rms_norm(x, g, 1e-5).shape == (T, 64)
+    out, new_res = gpu.add_rms_norm(x, res, g, 1e-5)
+    assert new_res is res and out.shape == (T, 64)
+    cos, sin = gpu.rope_cos_sin(f32(Dh // 2), gpu.asarray(np.arange(T)))
+    assert cos.shape == sin.shape == (T, Dh // 2)
+    qkv = f32(T, (H + 2 * Hkv) * Dh)
+    assert gpu.rope(qkv[:, : H * Dh].reshape(T, H, Dh), cos, sin).shape == (T, H, Dh)
+    kc, vc = (gpu.empty_kv_cache(4, 16, Hkv, Dh) for _ in range(2))
+    slots = gpu.asarray(np.arange(T))
+    q = gpu.rope_write_kv(qkv, cos, sin, H, Hkv, kc, vc, slots)
+    assert q.shape == (T, H, Dh)
+    gpu.write_kv(kc, vc, f32(T, Hkv, Dh), f32(T, Hkv, Dh), slots)
+    assert gpu.silu_mul(f32(T, 2 * 96)).shape == (T, 96)
+    case = make_case(rng, [(1, 20), (3, 3), (1, 7)], heads=H, kv_heads=Hkv, head_dim=Dh)
+    meta = case.meta(gpu)
+    kc, vc = (gpu.asarray(c.astype(np.float16)) for c in (case.k_cache, case.v_cache))
+    assert gpu.paged_attention(gpu.asarray(case.q), kc, vc, meta, Dh**-0.5).shape == case.q.shape
+    ids, values = gpu.argmax_rows(f32(3, 10))
+    assert ids.shape == values.shape == (3,) and isinstance(ids, np.ndarray)
+    gpu.apply_token_bitmask(f32(3, 10), np.zeros((3, 1), np.int32))
+    assert set(launched(cp)) == set(KERNELS)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("rows", [1, 8, 9, cuda_launch.GEMV_MAX_ROWS])
+def test_few_rows_read_the_quantized_weight_in_one_gemv_launch(cp, gpu, rng, kind, rows):
+    w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
+    gpu.linear(gpu.asarray(np.ones((rows, 64), np.float32)), w)
+    (launch,) = cp.launches
+    assert launch.kernel == f"gemv_{kind}"
+    assert (launch.grid, launch.block) == cuda_launch.gemv_geometry(70, rows)
+
+
+def test_many_rows_dequantize_panels_that_cover_the_weight(cp, monkeypatch, rng):
+    monkeypatch.setattr(cupy_backend, "PANEL_VALUES", 64 * 200)  # 200 rows of 64 a panel: 3 panels for 470 rows
+    gpu = CupyBackend()
+    w = gpu.prepare_linear(random_weight("q8", 470, 64, rng))
+    out = gpu.linear(gpu.asarray(np.ones((40, 64), np.float32)), w)
+    assert out.shape == (40, 470) and out.dtype == np.float32
+    panels = [(int(launch.args[5]), int(launch.args[7])) for launch in cp.launches]  # (row0, rows)
+    assert launched(cp) == ["q8_rows_f16"] * 3
+    assert panels == [(0, 192), (192, 192), (384, 86)]
+
+
+def test_tied_embeddings_share_one_device_copy(gpu, rng):
+    w = random_weight("q4", 100, 64, rng)
+    embed = gpu.prepare_embedding(w)
+    assert gpu.prepare_linear(w) is embed
+    assert gpu.prepare_linear(w) is not embed  # only right after prepare_embedding
+
+
+def test_attention_launches_one_decode_block_per_sequence_and_head_and_tiles_the_prefills(cp, gpu, rng):
+    case = make_case(rng, [(1, 40), (37, 50), (1, 3)], heads=4, kv_heads=2, head_dim=16)
+    kc, vc = (gpu.asarray(c.astype(np.float16)) for c in (case.k_cache, case.v_cache))
+    meta = case.meta(gpu)
+    for _ in range(2):  # the second layer reuses the plan
+        gpu.paged_attention(gpu.asarray(case.q), kc, vc, meta, 0.25)
+    decode, prefill = cp.launches[:2]
+    assert decode.kernel == "paged_attention_decode_f16" and decode.grid == (2, 4)
+    assert decode.args[4].tolist() == [0, 2]
+    assert prefill.kernel == "paged_attention_prefill_f16" and prefill.grid == (3, 4)
+    assert prefill.args[4].tolist() == [[1, 0], [1, 16], [1, 32]]
+    assert cp.launches[2].args[4] is decode.args[4]
+
+
+def test_attention_rejects_what_the_kernels_cannot_do(gpu, rng):
+    case = make_case(rng, [(1, 5)], heads=2, kv_heads=1, head_dim=12)
+    kc, vc = (gpu.asarray(c.astype(np.float16)) for c in (case.k_cache, case.v_cache))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gpu.paged_attention(gpu.asarray(case.q), kc, vc, case.meta(gpu), 1.0)
+    case = make_case(rng, [(1, 5)], heads=2, kv_heads=1, head_dim=16)
+    with pytest.raises(ValueError, match="float16"):
+        gpu.paged_attention(gpu.asarray(case.q), gpu.asarray(case.k_cache), gpu.asarray(case.v_cache), case.meta(gpu), 1.0)
+
+
+def tiny_model(gpu, rng, kinds=("q4", "q8", "f16")) -> tuple[LlamaModel, list]:
+    config = tiny_config()
+    model = LlamaModel(config, tiny_weights(config, list(kinds), rng), gpu)
+    caches = [(gpu.empty_kv_cache(9, 16, 2, 16), gpu.empty_kv_cache(9, 16, 2, 16)) for _ in range(config.num_layers)]
+    return model, caches
+
+
+def test_a_forward_of_the_tiny_model_runs_on_the_stand_in(gpu, rng):
+    from kernels.attention_meta import build_attention_metadata
+
+    model, caches = tiny_model(gpu, rng)
+    assert model.lm_head is model.embed
+    meta = build_attention_metadata([37, 1], [37, 5], [[0, 1, 2], [3]], 16, gpu)
+    logits = model.forward(np.arange(38), np.concatenate([np.arange(37), [4]]), meta, caches, np.array([36, 37]))
+    assert isinstance(logits, np.ndarray) and logits.shape == (2, 100)
+
+
+def test_decode_graphs_capture_once_per_bucket_without_host_copies_and_replay(cp, gpu, rng):
+    model, caches = tiny_model(gpu, rng)
+    graphs = DecodeGraphs(model, caches, 16, pad_block=8, width=8, max_batch=8)
+    tables = [[0, 1], [2], [3]]
+    logits = graphs.run([5, 6, 7], [20, 3, 0], tables)  # bucket 4: warm-up, capture, replay
+    assert logits.shape == (3, 100)
+    g = graphs._graphs[4]
+    assert g.logits.shape == (4, 100) and g.graph.launches
+    d = g.inputs.d
+    assert d["token_ids"].tolist() == [5, 6, 7, 0]
+    assert d["slot_mapping"].tolist() == [1 * 16 + 4, 2 * 16 + 3, 3 * 16, 8 * 16]
+    assert d["context_lens"].tolist() == [21, 4, 1, 1]
+    assert d["block_tables"][:, 0].tolist() == [0, 2, 3, 8]
+    before = len(cp.launches)
+    graphs.run([9, 9, 9], [21, 4, 1], tables)  # the same bucket: replayed, not captured again
+    assert graphs._graphs.keys() == {4}
+    assert launched(cp, before) == [launch.kernel for launch in g.graph.launches]
+    assert d["token_ids"].tolist() == [9, 9, 9, 0] and d["positions"].tolist() == [21, 4, 1, 0]
+
+
+def test_a_failed_capture_leaves_that_bucket_eager(cp, gpu, rng):
+    model, caches = tiny_model(gpu, rng)
+    graphs = DecodeGraphs(model, caches, 16, pad_block=8, width=8, max_batch=8)
+    real = model.forward_device
+    model.forward_device = lambda *a: gpu.to_numpy(real(*a))  # a copy to the host: refused while capturing
+    assert graphs.run([5] * 5, [0] * 5, [[0]] * 5) is None
+    assert graphs.eager_from == 8
+    model.forward_device = real
+    assert graphs.run([5], [0], [[0]]).shape == (1, 100)  # smaller buckets still capture
+    assert graphs.run([5] * 6, [0] * 6, [[0]] * 6) is None
+
+
+def test_compile_kernels_builds_every_source_up_front(gpu):
+    seen = []
+    gpu.compile_kernels(lambda i, n, file: seen.append((i, n, file)))
+    files = sorted(set(KERNELS.values()))
+    assert seen == [(i, len(files), f) for i, f in enumerate(files, 1)]
+    assert set(gpu._functions) == set(KERNELS)
