@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import greedy, make_core, run_all
-from kernels import numba_attention, numba_linear, numba_ops
+from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
 from kernels.numba_backend import NumbaBackend, warm_up
 
@@ -71,7 +71,7 @@ def test_logits_agree_on_a_multi_row_step_over_a_cached_prefix(default_model, re
 def _signatures() -> dict[str, int]:
     return {
         f"{mod.__name__}.{name}": len(fn.signatures)
-        for mod in (numba_linear, numba_ops, numba_attention)
+        for mod in (numba_linear, numba_layout, numba_ops, numba_attention)
         for name, fn in vars(mod).items()
         if hasattr(fn, "signatures")
     }
@@ -119,3 +119,27 @@ def test_thread_count_is_honoured_and_capped(threads):
 
     be = NumbaBackend(threads)
     assert be.threads == min(threads, numba.config.NUMBA_NUM_THREADS)
+
+
+def test_the_loaded_model_keeps_no_original_quantized_arrays():
+    """With take=True the backend's blocked copies replace the loader's arrays, which are freed."""
+    import gc
+    import weakref
+
+    from engine.loader import load_model
+    from engine.model.llama import LlamaModel
+    from kernels.weight import Weight
+
+    loaded = load_model("default")  # a fresh copy: the session's one is shared
+    weights, config = loaded.weights, loaded.config
+    quantized = [w for w in weights.values() if isinstance(w, Weight) and w.kind in ("q4", "q8")]
+    loaded_bytes = sum(w.nbytes for w in quantized)
+    refs = [weakref.ref(w.data) for w in quantized]
+    del quantized
+    model = LlamaModel(config, weights, NumbaBackend(threads=1), take=True)
+    gc.collect()
+    assert len(refs) > 200 and not weights
+    assert sum(r() is not None for r in refs) == 0
+    held = sum(lin.blocked.nbytes for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert model.lm_head is model.embed  # tied: one repacked copy
+    assert held + model.embed.blocked.nbytes <= loaded_bytes * 1.001  # only the padding of ragged row blocks
