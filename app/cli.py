@@ -19,6 +19,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
     p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
     p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
+    p.add_argument("--activations", default=None, metavar="f32|q8",
+                   help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
+                        "faster, close to but not equal to the float32 results)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "quantize", "host", "port", "database_url", "api_keys",
+                "model", "backend", "kv_memory", "threads", "quantize", "activations", "host", "port", "database_url", "api_keys",
                 "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
@@ -113,6 +116,7 @@ def _load(args: argparse.Namespace) -> Engine:
         kv_memory=args.kv_memory or "1GiB",
         threads=args.threads,
         quantize=args.quantize,
+        activations=args.activations or "f32",
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
 

@@ -35,7 +35,8 @@ def _load_engine(settings: Settings) -> Any:
     from engine import Engine  # heavy import, only when the app loads the model itself
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
-                       max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize)
+                       max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
+                       activations=settings.activations)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:

@@ -129,13 +129,15 @@ class Engine:
         block_size: int = 16,
         threads: int | None = None,
         quantize: str | None = None,
+        activations: str = "f32",
         progress: Callable[[str], None] | None = None,
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop.
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
-        quantize float matrices at load. `progress` receives one line per stage (also logged).
+        quantize float matrices at load. `activations="q8"`: int8 activations in the numba backend's
+        decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one line per stage (also logged).
         """
         t0 = time.perf_counter()
 
@@ -144,8 +146,8 @@ class Engine:
             if progress:
                 progress(line)
 
+        be = get_backend(backend, threads, activations)  # first: a bad choice fails before the load
         loaded = load_model(model, quantize=quantize)
-        be = get_backend(backend, threads)
         if be.name == "numba":
             from kernels.numba_backend import warm_up
 
@@ -181,6 +183,7 @@ class Engine:
             "arch": c.arch,
             "quant": m.quant,
             "backend": self.core.backend.name,
+            "activations": getattr(self.core.backend, "activations", "f32"),
             "context_length": self.max_context,
             "vocab_size": c.vocab_size,
             "num_layers": c.num_layers,

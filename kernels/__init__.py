@@ -1,7 +1,7 @@
 """Compute backends with one face: numba (compiled CPU kernels over quantized weights, the CPU
 path), NumPy (float32 reference) and CuPy (CUDA kernels).
 
-    backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None)
+    backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None, activations="f32")
 
 All offer: asarray, to_numpy, synchronize, begin_step, prepare_linear, prepare_embedding,
 empty_kv_cache, embedding, rms_norm, add_rms_norm, linear, rope, rope_write_kv, silu_mul,
@@ -20,7 +20,21 @@ from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
-__all__ = ["AttentionMetadata", "Backend", "NumpyBackend", "build_attention_metadata", "cupy_unavailable_reason", "get_backend"]
+__all__ = ["ACTIVATIONS", "AttentionMetadata", "Backend", "NumpyBackend", "build_attention_metadata", "check_activations",
+           "cupy_unavailable_reason", "get_backend"]
+
+# Activations of the decode products: float32 everywhere, or int8 per 32-block ("q8", numba only).
+ACTIVATIONS = ("f32", "q8")
+
+
+def check_activations(activations: str, backend: str) -> None:
+    """Raise ValueError unless `activations` is one of ACTIVATIONS and `backend` (a name, or "auto"
+    before it is resolved) can run it: only numba quantizes activations."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    if activations != "f32" and backend not in ("numba", "auto"):
+        raise ValueError(f"activations {activations!r} need the numba backend; the {backend} backend computes in "
+                         "float32 (use --activations f32 or --backend numba)")
 
 
 class Backend(Protocol):
@@ -67,20 +81,23 @@ def cupy_unavailable_reason() -> str | None:
     return None
 
 
-def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
+def get_backend(name: str = "auto", threads: int | None = None, activations: str = "f32") -> Backend:
     """Return the named backend; "auto" picks CuPy only when a GPU is really usable, else numba.
 
     `threads`: worker threads of the numba kernels (default: the cores this process may use).
+    `activations`: see ACTIVATIONS; "q8" is refused (ValueError) unless the backend is numba.
     """
+    if name not in ("auto", "numba", "numpy", "cupy"):
+        raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numba', 'numpy' or 'cupy'")
+    check_activations(activations, name)
     if name == "numpy":
         log.info("kernels: using the numpy backend (asked for by name)")
         return NumpyBackend()
     if name == "numba":
-        return _numba_backend(threads, "asked for by name")
-    if name not in ("auto", "cupy"):
-        raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'numba', 'numpy' or 'cupy'")
+        return _numba_backend(threads, activations, "asked for by name")
     reason = cupy_unavailable_reason()
     if reason is None:
+        check_activations(activations, "cupy")
         from kernels.cupy_backend import CupyBackend
 
         backend = CupyBackend()
@@ -88,12 +105,12 @@ def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
         return backend
     if name == "cupy":
         raise RuntimeError(f"kernel backend 'cupy' is not usable: {reason}")
-    return _numba_backend(threads, reason)
+    return _numba_backend(threads, activations, reason)
 
 
-def _numba_backend(threads: int | None, why: str) -> Backend:
+def _numba_backend(threads: int | None, activations: str, why: str) -> Backend:
     from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
 
-    backend = NumbaBackend(threads)
-    log.info("kernels: using the numba backend with %d threads (%s)", backend.threads, why)
+    backend = NumbaBackend(threads, activations)
+    log.info("kernels: using the numba backend with %d threads, %s activations (%s)", backend.threads, activations, why)
     return backend

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from kernels import ACTIVATIONS
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
@@ -36,8 +37,6 @@ from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
-# Activations of decode products: float32, or quantized to int8 per 32-block ("q8", as llama.cpp).
-ACTIVATIONS = ("f32", "q8")
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
 MATVEC_MAX_ROWS = 4
 # Attention steps under this many query-key dot products run on the calling thread.
@@ -80,8 +79,7 @@ class NumbaBackend(NumpyBackend):
 
     def __init__(self, threads: int | None = None, activations: str = "f32") -> None:
         super().__init__()
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
         self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
         self._lut: np.ndarray | None = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,17 @@ def test_bad_input_gets_a_clear_message_and_exit_code():
     bad_temp = forge("generate", "--temperature", "-1", "hi")
     assert bad_temp.returncode == 2
     assert "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
+
+
+def test_activations_flag_reaches_the_kernels_and_is_checked(reference):
+    case = reference["prompts"][0]  # its first two candidates are 0.08 apart: int8 activations flip them
+    run = forge("generate", "--activations", "q8", "--temperature", "0", "--max-tokens", "4", "--json",
+                case["messages"][0]["content"])
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["token_ids"] != case["generated_ids"][:4]
+    for args, env, message in (
+        (("bench", "--backend", "numpy", "--activations", "q8"), {}, "need the numba backend"),
+        (("serve", "--port", "0"), {"FORGE_ACTIVATIONS": "q4"}, "activations must be one of f32, q8, got 'q4'"),
+    ):
+        bad = subprocess.run([FORGE, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

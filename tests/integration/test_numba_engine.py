@@ -143,3 +143,36 @@ def test_the_loaded_model_keeps_no_original_quantized_arrays():
     held = sum(lin.blocked.nbytes for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert model.lm_head is model.embed  # tied: one repacked copy
     assert held + model.embed.blocked.nbytes <= loaded_bytes * 1.001  # only the padding of ragged row blocks
+
+
+def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
+    """int8 activations (--activations q8) are not bit-faithful: bounds from the measured agreement
+    (scripts/activation_agreement.py, README) with margin. Decode steps run one token at a time so
+    that every product takes the int8 path."""
+    from engine.model.llama import LlamaModel
+
+    model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2, "q8")))
+    core = make_core(model, kv_memory=16 << 20)
+    bs, lead, argmax_equal, top1, top5 = core.blocks.block_size, [], 0, 0.0, 0.0
+    for case in reference["prompts"]:
+        want = case["greedy32_no_eos_stop_ids"]
+        got = run_all(core, [greedy(case["prompt_ids"], len(want), ignore_eos=True)])
+        ids = next(iter(got.values())).token_ids
+        lead.append(next((j for j, (a, b) in enumerate(zip(ids, want)) if a != b), len(want)))
+        seq, n = case["prompt_ids"] + want, len(case["prompt_ids"])
+        table, lo, logits = list(range(-(-len(seq) // bs))), 0, []
+        for hi in range(n, len(seq)):  # the prompt in one prefill, then one forced token a step
+            meta = build_attention_metadata([hi - lo], [hi], [table], bs, model[1].backend)
+            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, core.kv_caches,
+                                           np.asarray([hi - lo - 1]))[0])
+            lo = hi
+        logits = np.stack(logits)
+        argmax_equal += int((logits.argmax(axis=1) == np.asarray(want)).sum())
+        top1 = max(top1, float(np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()))
+        t5 = case["first_position_top5"]
+        top5 = max(top5, float(np.abs(logits[0][t5["ids"]] - t5["values"]).max()))
+    # measured: leading greedy ids 0, 32, 31 (prompt 0's first two candidates are 0.08 apart);
+    # teacher-forced argmax 93/96; top-1 logit within 2.62; first-position top-5 within 0.12
+    assert sorted(lead)[-2] >= 24, lead
+    assert argmax_equal >= 88, argmax_equal
+    assert 1e-3 < top1 < 4.0 and top5 < 0.25, (top1, top5)  # above 1e-3: the int8 path really ran
