@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any
 
-from engine import Engine, GenerationRequest, SamplingParams
+from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
 
 WORDS = (
     "river mountain quiet lantern harbor copper meadow signal winter orbit canvas thunder "
@@ -30,20 +30,95 @@ def _raw_prompt(engine: Engine, n_tokens: int, salt: int) -> list[int]:
     return ids[:n_tokens]
 
 
-async def _run(engine: Engine, prompt: list[int], max_tokens: int) -> dict:
-    """One request; returns its final event's numbers and the arrival time of every token."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+async def _run(engine: Engine, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> dict:
+    """One request (greedy, to max_tokens unless `params`); its final event's numbers, its tokens and
+    the arrival time of every token (a step may bring several: speculative decoding)."""
+    params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     stamps: list[float] = []
     text: list[str] = []
+    token_ids: list[int] = []
     start = time.perf_counter()
     final = None
     async for ev in engine.generate(GenerationRequest(prompt, params)):
         text.append(ev.text)
-        if ev.token_ids:
-            stamps.append(time.perf_counter())
+        token_ids += ev.token_ids
+        stamps += [time.perf_counter()] * len(ev.token_ids)
         if ev.final:
             final = ev
-    return {"start": start, "stamps": stamps, "text": "".join(text), "usage": final.usage, "timings": final.timings}
+    return {"start": start, "stamps": stamps, "text": "".join(text), "token_ids": token_ids, "usage": final.usage,
+            "timings": final.timings}
+
+
+def _decode_rate(stamps: list[float]) -> float:
+    """Tokens/s after the first token (which waits for the prefill)."""
+    first = stamps.count(stamps[0])  # tokens that came with the first step
+    return (len(stamps) - first) / (stamps[-1] - stamps[0]) if stamps[-1] > stamps[0] else 0.0
+
+
+REWRITE_CODE = """def load_users(path):
+    users = []
+    with open(path) as f:
+        for line in f:
+            name, email, age = line.strip().split(",")
+            users.append({"name": name, "email": email, "age": int(age)})
+    return users
+
+
+def adults(users):
+    result = []
+    for user in users:
+        if user["age"] >= 18:
+            result.append(user)
+    return result
+"""
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "steps": {"type": "array", "items": {"type": "string", "maxLength": 80}, "minItems": 3, "maxItems": 8},
+    },
+    "required": ["title", "steps"],
+    "additionalProperties": False,
+}
+
+
+async def _structured(engine: Engine, max_tokens: int) -> dict:
+    """Decode tokens/s for the same prompt free and under a JSON schema (speculation off: the mask's cost alone)."""
+    prompt = engine.render_chat([{"role": "user", "content": "Give a recipe for pancakes as JSON with a title and steps."}])
+    free = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
+    schema = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off",
+                            response_format=ResponseFormat("json_schema", json.dumps(JSON_SCHEMA)))
+    await _run(engine, prompt, 2, schema)  # compile the schema outside the measurement
+    await engine.reset_prefix_cache()
+    r_free = await _run(engine, prompt, max_tokens, free)
+    await engine.reset_prefix_cache()
+    r_schema = await _run(engine, prompt, max_tokens, schema)
+    return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_schema": _decode_rate(r_schema["stamps"]),
+            "schema_tokens": len(r_schema["token_ids"])}
+
+
+async def _speculative(engine: Engine, max_tokens: int) -> dict:
+    """Single-stream greedy decode on a rewrite task (fix one typo: the reply copies most of the prompt),
+    speculation off vs on, each to the reply's natural end (or max_tokens)."""
+    prompt = engine.render_chat([{"role": "user", "content": (
+        "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
+        "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```")}])
+    runs = {}
+    for mode in ("off", "ngram"):
+        await engine.reset_prefix_cache()
+        before = engine.stats()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode)
+        runs[mode] = (await _run(engine, prompt, max_tokens, params), before, engine.stats())
+    on, before, after = runs["ngram"]
+    drafted = after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    return {
+        "tokens": len(on["token_ids"]),
+        "tok_s_off": _decode_rate(runs["off"][0]["stamps"]),
+        "tok_s_on": _decode_rate(on["stamps"]),
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "identical": on["token_ids"] == runs["off"][0]["token_ids"],
+    }
 
 
 class OpProfile:
@@ -72,8 +147,8 @@ class OpProfile:
 
 
 async def _profile_decode(engine: Engine, tokens: int) -> dict:
-    """Single-stream decode with every op timed: where one step's time goes, and how much of it is
-    Python between the kernels (forward time minus op time)."""
+    """Single-stream decode (speculation off: one token per step) with every op timed: where one step's
+    time goes, and how much of it is Python between the kernels (forward time minus op time)."""
     model = engine.core.model
     prof = OpProfile(model.backend)
     forward_s = 0.0
@@ -91,7 +166,8 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
     model.backend, model.forward = prof, forward  # the engine is idle between requests
     try:
-        r = await _run(engine, prompt, tokens)
+        r = await _run(engine, prompt, tokens,
+                       SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"))
     finally:
         model.backend = prof.backend
         del model.forward
@@ -129,7 +205,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
 
     await engine.reset_prefix_cache()
     r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
-    decode_tok_s = (len(r["stamps"]) - 1) / (r["stamps"][-1] - r["stamps"][0])
+    decode_tok_s = _decode_rate(r["stamps"])
 
     aggregate, e2e, itl = {}, {}, []
     for n in (8, 32):
@@ -142,7 +218,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         total = sum(len(run["stamps"]) for run in runs)
         e2e[str(n)] = total / (max(run["stamps"][-1] for run in runs) - min(run["start"] for run in runs))
         if n == 32:
-            itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:])]
+            itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:]) if b > a]
 
     await engine.reset_prefix_cache()
     turns, history, chat = 8, [], []
@@ -171,6 +247,8 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "itl_ms": {"p50": _pct(itl, 0.5) * 1000, "p95": _pct(itl, 0.95) * 1000},
         "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
         "chat_turns": chat,
+        "structured": await _structured(engine, decode_len),
+        "speculative": await _speculative(engine, 64 if quick else 160),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
     }
@@ -201,6 +279,12 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("inter-token latency p50 / p95 (32 seqs)", f"{result['itl_ms']['p50']:.0f} / {result['itl_ms']['p95']:.0f} ms"),
         ("chat TTFT turn 1 / turn 8", f"{result['chat_ttft_ms']['turn1']:.0f} / {result['chat_ttft_ms']['turn8']:.0f} ms"),
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
+        ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
+                                              f"{result['structured']['tok_s_schema']:.1f} tok/s"),
+        (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens)",
+         f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
+         f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
+         f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
     ]
     if profile:

@@ -14,13 +14,15 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
-from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE
+from app.api.bodies import DEFAULT_TITLE
 from app.api.errors import ServiceError
+from app.api.response_format import ResponseFormatField, compile_response_format
+from app.defaults import session_defaults, turn_extras
 from app.metrics import Metrics
 from app.store import Conflict, Store
 
@@ -61,11 +63,10 @@ class Turn:
 @dataclass(slots=True)
 class _Plan:
     history: list[dict[str, Any]]  # messages that go to the template, the new user message included
+    parent_id: str | None  # the stored message the new one(s) go below
     user_content: str | None = None
-    edit: tuple[str, str] | None = None
-    keep_through: int | None = None
     title: str | None = None
-    kept: list[dict[str, Any]] = field(default_factory=list)  # stored messages that remain (edit/regenerate)
+    branches: bool = False  # edit/regenerate: a new branch; the client is sent the chosen branch up to the reply
 
 
 def title_from(content: str) -> str:
@@ -95,25 +96,43 @@ class ChatService:
     # -- starting turns -------------------------------------------------------------------
 
     async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
-                   idempotency_key: str | None = None) -> Turn | None:
-        """Append a user message and stream a reply. Raises ServiceError before storing anything.
+                   idempotency_key: str | None = None,
+                   response_format: ResponseFormatField | None = None) -> Turn | None:
+        """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
+        ServiceError before storing anything.
 
         A send whose `idempotency_key` the session already holds stores nothing: the sink gets the
         session's `history` (that message and its reply as stored now) and None is returned."""
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
-        return await self._begin(session_id, owner, sink, client_id,
-                                 lambda s, msgs: self._plan_send(s, msgs, content), idempotency_key)
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
+                                 idempotency_key, response_format)
 
     async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
                    client_id: str | None = None) -> Turn:
-        """Replace a user message's content, drop every later message, stream a new reply."""
+        """A new branch: the user message `message_id` (on the chosen branch) gets a sibling holding
+        `content`, and a reply to it streams."""
         return await self._begin(session_id, owner, sink, client_id,
                                  lambda s, msgs: self._plan_edit(msgs, session_id, message_id, content))
 
     async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None) -> Turn:
-        """Drop the last assistant reply (if the session ends with one) and stream a new one."""
+        """A new branch: the last reply (if the session ends with one) gets a sibling, streamed anew."""
         return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs))
+
+    async def select(self, session_id: str, owner: str, message_id: str
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Choose the branch through `message_id` (any message of the session); returns the session and its
+        chosen branch. Refused (busy) while a reply is being generated in the session."""
+        if self.running(session_id, owner) is not None or session_id in self._reserved:
+            raise ServiceError("busy", f"a reply is being generated in session '{session_id}'; switch branches "
+                               "when it is done", param="session_id")
+        found = await self.store.select(session_id, owner, message_id)
+        if found is not None:
+            return found
+        if await self.store.get_session(session_id, owner) is None:
+            raise _not_found(session_id)
+        raise ServiceError("not_found", f"message '{message_id}' not found in session '{session_id}'",
+                           param="message_id")
 
     async def _answered(self, session_id: str, owner: str, key: str, sink: Sink, client_id: str | None) -> bool:
         if not await self.store.sent_with_key(session_id, key):
@@ -132,20 +151,21 @@ class ChatService:
         title = None
         if session["title"] == DEFAULT_TITLE and not any(m["role"] == "user" for m in messages):
             title = title_from(content) or None
-        return _Plan(history=messages + [{"role": "user", "content": content}], user_content=content, title=title)
+        return _Plan(history=messages + [{"role": "user", "content": content}],
+                     parent_id=messages[-1]["id"] if messages else None, user_content=content, title=title)
 
     def _plan_edit(self, messages: list[dict[str, Any]], session_id: str, message_id: str, content: str) -> _Plan:
         idx = next((i for i, m in enumerate(messages) if m["id"] == message_id), None)
         if idx is None:
-            raise ServiceError("not_found", f"message '{message_id}' not found in session '{session_id}'", param="message_id")
+            raise ServiceError("not_found", f"message '{message_id}' not found on the chosen branch of session "
+                               f"'{session_id}'", param="message_id")
         target = messages[idx]
         if target["role"] != "user":
             raise ServiceError("invalid_parameter",
                                f"message '{message_id}' is an {target['role']} message; only user messages can be edited",
                                param="message_id")
-        edited = dict(target, content=content)
-        kept = messages[:idx] + [edited]
-        return _Plan(history=kept, edit=(message_id, content), keep_through=target["position"], kept=kept)
+        return _Plan(history=messages[:idx] + [{"role": "user", "content": content}], parent_id=target["parent_id"],
+                     user_content=content, branches=True)
 
     def _plan_regenerate(self, messages: list[dict[str, Any]]) -> _Plan:
         kept = list(messages)
@@ -154,11 +174,11 @@ class ChatService:
         if not kept or kept[-1]["role"] != "user":
             raise ServiceError("invalid_parameter", "nothing to regenerate: the session does not end with a user message "
                                "or an assistant reply to one")
-        return _Plan(history=kept, keep_through=kept[-1]["position"], kept=kept)
+        return _Plan(history=kept, parent_id=kept[-1]["id"], branches=True)
 
     async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None,
                      plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan],
-                     idempotency_key: str | None = None) -> Turn:
+                     idempotency_key: str | None = None, response_format: ResponseFormatField | None = None) -> Turn:
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
         if session_id in self.turns or session_id in self._reserved:
@@ -173,25 +193,28 @@ class ChatService:
             plan = plan_for(before, messages)
             # Rendering and tokenizing a long conversation takes a while: not on the event loop.
             prompt = await asyncio.to_thread(self._render, before, plan.history)
-            req = GenerationRequest(prompt_token_ids=prompt, params=self._sampling(before["settings"], len(prompt)))
+            params = self._sampling(before["settings"], len(prompt))
+            params.response_format = await compile_response_format(self.engine, response_format)
+            req = GenerationRequest(prompt_token_ids=prompt, params=params)
             self.take_slot(owner)  # given back by the turn's task, or in `finally` when there is none
             try:
                 gen = self._admit(req)
             except ServiceError:
                 self.free_slot(owner)
                 raise
-            started = await self.store.start_reply(session_id, owner, user_content=plan.user_content,
-                                                   idempotency_key=idempotency_key, edit=plan.edit,
-                                                   keep_through=plan.keep_through, title=plan.title)
+            started = await self.store.start_reply(session_id, owner, parent_id=plan.parent_id,
+                                                   user_content=plan.user_content, idempotency_key=idempotency_key,
+                                                   title=plan.title)
             if started is None:
                 raise _not_found(session_id)
-            session, user, reply = started
+            session, branch = started
+            reply = branch[-1]
             turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
                         title=session["title"], sink=sink, client_id=client_id)
-            if user is not None:
-                turn.emit({"type": "message.created", "session_id": session_id, "message": user})
+            if plan.branches:
+                turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
             else:
-                turn.emit({"type": "history", "session_id": session_id, "messages": plan.kept})
+                turn.emit({"type": "message.created", "session_id": session_id, "message": branch[-2]})
             turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
             if plan.title is not None:
                 turn.emit({"type": "session", "session": session})
@@ -252,9 +275,9 @@ class ChatService:
             raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
                                f"{self.engine.max_context}: start a new session or edit an earlier message",
                                param="content")
-        merged = {**DEFAULT_SETTINGS, **settings}
+        merged = {**session_defaults(self.engine), **settings}
         return SamplingParams(max_tokens=min(int(merged["max_tokens"]), room), temperature=float(merged["temperature"]),
-                              top_p=float(merged["top_p"]))
+                              top_p=float(merged["top_p"]), **turn_extras(self.engine))
 
     # -- running a turn -------------------------------------------------------------------
 

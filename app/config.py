@@ -22,6 +22,7 @@ class Settings:
     database_url: str = "sqlite+aiosqlite:///./data/forge.db"
     backend: str = "auto"
     kv_memory: str = "1GiB"
+    speculative: str = "ngram"  # n-gram speculative decoding by default ("off" to disable); requests may override
     api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
     admin_token: str | None = None
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted besides the served host's own
@@ -39,6 +40,7 @@ class Settings:
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
     turns_per_key: int = 16  # replies generating at once per API key (per server without keys)
     import_messages: int = 10_000  # messages in one imported session
+    default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.defaults)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -80,6 +82,8 @@ class Settings:
             raise ValueError(f"database_url must be an SQLAlchemy URL, got {self.database_url!r}")
         if self.log_level.lower() not in _LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
         if self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:
@@ -89,7 +93,8 @@ class Settings:
                              "an HTTP header); auth is off only when no key is given")
         if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
             raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
-        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages"):
+        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages",
+                     "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.ws_commands_per_s > 0:
@@ -100,7 +105,7 @@ class Settings:
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key",
-               "import_messages"}
+               "import_messages", "default_max_tokens"}
 _FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}

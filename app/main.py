@@ -15,9 +15,10 @@ from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
-from app.api import admin, openai, pages, sessions, ws
+from app.api import admin, openai, pages, search, sessions, ws
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
+from app.api.reference import ApiReference
 from app.api.state import Services
 from app.api.typed import TypedRequest
 from app.chat import ChatService
@@ -36,7 +37,7 @@ def _load_engine(settings: Settings) -> Any:
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
-                       activations=settings.activations)
+                       activations=settings.activations, speculative=settings.speculative)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
@@ -73,7 +74,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
 
     return Litestar(
         route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
-                        pages.static_router, sessions.router, openai.router, ws.chat_socket],
+                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
         lifespan=[lifespan],
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
@@ -83,7 +84,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",
                                      description="Chat sessions, SSE turns and an OpenAI-compatible shim. "
-                                                 "The WebSocket protocol is in docs/protocol.md."),
+                                                 "The WebSocket protocol is in docs/protocol.md.",
+                                     render_plugins=[ApiReference()]),
         logging_config=None,
     )
 

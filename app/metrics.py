@@ -178,6 +178,9 @@ class _EngineCollector:
             ("forge_kv_usage_ratio", "Fraction of KV cache blocks in use.", "kv_usage"),
             ("forge_prefix_cache_hit_rate", "Prefix cache hit tokens / queried tokens.", "prefix_hit_rate"),
             ("forge_decode_tokens_per_second", "Recent engine decode throughput.", "decode_tok_s"),
+            ("forge_spec_acceptance_rate", "Speculative decoding: accepted / drafted tokens.", "spec_acceptance_rate"),
+            ("forge_spec_mean_accepted_length", "Speculative decoding: tokens a verifying sequence gains per step "
+             "(accepted drafts + 1).", "spec_mean_accepted_length"),
         )
         for name, doc, key in gauges:
             if key in s:
@@ -189,6 +192,8 @@ class _EngineCollector:
             ("forge_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_queried_tokens"),
             ("forge_prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_hit_tokens"),
             ("forge_engine_steps", "Engine steps run.", "steps"),
+            ("forge_spec_drafted_tokens", "Speculative decoding: draft tokens verified.", "spec_drafted_tokens"),
+            ("forge_spec_accepted_tokens", "Speculative decoding: draft tokens accepted.", "spec_accepted_tokens"),
         )
         for name, doc, key in counters:
             if key in s:

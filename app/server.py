@@ -7,6 +7,7 @@ Also runnable as `python -m app.server [--port N] [--db URL] ...` (same flags as
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
 import re
@@ -86,16 +87,32 @@ def configure_logging(level: str) -> None:
 
 
 def preflight(settings: Settings) -> None:
-    """Fail fast, in one line, on the usual mistakes (a wrong model path, a bad KV size) before uvicorn
-    starts and the lifespan loads the model."""
+    """Fail fast, in one line, on the usual mistakes (a wrong model path, a bad KV size, a port in use)
+    before uvicorn starts and the lifespan loads the model."""
     from engine import parse_size
     from engine.loader import ModelLoadError, resolve_model_path
 
     try:
         resolve_model_path(settings.model)
         parse_size(settings.kv_memory)
+        check_port(settings.host, settings.port)
     except (ModelLoadError, ValueError) as e:
         raise SystemExit(f"forge: {e}") from None
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise ValueError when `host`:`port` can't be listened on (bound the way uvicorn binds it)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            why = "is already in use (another `forge serve`?); pick another with --port" \
+                if e.errno == errno.EADDRINUSE else f"can't be listened on: {e.strerror}"
+            raise ValueError(f"port {port} on {host} {why}") from None
 
 
 def serve(settings: Settings) -> None:

@@ -25,7 +25,8 @@ from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
-from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
+from engine.speculative import SpecConfig
+from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
 from kernels import get_backend
 
 log = logging.getLogger("forge.engine")
@@ -131,13 +132,15 @@ class Engine:
         quantize: str | None = None,
         activations: str = "f32",
         progress: Callable[[str], None] | None = None,
+        speculative: str = "ngram",
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop.
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `activations="q8"`: int8 activations in the numba backend's
-        decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one line per stage (also logged).
+        decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
+        line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose.
         """
         t0 = time.perf_counter()
 
@@ -156,7 +159,8 @@ class Engine:
             say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         _return_freed_memory()
-        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting)
+        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
+                              SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
@@ -173,6 +177,11 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.core.max_context
+
+    @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The sampling settings the model's files recommend (SamplingParams names; engine/loader/recommended.py)."""
+        return dict(self.core.loaded.sampling)
 
     @property
     def model_info(self) -> dict[str, Any]:
@@ -194,6 +203,7 @@ class Engine:
             "kv_block_size": self.core.blocks.block_size,
             "kv_blocks": self.core.blocks.num_blocks,
             "threads": self.threads,
+            "sampling_defaults": self.sampling_defaults,
         }
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -219,7 +229,9 @@ class Engine:
         """Admit `request` now and return its events: token deltas, then one final event per sample.
 
         Raises InvalidRequest or EngineOverloaded here, before anything is queued, so a caller can refuse
-        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request."""
+        before it answers anyone. Leaving the iteration early, or `aclose()`, aborts the request. A
+        `response_format` is compiled here unless `compile_response_format` did it first (await that from
+        the event loop: compiling is CPU work, done on a worker thread there)."""
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
@@ -237,6 +249,11 @@ class Engine:
         # earlier request with the same id can never reach this one).
         self._commands.put(("add", request, time.monotonic(), stream))
         return RequestStream(self, request.request_id, request.params.n, stream.events)
+
+    async def compile_response_format(self, fmt: ResponseFormat) -> None:
+        """Compile a constraint ahead of `generate` (cached; a worker thread, not the event loop).
+        Raises InvalidRequest naming what cannot be enforced."""
+        await asyncio.to_thread(self.core.grammars.compile, fmt)
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (blocks in use stay valid); applied between two steps."""

@@ -128,6 +128,20 @@ class BlockManager:
             self.cached.setdefault(key, block.block_id)
             parent = key
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq.num_computed` tokens: they held only rejected draft tokens.
+
+        Such blocks were never committed (only full blocks of accepted tokens are), so no
+        un-accepted token ever enters the prefix cache; they are reused first."""
+        keep = -(-seq.num_computed // self.block_size)
+        while len(seq.block_table) > keep:
+            bid = seq.block_table.pop()
+            block = self.blocks[bid]
+            assert block.ref_count == 1 and block.key is None, f"trimmed block {bid} is shared or cached"
+            block.ref_count = 0
+            self.free[bid] = None
+            self.free.move_to_end(bid, last=False)
+
     def release(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Cached blocks stay reusable until evicted."""
         # Tail blocks go to the free list first so that they are evicted before the shared

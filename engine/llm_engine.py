@@ -1,23 +1,28 @@
-"""The synchronous engine core: `step()` = schedule -> run the model -> sample -> emit.
+"""The synchronous engine core: `step()` = draft -> schedule -> run the model -> mask, sample and
+verify -> accept and emit.
 
 Single-threaded by design: the async façade (engine/engine.py) drives it from one
 long-lived thread. Tests and the benchmark may drive it directly.
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from engine.kv_cache import BlockManager
 from engine.loader import LoadedModel
+from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
-from engine.sampling import SamplerRow, make_rng, sample
-from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from engine.model_runner import ModelRunner, SeqInput, kv_bytes_per_block
+from engine.sampling import SampleOutput, SamplerRow, make_rng, sample
+from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
+from engine.speculative import Drafter, SpecConfig
+from engine.structured import Grammars
 from engine.tokenizer import IncrementalDetokenizer
 from engine.types import (
     EngineOverloaded,
@@ -28,7 +33,6 @@ from engine.types import (
     TokenLogprob,
     Usage,
 )
-from kernels.attention_meta import build_attention_metadata
 
 log = logging.getLogger("forge.engine")
 
@@ -40,31 +44,22 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_batched_tokens: int = 512
     max_waiting: int = 256
-
-
-def kv_bytes_per_block(model: LoadedModel, block_size: int, itemsize: int = 4) -> int:
-    c = model.config
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * itemsize
+    speculative: SpecConfig = field(default_factory=SpecConfig)
 
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, model: LlamaModel, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
+        self.config.speculative.check()
         self.loaded, self.model = loaded, model
-        self.backend = backend = model.backend
+        self.backend = model.backend
         self.tokenizer = loaded.tokenizer
         mc = loaded.config
         bs = self.config.block_size
         num_blocks = self.config.kv_memory // kv_bytes_per_block(loaded, bs)
         if num_blocks < 2:
             raise ValueError(f"kv_memory {self.config.kv_memory} bytes holds fewer than 2 blocks of {bs} tokens")
-        self.kv_caches = [
-            (
-                backend.empty_kv_cache(num_blocks, bs, mc.num_kv_heads, mc.head_dim, np.float32),
-                backend.empty_kv_cache(num_blocks, bs, mc.num_kv_heads, mc.head_dim, np.float32),
-            )
-            for _ in range(mc.num_layers)
-        ]
+        self.runner = ModelRunner(loaded, model, num_blocks, bs)
         self.blocks = BlockManager(num_blocks, bs)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens, self.config.max_waiting),
@@ -72,17 +67,16 @@ class LLMEngine:
         )
         self.max_context = min(mc.max_position, num_blocks * bs)
         self.eos_ids = frozenset(mc.eos_token_ids)
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size, sorted(self.eos_ids))
+        self.metrics = EngineMetrics()
         self._seq_ids = itertools.count()
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its live sequences
         self._pending_siblings: dict[str, list[Sequence]] = {}  # n > 1: wait for the prompt's blocks
         self._num_deadlines = 0  # live requests with a timeout: _expire has nothing to scan without one
-        self.counters = collections.Counter()
-        self.finished_by_reason: collections.Counter[str] = collections.Counter()
-        self._decode_window: collections.deque[tuple[float, int]] = collections.deque()
 
     # ---- requests ------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
-        """Raise InvalidRequest for anything that can never run."""
+        """Raise InvalidRequest for anything that can never run (compiling its constraint, if any)."""
         ids = req.prompt_token_ids
         vocab = self.loaded.config.vocab_size
         if not ids:
@@ -96,6 +90,8 @@ class LLMEngine:
         req.params.validate(vocab)
         if req.timeout_s is not None and not req.timeout_s > 0:
             raise InvalidRequest("timeout must be > 0 seconds", param="timeout")
+        if req.params.response_format is not None:
+            self.grammars.compile(req.params.response_format)
 
     def add_request(self, req: GenerationRequest, arrival: float | None = None) -> None:
         self.validate(req)
@@ -106,6 +102,8 @@ class LLMEngine:
         arrival = time.monotonic() if arrival is None else arrival
         deadline = arrival + req.timeout_s if req.timeout_s else None
         params = req.params
+        spec = self.config.speculative
+        drafting = (params.speculative or spec.mode) == "ngram"
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
@@ -113,8 +111,10 @@ class LLMEngine:
                 index=i,
                 token_ids=list(req.prompt_token_ids),
                 prompt_len=len(req.prompt_token_ids),
-                sampler=SamplerRow(params, make_rng(params.seed, i), np.asarray(req.prompt_token_ids), []),
+                rng=make_rng(params.seed, i) if params.temperature > 0 else None,
                 detok=IncrementalDetokenizer(self.tokenizer, stop=params.stop),
+                matcher=self.grammars.matcher(params.response_format) if params.response_format else None,
+                drafter=Drafter(spec) if drafting else None,
                 arrival=arrival,
                 deadline=deadline,
             )
@@ -138,105 +138,149 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
         events = self._expire(time.monotonic())
+        self._propose_drafts()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return events
         now = time.monotonic()
-        for seq in batch.seqs:
+        inputs, sampling = [], []
+        for seq, n in zip(batch.seqs, batch.num_new):
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
                 if seq.index == 0:
-                    self.counters["prompt_tokens"] += seq.prompt_len
-                    self.counters["cached_tokens"] += seq.num_cached
+                    self.metrics.prompt_tokens += seq.prompt_len
+                    self.metrics.cached_tokens += seq.num_cached
+            start = seq.num_computed
+            if start + n - len(seq.draft) == seq.num_tokens:  # reaches the end: sample after it
+                inputs.append(SeqInput(seq.token_ids[start:] + seq.draft, start, seq.block_table, 1 + len(seq.draft)))
+                sampling.append(seq)
+            else:
+                inputs.append(SeqInput(seq.token_ids[start : start + n], start, seq.block_table, 0))
         try:
-            logits, sampling = self._run_model(batch)
+            logits = self.runner.run(inputs)
         except Exception as exc:  # the model itself failed: these sequences cannot go on
             log.exception("model step failed")
             return events + [self._finish(s, "error", f"model step failed: {exc}") for s in batch.seqs]
 
-        for seq, n in zip(batch.seqs, batch.num_new):
-            seq.num_computed += n
-            self.blocks.commit(seq)
-        self.counters["steps"] += 1
-        events += self._sample_and_emit(sampling, logits)
-        self._release_siblings()
-        window = self._decode_window
-        window.append((time.monotonic(), len(sampling)))
-        while window[0][0] < window[-1][0] - 10.0:
-            window.popleft()
-        return events
-
-    def _run_model(self, batch: ScheduledBatch) -> tuple[np.ndarray, list[Sequence]]:
-        token_ids, positions, context_lens, logits_rows, sampling = [], [], [], [], []
-        row = 0
-        for seq, n in zip(batch.seqs, batch.num_new):
-            start = seq.num_computed
-            token_ids.extend(seq.token_ids[start : start + n])
-            positions.append(np.arange(start, start + n))
-            context_lens.append(start + n)
-            row += n
-            if start + n == seq.num_tokens:  # the chunk reaches the end: sample after it
-                logits_rows.append(row - 1)
-                sampling.append(seq)
-        meta = build_attention_metadata(
-            batch.num_new, context_lens, [s.block_table for s in batch.seqs], self.blocks.block_size, self.backend
-        )
-        logits = self.model.forward(
-            np.asarray(token_ids, dtype=np.int64),
-            np.concatenate(positions),
-            meta,
-            self.kv_caches,
-            np.asarray(logits_rows, dtype=np.int64),
-        )
-        return logits, sampling
-
-    def _sample_and_emit(self, seqs: list[Sequence], logits: np.ndarray) -> list[GenerationEvent]:
-        if not seqs:
-            return []
-        try:
-            out = sample(logits, [s.sampler for s in seqs])
-            results = list(zip(out.token_ids.tolist(), out.logprobs))
-        except Exception:
-            # Find the culprit: sample row by row so that one bad request fails alone.
-            results = []
-            for i, seq in enumerate(seqs):
-                try:
-                    one = sample(logits[i : i + 1], [seq.sampler])
-                    results.append((int(one.token_ids[0]), one.logprobs[0]))
-                except Exception as exc:
-                    log.exception("sampling failed for request %s", seq.request_id)
-                    results.append(exc)
-        events = []
-        now = time.monotonic()
-        for seq, result in zip(seqs, results):
+        for seq, n, x in zip(batch.seqs, batch.num_new, inputs):
+            if not x.num_logits:  # a prefill chunk short of the end; the others move on in _accept
+                seq.num_computed += n
+                self.blocks.commit(seq)
+        generated = 0
+        results = self._sample(sampling, logits)
+        now = time.monotonic()  # the tokens exist from here (TTFT)
+        for seq, result in zip(sampling, results):
             if isinstance(result, Exception):
-                events.append(self._finish(seq, "error", f"sampling failed: {result}"))
+                events.append(self._finish(seq, "error", str(result)))
                 continue
+            tokens, logprobs = result
+            generated += len(tokens)
             try:
-                events.extend(self._append_token(seq, *result, now))
+                events += self._accept(seq, tokens, logprobs, now)
             except Exception as exc:
                 log.exception("post-processing failed for request %s", seq.request_id)
                 events.append(self._finish(seq, "error", f"token post-processing failed: {exc}"))
+        self.metrics.step_done(generated)
+        self._release_siblings()
         return events
 
-    def _append_token(self, seq: Sequence, token: int, lp: TokenLogprob | None, now: float) -> list[GenerationEvent]:
+    def _propose_drafts(self) -> None:
+        """Drafts for decoding sequences, within the spare rows of the step (speculative.py)."""
+        decoding = [s for s in self.scheduler.running if s.remaining == 1]
+        spare = self.config.speculative.max_rows - len(decoding)
+        for seq in decoding:
+            seq.draft = []
+            if seq.drafter is None or spare <= 0:
+                continue
+            params = seq.request.params
+            limit = min(spare, params.max_tokens - seq.num_output - 1, self.max_context - seq.num_tokens - 1)
+            draft = seq.drafter.propose(seq.token_ids, limit)
+            if draft and seq.matcher is not None:  # only grammar-valid drafts are scored
+                draft = draft[: seq.matcher.validate_tokens(draft)]
+            seq.draft = draft
+            spare -= len(draft)
+
+    def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> list[tuple[list[int], list[TokenLogprob] | None] | Exception]:
+        """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error."""
+        if not seqs:
+            return []
+        try:
+            self._mask(seqs, logits)
+        except Exception as exc:
+            log.exception("structured output mask failed")
+            return [RuntimeError(f"structured output failed: {exc}")] * len(seqs)
+        rows = [SamplerRow(s.request.params, s.rng, s.token_ids, s.prompt_len, s.draft) for s in seqs]
+        try:
+            return _split(sample(logits, rows))
+        except Exception:
+            pass
+        # Find the culprit: sample sequence by sequence so that one bad request fails alone.
+        results: list = []
+        start = 0
+        for seq, row in zip(seqs, rows):
+            end = start + 1 + len(row.draft)
+            try:
+                results += _split(sample(logits[start:end], [row]))
+            except Exception as exc:
+                log.exception("sampling failed for request %s", seq.request_id)
+                results.append(ValueError(f"sampling failed: {exc}"))
+            start = end
+        return results
+
+    def _mask(self, seqs: list[Sequence], logits: np.ndarray) -> None:
+        """Structured output: disallowed tokens of every constrained row get -inf (one batched fill)."""
+        rows, work, row = [], [], 0
+        for seq in seqs:
+            n = 1 + len(seq.draft)
+            if seq.matcher is not None:
+                work.append((seq.matcher, len(rows), seq.draft))
+                rows += range(row, row + n)
+            row += n
+        if not work:
+            return
+        bitmask = self.grammars.fill(work, len(rows))
+        if len(rows) == logits.shape[0]:
+            self.backend.apply_token_bitmask(logits, bitmask)
+        else:
+            part = logits[rows]
+            self.backend.apply_token_bitmask(part, bitmask)
+            logits[rows] = part
+
+    def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float) -> list[GenerationEvent]:
+        """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all
+        but the last, the blocks past it (rejected draft slots) are given back, full ones are cached."""
+        drafted = len(seq.draft)
+        if seq.drafter is not None:
+            seq.drafter.update(drafted, len(tokens) - 1, len(tokens))
+        if drafted:
+            self.metrics.verified(drafted, len(tokens) - 1)
+        seq.draft = []
         if seq.first_token is None:
             seq.first_token = now
-        seq.token_ids.append(token)
-        seq.sampler.output_ids.append(token)
-        self.counters["generated_tokens"] += 1
         params = seq.request.params
-        is_eos = not params.ignore_eos and token in self.eos_ids
         reason = None
-        if is_eos or token in params.stop_token_ids:
-            text, reason = "", "stop"
-        else:
-            text = seq.detok.push(token)
-            if seq.detok.stopped:
+        parts = []
+        before = seq.num_tokens
+        for i, token in enumerate(tokens, 1):
+            if (not params.ignore_eos and token in self.eos_ids) or token in params.stop_token_ids:
                 reason = "stop"
-        if reason is None and (seq.num_output >= params.max_tokens or seq.num_tokens >= self.max_context):
-            reason = "length"
-        delta = GenerationEvent(seq.request_id, seq.index, text, [token], [lp] if lp is not None else None)
+            else:
+                parts.append(seq.detok.push(token))
+                if seq.detok.stopped:
+                    reason = "stop"
+            if reason is None and (before + i - seq.prompt_len >= params.max_tokens or before + i >= self.max_context):
+                reason = "length"
+            if reason is not None:
+                tokens = tokens[:i]  # accepted drafts past the end are not output
+                break
+        seq.token_ids += tokens
+        seq.num_computed = seq.num_tokens - 1  # the last token's KV comes with the next step
+        self.blocks.trim(seq)
+        self.blocks.commit(seq)
+        if seq.matcher is not None and reason is None and not seq.matcher.consume_tokens(tokens):
+            return [self._finish(seq, "error", f"grammar refused a sampled token: {seq.matcher.get_error()}")]
+        delta = GenerationEvent(seq.request_id, seq.index, "".join(parts), tokens,
+                                logprobs[: len(tokens)] if logprobs is not None else None)
         if reason is None:
             return [delta]
         return [delta, self._finish(seq, reason)]
@@ -246,7 +290,7 @@ class LLMEngine:
         tail = seq.detok.finish() if reason != "error" else ""  # held-back text is part of the reply
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
-        self.finished_by_reason[reason] += 1
+        self.metrics.finished[reason] += 1
         group = self._groups.get(seq.request_id, [])
         if seq in group:
             group.remove(seq)
@@ -297,9 +341,6 @@ class LLMEngine:
     # ---- numbers for /metrics and the admin page ------------------------------------
     def stats(self) -> dict:
         """A snapshot; safe to call from any thread (it copies what the step thread mutates)."""
-        now = time.monotonic()
-        window = [(t, n) for t, n in list(self._decode_window) if now - t <= 10.0]
-        span = (now - window[0][0]) if window else 0.0
         ps = self.blocks.stats
         return {
             "waiting": len(self.scheduler.waiting) + sum(map(len, list(self._pending_siblings.values()))),
@@ -311,11 +352,18 @@ class LLMEngine:
             "prefix_hit_tokens": ps.hit_tokens,
             "prefix_hit_rate": ps.hit_tokens / ps.queried_tokens if ps.queried_tokens else 0.0,
             "prefix_evictions": ps.evictions,
-            "prompt_tokens_total": self.counters["prompt_tokens"],
-            "cached_tokens_total": self.counters["cached_tokens"],
-            "generated_tokens_total": self.counters["generated_tokens"],
-            "requests_finished": dict(self.finished_by_reason.copy()),
             "preemptions": self.scheduler.num_preemptions,
-            "decode_tok_s": sum(n for _, n in window) / span if span > 0.5 else 0.0,
-            "steps": self.counters["steps"],
+            "speculative": self.config.speculative.mode,
+            **self.metrics.snapshot(),
         }
+
+
+def _split(out: SampleOutput) -> list[tuple[list[int], list[TokenLogprob] | None]]:
+    """Per sequence: (its emitted tokens, their logprobs or None)."""
+    results, start = [], 0
+    tokens = out.token_ids.tolist()
+    for n in out.num_tokens:
+        lps = out.logprobs[start : start + n]
+        results.append((tokens[start : start + n], None if lps[0] is None else lps))
+        start += n
+    return results

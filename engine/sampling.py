@@ -1,19 +1,29 @@
-"""Batched sampling: one token per row of a [B, V] logits matrix, each row with its own params.
+"""Batched sampling and draft verification: each sequence owns 1 + len(draft) consecutive rows
+of a [R, V] logits matrix and its own params.
 
 Per row, in this order: logit_bias -> repetition penalty (HF: over prompt + output) ->
 presence/frequency penalties (OpenAI: over output) -> greedy argmax when temperature == 0,
-otherwise /temperature -> top-k -> top-p -> min-p -> one draw from the row's rng.
-Logprobs are the log-softmax of the raw logits (before any of the above), as in vLLM.
+otherwise /temperature -> top-k -> top-p -> min-p -> one draw from the sequence's rng.
+Row j of a sequence scores the token after its drafted tokens draft[:j], which count as if
+accepted (penalties see them). Logprobs are the log-softmax of the logits as given (a grammar
+mask already applied, nothing else), as in vLLM.
 
-A row's result depends only on its own logits, params and rng, never on the rest of the
-batch; greedy rows never touch their rng and every sampled row draws exactly one uniform.
+Verification (speculative decoding): row j is sampled exactly as if the drafts before it had
+been generated; draft[j] is accepted when that sample equals it, else the sample is emitted
+and the rest of the draft is dropped; after a fully accepted draft the last row gives one
+more token. For a drafted token x this accepts with probability p(x) and, on rejection, emits
+a token drawn from p with x removed and renormalised: the rejection rule of speculative
+sampling for a draft that is a single proposed token, coupled so that every emitted token
+costs exactly one uniform from the rng. A seeded sequence therefore emits the same tokens
+with or without drafts, whatever they were.
+
+A sequence's result depends only on its own logits, params, history and rng, never on the
+rest of the batch; greedy sequences never touch their rng.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -26,18 +36,20 @@ _SELECT_GROUP = 64  # k-th largest value: only the groups holding the top k are 
 
 @dataclass(slots=True)
 class SamplerRow:
-    """One sequence to sample this step."""
+    """One sequence to sample this step. Its params were validated at admission."""
 
     params: SamplingParams
     rng: np.random.Generator | None  # from make_rng(); may be None for greedy rows, which never draw
-    prompt_ids: np.ndarray  # for the repetition penalty (prompt + output)
-    output_ids: list[int]  # generated so far, for all three penalties
+    token_ids: list[int]  # the sequence's own prompt + output (read for penalties, never changed)
+    prompt_len: int
+    draft: Sequence[int] = ()  # proposed next tokens: scored by rows 1..len(draft)
 
 
 @dataclass(slots=True)
 class SampleOutput:
-    token_ids: np.ndarray  # [B] int64
-    logprobs: list[TokenLogprob | None]  # per row; None where params.logprobs is None
+    token_ids: np.ndarray  # int64, every sequence's emitted tokens one after another
+    num_tokens: list[int]  # per sequence: accepted drafts + 1
+    logprobs: list[TokenLogprob | None]  # per emitted token; None where params.logprobs is None
 
 
 def make_rng(seed: int | None, index: int = 0) -> np.random.Generator:
@@ -58,159 +70,171 @@ def make_rng(seed: int | None, index: int = 0) -> np.random.Generator:
 
 
 def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
-    """Pick one token per row of `logits` (float32 [B, V]) following that row's params.
+    """Emit 1 + (accepted drafts) tokens per sequence from `logits` (float32 [R, V]).
 
-    `logits` is not modified. Raises InvalidRequest for a bad sampling parameter and
-    ValueError for bad logits (wrong shape, NaN, nothing allowed) or out-of-range token ids;
-    every check runs before the first draw, so a failed call has advanced no row's rng and
-    the batch can be retried row by row with the same result for the good rows.
+    `logits` is not modified. Raises ValueError for bad logits (wrong shape, NaN, nothing
+    allowed) before the first draw, so a failed call has advanced no rng and the batch can
+    be retried sequence by sequence with the same result for the good ones.
     """
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.dtype.kind != "f" or logits.shape[1] == 0:
-        raise ValueError(f"logits must be a 2-D float array [batch, vocab], got {logits.dtype} {logits.shape}")
-    if logits.shape[0] != len(rows):
-        raise ValueError(f"logits has {logits.shape[0]} rows but {len(rows)} sampler rows were given")
+        raise ValueError(f"logits must be a 2-D float array [rows, vocab], got {logits.dtype} {logits.shape}")
+    counts = [1 + len(r.draft) for r in rows]
+    starts = np.cumsum([0] + counts).tolist()
+    if logits.shape[0] != starts[-1]:
+        raise ValueError(f"logits has {logits.shape[0]} rows but the {len(rows)} sequences need {starts[-1]}")
     if logits.dtype != np.float32:
         logits = logits.astype(np.float32)
-    B, V = logits.shape
-    token_ids = np.empty(B, dtype=np.int64)
 
-    plain_greedy: list[int] = []  # argmax of the raw row, vectorized over the batch
-    adjusted_greedy: list[int] = []  # argmax after bias/penalties
+    plain: list[int] = []  # greedy on the raw rows: one vectorized argmax
+    adjusted: list[int] = []  # greedy after bias/penalties
     sampled: list[int] = []
     for i, row in enumerate(rows):
         p = row.params
-        _check_params(p, V, i)
         if p.temperature > 0.0:
             if not isinstance(row.rng, np.random.Generator):
                 raise ValueError(f"row {i}: temperature > 0 needs a numpy Generator as rng, got {type(row.rng).__name__}")
             sampled.append(i)
         elif _adjusts(p):
-            adjusted_greedy.append(i)
+            adjusted.append(i)
         else:
-            plain_greedy.append(i)
+            plain.append(i)
 
-    if plain_greedy:
-        if len(plain_greedy) == B:
-            token_ids[:] = logits.argmax(axis=1)
+    # 1. Every row's scores and every check, before any draw.
+    best: dict[int, list[int]] = {}  # greedy sequence -> argmax per row
+    if plain:
+        if len(plain) == len(rows):
+            idx = None
+            top = logits.argmax(axis=1)
+            chosen = logits[np.arange(logits.shape[0]), top]
         else:
-            token_ids[plain_greedy] = logits[plain_greedy].argmax(axis=1)
-        chosen = logits[plain_greedy, token_ids[plain_greedy]]
+            idx = _row_index(plain, starts)
+            top = logits[idx].argmax(axis=1)
+            chosen = logits[idx, top]
         bad = np.isnan(chosen) | (chosen == -np.inf)
         if bad.any():
-            _raise_bad_row(plain_greedy[int(np.argmax(bad))], float(chosen[bad][0]))
+            j = int(np.argmax(bad))
+            _raise_bad_row(j if idx is None else int(idx[j]), float(chosen[j]))
+        top, off = top.tolist(), 0
+        for i in plain:
+            if idx is None:
+                best[i] = top[starts[i] : starts[i + 1]]
+            else:
+                best[i] = top[off : off + counts[i]]
+                off += counts[i]
+    for i in adjusted:
+        x = logits[starts[i] : starts[i + 1]].copy()
+        _adjust_rows(x, rows[i])
+        picks = x.argmax(axis=1)
+        best[i] = picks.tolist()
+        chosen = x[np.arange(counts[i]), picks]
+        bad = np.isnan(chosen) | (chosen == -np.inf)
+        if bad.any():
+            _raise_bad_row(starts[i] + int(np.argmax(bad)), float(chosen[bad][0]))
 
-    for i in adjusted_greedy:
-        x = logits[i].copy()
-        _apply_adjustments(x, rows[i], i)
-        tok = int(x.argmax())
-        if math.isnan(x[tok]) or x[tok] == -np.inf:
-            _raise_bad_row(i, float(x[tok]))
-        token_ids[i] = tok
-
+    scaled = None
     if sampled:
-        x = logits[sampled]  # fancy indexing copies: adjustments never touch the caller's array
-        for j, i in enumerate(sampled):
+        idx = _row_index(sampled, starts)
+        scaled = logits[idx]  # fancy indexing copies: adjustments never touch the caller's array
+        off = 0
+        for i in sampled:
             if _adjusts(rows[i].params):
-                _apply_adjustments(x[j], rows[i], i)
-        top = x.max(axis=1)
+                _adjust_rows(scaled[off : off + counts[i]], rows[i])
+            off += counts[i]
+        top = scaled.max(axis=1)
         for j in np.flatnonzero(~np.isfinite(top)):
-            _raise_bad_row(sampled[j], float(top[j]))
+            _raise_bad_row(int(idx[j]), float(top[j]))
         # Subtract the max before dividing so a tiny temperature gives -inf, never inf - inf.
-        x -= top[:, None]
-        temps = np.array([rows[i].params.temperature for i in sampled], dtype=np.float32)
+        scaled -= top[:, None]
+        temps = np.repeat([rows[i].params.temperature for i in sampled], [counts[i] for i in sampled]).astype(np.float32)
         if (temps != 1.0).any():
             with np.errstate(over="ignore"):
-                x /= np.maximum(temps, np.finfo(np.float32).tiny)[:, None]
-        for j, i in enumerate(sampled):
-            token_ids[i] = _draw(x[j], rows[i].params, rows[i].rng)
+                scaled /= np.maximum(temps, np.finfo(np.float32).tiny)[:, None]
 
-    logprobs: list[TokenLogprob | None] = [None] * B
-    want = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    # 2. Draws and verification, sequence by sequence.
+    emitted: list[int] = []
+    num_tokens: list[int] = []
+    emitted_rows: list[int] = []
+    off = 0
+    for i, row in enumerate(rows):
+        draft = row.draft
+        if i in best:
+            picks = best[i]
+            n = 0
+            while n < len(draft) and picks[n] == draft[n]:
+                n += 1
+            tokens = list(draft[:n]) + [picks[n]]
+        else:
+            p, rng = row.params, row.rng
+            tokens = []
+            for j in range(counts[i]):
+                t = _draw(scaled[off + j], p, rng)
+                tokens.append(t)
+                if j == len(draft) or t != draft[j]:
+                    break
+            off += counts[i]
+        emitted += tokens
+        num_tokens.append(len(tokens))
+        emitted_rows += range(starts[i], starts[i] + len(tokens))
+    token_ids = np.asarray(emitted, dtype=np.int64)
+
+    logprobs: list[TokenLogprob | None] = [None] * len(emitted)
+    owners = [i for i, n in enumerate(num_tokens) for _ in range(n)]  # emitted token -> its sequence
+    want = [e for e, i in enumerate(owners) if rows[i].params.logprobs is not None]
     if want:
-        raw = logits[want]  # a copy, turned into exp(raw - max) in place below
+        raw = logits[[emitted_rows[e] for e in want]]  # a copy, turned into exp(raw - max) in place below
         chosen = raw[np.arange(len(want)), token_ids[want]].astype(np.float64)
-        best = [_best(raw[j], rows[i].params.logprobs) for j, i in enumerate(want)]
+        alts = [_best(raw[j], rows[owners[e]].params.logprobs) for j, e in enumerate(want)]
         top = raw.max(axis=1)
         raw -= top[:, None]
         np.exp(raw, out=raw)
         lse = top.astype(np.float64) + np.log(raw.sum(axis=1).astype(np.float64))
-        for j, i in enumerate(want):
-            ids, vals = best[j]
-            logprobs[i] = TokenLogprob(
-                token_id=int(token_ids[i]),
+        for j, e in enumerate(want):
+            ids, vals = alts[j]
+            logprobs[e] = TokenLogprob(
+                token_id=int(token_ids[e]),
                 logprob=float(chosen[j] - lse[j]),
                 top=[(int(t), float(v - lse[j])) for t, v in zip(ids, vals.astype(np.float64))],
             )
-    return SampleOutput(token_ids=token_ids, logprobs=logprobs)
+    return SampleOutput(token_ids=token_ids, num_tokens=num_tokens, logprobs=logprobs)
+
+
+def _row_index(seqs: list[int], starts: list[int]) -> np.ndarray:
+    """The logits rows of sequences `seqs`, in order."""
+    return np.concatenate([np.arange(starts[i], starts[i + 1]) for i in seqs])
 
 
 def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def _is_real(v: object) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-# The checks the sampling math relies on (SamplingParams.validate is the full set).
-_CHECKS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
-    ("temperature", "must be a finite number >= 0", lambda v: _is_real(v) and v >= 0),
-    ("top_k", "must be an int >= 0", lambda v: _is_int(v) and v >= 0),
-    ("top_p", "must be a number in (0, 1]", lambda v: _is_real(v) and 0 < v <= 1),
-    ("min_p", "must be a number in [0, 1]", lambda v: _is_real(v) and 0 <= v <= 1),
-    ("repetition_penalty", "must be a finite number > 0", lambda v: _is_real(v) and v > 0),
-    ("presence_penalty", "must be a finite number", _is_real),
-    ("frequency_penalty", "must be a finite number", _is_real),
-    ("logprobs", "must be None or an int >= 0", lambda v: v is None or (_is_int(v) and v >= 0)),
-)
-
-
-def _check_params(p: SamplingParams, V: int, i: int) -> None:
-    for name, why, ok in _CHECKS:
-        if not ok(getattr(p, name)):
-            raise InvalidRequest(f"row {i}: {name} {why}, got {getattr(p, name)!r}", param=name)
-    if not isinstance(p.logit_bias, dict):
-        raise InvalidRequest(f"row {i}: logit_bias must be a dict of token id -> bias", param="logit_bias")
-    for tok, bias in p.logit_bias.items():
-        if not (_is_int(tok) and 0 <= tok < V):
-            raise InvalidRequest(f"row {i}: logit_bias token id {tok!r} is not an int in [0, {V})", param="logit_bias")
-        if not _is_real(bias):
-            raise InvalidRequest(f"row {i}: logit_bias value for token {tok} must be a finite number, got {bias!r}", param="logit_bias")
-
-
 def _adjusts(p: SamplingParams) -> bool:
     return bool(p.logit_bias) or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _apply_adjustments(x: np.ndarray, row: SamplerRow, i: int) -> None:
-    """logit_bias, then the repetition penalty, then presence/frequency penalties, in place."""
+def _adjust_rows(x: np.ndarray, row: SamplerRow) -> None:
+    """logit_bias, then the repetition penalty, then presence/frequency penalties, in place.
+
+    Row j of x sees the sequence's tokens plus draft[:j] as its history."""
     p = row.params
-    V = x.shape[0]
     if p.logit_bias:
         ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
-        x[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(p.logit_bias))
-    out = _token_ids(row.output_ids, V, i, "output_ids")
-    if p.repetition_penalty != 1.0:
-        # Repeated ids are harmless: every copy writes the same value computed from the original.
-        ids = np.concatenate([_token_ids(row.prompt_ids, V, i, "prompt_ids"), out])
-        v = x[ids]
-        x[ids] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
-    if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and out.size:
-        ids, counts = np.unique(out, return_counts=True)
-        x[ids] -= (p.presence_penalty + p.frequency_penalty * counts).astype(np.float32)
-
-
-def _token_ids(ids: Sequence[int] | np.ndarray, V: int, i: int, what: str) -> np.ndarray:
-    a = np.asarray(ids)
-    if a.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if a.ndim != 1 or a.dtype.kind not in "iu":
-        raise ValueError(f"row {i}: {what} must be a 1-D sequence of ints, got {a.dtype} {a.shape}")
-    lo, hi = int(a.min()), int(a.max())
-    if lo < 0 or hi >= V:
-        raise ValueError(f"row {i}: {what} holds token id {lo if lo < 0 else hi}, outside [0, {V})")
-    return a.astype(np.int64, copy=False)
+        x[:, ids] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(p.logit_bias))
+    penalize = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    if not penalize:
+        return
+    history = np.asarray(row.token_ids, dtype=np.int64)
+    draft = np.asarray(row.draft, dtype=np.int64)
+    for j in range(x.shape[0]):
+        seen = np.concatenate([history, draft[:j]]) if j else history
+        out = seen[row.prompt_len :]
+        if p.repetition_penalty != 1.0:
+            # Repeated ids are harmless: every copy writes the same value computed from the original.
+            v = x[j, seen]
+            x[j, seen] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
+        if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and out.size:
+            ids, counts = np.unique(out, return_counts=True)
+            x[j, ids] -= (p.presence_penalty + p.frequency_penalty * counts).astype(np.float32)
 
 
 def _raise_bad_row(i: int, value: float) -> None:

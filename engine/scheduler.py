@@ -1,7 +1,9 @@
 """Continuous batching: which sequences run in the next step, and with how many tokens.
 
-Each step fills a token budget: running decodes first (one token each), then chunks of
-prompts being prefilled, then newly admitted requests (FCFS). A long prompt therefore
+Each step fills a token budget: running decodes first (one token each, plus the tokens of
+its draft when speculative decoding proposed one: a decode is never chunked, its draft is
+cut to the budget or dropped when its blocks do not fit), then chunks of prompts being
+prefilled, then newly admitted requests (FCFS). A long prompt therefore
 never holds back other users' decoding by more than one chunk. When blocks run out, the
 most recently admitted sequence is preempted by recompute: its blocks are released (and
 stay in the prefix cache), and it re-enters the front of the waiting queue.
@@ -55,6 +57,9 @@ class Scheduler:
         for seq in [s for s in self.running if s.remaining == 1]:
             if seq.status is not SeqStatus.RUNNING or budget == 0:
                 continue  # preempted above as a victim, or budget spent
+            del seq.draft[budget - 1 :]
+            if seq.draft and not self.blocks.reserve(seq, 1 + len(seq.draft)):
+                seq.draft.clear()  # no room to verify it: a plain decode
             while not self.blocks.reserve(seq, 1):
                 victim = next((s for s in reversed(self.running) if s not in batch.seqs), None)
                 self._preempt(victim, batch)
@@ -62,8 +67,8 @@ class Scheduler:
                     break
             else:
                 batch.seqs.append(seq)
-                batch.num_new.append(1)
-                budget -= 1
+                batch.num_new.append(1 + len(seq.draft))
+                budget -= 1 + len(seq.draft)
 
         # 2. Prompts part-way through chunked prefill.
         for seq in [s for s in self.running if s.remaining > 1]:
@@ -111,6 +116,7 @@ class Scheduler:
         assert seq is not None and seq not in batch.seqs
         self.running.remove(seq)
         self.blocks.release(seq)
+        seq.draft.clear()
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.sampling import SamplerRow
+    import numpy as np
+
+    from engine.speculative import Drafter
+    from engine.structured import Matcher
     from engine.tokenizer import IncrementalDetokenizer
     from engine.types import GenerationRequest
 
@@ -20,17 +23,22 @@ class SeqStatus(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    """Sample `index` of a request. `token_ids` is prompt + output; KV exists for the first
-    `num_computed` of them. The scheduler moves it between queues; the block manager owns
-    `block_table`; the engine appends sampled tokens."""
+    """Sample `index` of a request. `token_ids` is prompt + accepted output; KV exists for the
+    first `num_computed` of them. `draft` holds proposed next tokens (speculative decoding)
+    that the next step verifies; they are never part of `token_ids` until accepted.
+    The scheduler moves it between queues; the block manager owns `block_table`; the engine
+    appends accepted tokens."""
 
     seq_id: int
     request: GenerationRequest
     index: int
     token_ids: list[int]
     prompt_len: int
-    sampler: SamplerRow
+    rng: np.random.Generator | None
     detok: IncrementalDetokenizer
+    matcher: Matcher | None = None  # structured output: the grammar state after token_ids
+    drafter: Drafter | None = None  # speculative decoding: None when off for this request
+    draft: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     status: SeqStatus = SeqStatus.WAITING

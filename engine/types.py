@@ -5,6 +5,10 @@ import math
 import uuid
 from dataclasses import dataclass, field
 
+RESPONSE_FORMAT_KINDS = ("json_object", "json_schema", "regex", "grammar")
+SPECULATIVE_MODES = ("off", "ngram")
+
+
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full: the request was refused without being queued."""
 
@@ -18,6 +22,27 @@ class InvalidRequest(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseFormat:
+    """A constraint on the reply: every token is checked against it and EOS needs a complete match.
+
+    kind "json_object": any JSON object (spec is ignored); "json_schema": spec is the schema as
+    JSON text; "regex": spec is a regular expression the whole reply matches; "grammar": spec
+    is a Lark grammar (llguidance's dialect) whose `start` rule the reply matches.
+    """
+
+    kind: str
+    spec: str = ""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(slots=True)
@@ -39,31 +64,50 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     n: int = 1
+    response_format: ResponseFormat | None = None  # None: free text
+    speculative: str | None = None  # "off" | "ngram"; None: the engine's default
 
     def validate(self, vocab_size: int) -> None:
-        """Raise InvalidRequest naming the first bad field."""
+        """Raise InvalidRequest naming the first bad field. The engine checks this once, at admission;
+        the sampler relies on it (types and ranges)."""
+        real = lambda v, lo, hi: _is_real(v) and lo <= v <= hi  # noqa: E731
         checks: list[tuple[bool, str, str]] = [
-            (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
-            (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
-            (self.top_k >= 0, "top_k", "must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
-            (1 <= self.n <= 16, "n", "must be in [1, 16]"),
-            (len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop), "stop", "at most 16 non-empty strings"),
-            (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids", f"ids must be in [0, {vocab_size})"),
+            (_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
+            (real(self.temperature, 0.0, 100.0), "temperature", "must be a number in [0, 100]"),
+            (_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0"),
+            (real(self.top_p, 0.0, 1.0) and self.top_p > 0.0, "top_p", "must be a number in (0, 1]"),
+            (real(self.min_p, 0.0, 1.0), "min_p", "must be a number in [0, 1]"),
+            (real(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0.0, "repetition_penalty",
+             "must be a number in (0, 10]"),
+            (real(self.presence_penalty, -2.0, 2.0), "presence_penalty", "must be a number in [-2, 2]"),
+            (real(self.frequency_penalty, -2.0, 2.0), "frequency_penalty", "must be a number in [-2, 2]"),
+            (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs",
+             "must be null or an integer in [0, 20]"),
+            (_is_int(self.n) and 1 <= self.n <= 16, "n", "must be an integer in [1, 16]"),
+            (self.seed is None or _is_int(self.seed), "seed", "must be null or an integer"),
+            (isinstance(self.stop, list) and len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
+             "stop", "at most 16 non-empty strings"),
+            (all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids",
+             f"ids must be in [0, {vocab_size})"),
+            (self.speculative is None or self.speculative in SPECULATIVE_MODES, "speculative",
+             f"must be one of {', '.join(SPECULATIVE_MODES)}"),
+            (self.response_format is None or (isinstance(self.response_format, ResponseFormat)
+                                              and self.response_format.kind in RESPONSE_FORMAT_KINDS),
+             "response_format", f"type must be one of {', '.join(RESPONSE_FORMAT_KINDS)}"),
         ]
         for ok, name, why in checks:
             if not ok:
                 raise InvalidRequest(f"{name} {why}", param=name)
+        if self.response_format is not None and self.ignore_eos:
+            raise InvalidRequest("ignore_eos cannot be combined with response_format: the grammar decides where "
+                                 "the reply ends", param="ignore_eos")
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidRequest("logit_bias must map token ids to numbers", param="logit_bias")
         for tok, bias in self.logit_bias.items():
-            if not (isinstance(tok, int) and 0 <= tok < vocab_size):
+            if not (_is_int(tok) and 0 <= tok < vocab_size):
                 raise InvalidRequest(f"logit_bias token id {tok!r} is not in [0, {vocab_size})", param="logit_bias")
-            if not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
-                raise InvalidRequest(f"logit_bias value for token {tok} must be in [-100, 100]", param="logit_bias")
+            if not real(bias, -100.0, 100.0):
+                raise InvalidRequest(f"logit_bias value for token {tok} must be a number in [-100, 100]", param="logit_bias")
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
-from kernels.numpy_backend import NumpyBackend
+from kernels.numpy_backend import NumpyBackend, apply_token_bitmask as host_apply_token_bitmask
 
 CUDA_DIR = Path(__file__).with_name("cuda")
 _NORM_THREADS = 256
@@ -171,6 +171,25 @@ class CupyBackend:
     def argmax_rows(self, logits: Any) -> np.ndarray:
         """[T, V] -> host int64 [T] (first maximum per row)."""
         return self._cp.asnumpy(self._cp.argmax(logits, axis=-1))
+
+    def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
+        """Set logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W]) is 0, in place.
+
+        Host logits (what the model returns today) are masked on the host, device logits by the kernel."""
+        if isinstance(logits, np.ndarray):
+            host_apply_token_bitmask(logits, bitmask)
+            return
+        if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
+            raise ValueError(f"apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+        R, V = logits.shape
+        if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[0] != R:
+            raise ValueError(f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}")
+        bitmask = self._cp.ascontiguousarray(bitmask)
+        if R and V:
+            self._kernel("token_bitmask.cu", "apply_token_bitmask_f32")(
+                (-(-V // _ROW_THREADS), R), (_ROW_THREADS,),
+                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)),
+            )
 
     # ---- KV cache + attention -----------------------------------------------
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None:

@@ -157,6 +157,10 @@ class NumpyBackend:
         """[T, V] -> host int64 [T] (first maximum per row)."""
         return np.argmax(logits, axis=-1)
 
+    def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray) -> None:
+        """Set logits [R, V] to -inf where bit (v % 32) of bitmask[r, v // 32] (int32 [R, W]) is 0, in place."""
+        apply_token_bitmask(logits, bitmask)
+
     # ---- KV cache + attention -------------------------------------------
     def write_kv(self, k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
         """Scatter k, v [T, Hkv, Dh] into the caches at flat slots slot_mapping [T]."""
@@ -299,6 +303,19 @@ class NumpyBackend:
             o = np.matmul(s, vh[:, :kend])  # [Hkv, rows*G, Dh]
             o /= denom
             out[r0 + i0 : r0 + i1] = o.reshape(Hkv, i1 - i0, G, Dh).transpose(1, 0, 2, 3).reshape(i1 - i0, H, Dh)
+
+
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
+    """Host logits [R, V] get -inf where their token's bit in bitmask (int32 [R, W]) is 0, in place.
+
+    Columns past 32 * W are disallowed too; bits past V are ignored."""
+    R, V = logits.shape
+    if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[0] != R:
+        raise ValueError(f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}")
+    n = min(V, 32 * bitmask.shape[1])
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, count=n, bitorder="little")
+    np.putmask(logits[:, :n], bits == 0, -np.inf)
+    logits[:, n:] = -np.inf
 
 
 def _softmax_unnormalized(s: np.ndarray) -> None:

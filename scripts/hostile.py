@@ -3,8 +3,9 @@
 Each case takes a valid request of one surface (/api bodies, /v1 bodies, /ws commands) and breaks one or
 two fields with a hostile value: JSON nested 10,000 deep, integers beyond float range, NaN and Infinity,
 escaped lone surrogates, NUL and control characters, the model's control tokens, wrong types, unknown
-fields, truncated or non-UTF-8 bodies, wrong Content-Types. Valid requests keep max_tokens at 1, so a
-case that happens to be valid costs one token.
+fields, truncated or non-UTF-8 bodies, wrong Content-Types; `response_format` objects (JSON schema, regex,
+grammar) broken the same way. Valid requests keep max_tokens at 1, so a case that happens to be valid costs
+one token.
 
 A 5xx, a request that gets no answer, or a WebSocket that stops answering (a `ping` follows every
 command and must come back) counts against the server. Used by tests/integration/test_service_fuzz.py
@@ -93,6 +94,9 @@ def cases(seed: int, n: int, session_id: str) -> list[Case]:
         model = "default" if rng.random() < 0.1 else "no-such-model"
         user = {"role": "user", "content": rng.choice(WORDS)}
         v1 = {"model": model, "messages": [user], "max_tokens": 1, "temperature": 0, "stop": ["\n"]}
+        schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "enum": ["x", "y"]}}, "required": ["a"]}}}
+        fmt = rng.choice([schema, {"type": "regex", "pattern": "(yes|no)"}, {"type": "grammar", "lark": 'start: "a"+'}])
         http_templates = [
             ("POST", "/api/sessions", {"title": "t", "system_prompt": "be brief", "settings": {"temperature": 0.5}}),
             ("PATCH", f"/api/sessions/{sid}", {"title": "t", "settings": {"top_p": 0.9}}),
@@ -102,11 +106,14 @@ def cases(seed: int, n: int, session_id: str) -> list[Case]:
             ("POST", f"/api/sessions/{sid}/regenerate", {}),
             ("POST", "/v1/chat/completions", v1),
             ("POST", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1}),
+            ("POST", "/v1/chat/completions", {**v1, "response_format": fmt, "speculative": "off"}),
+            ("POST", f"/api/sessions/{sid}/messages", {"content": rng.choice(WORDS), "response_format": fmt}),
         ]
         ws_templates = [
             {"type": "session.create", "title": "w", "settings": {"max_tokens": 1}},
             {"type": "session.open", "session_id": sid},
             {"type": "message.send", "session_id": sid, "content": rng.choice(WORDS), "client_id": "c"},
+            {"type": "message.send", "session_id": sid, "content": rng.choice(WORDS), "response_format": fmt},
             {"type": "message.edit", "session_id": sid, "message_id": "0" * 32, "content": "x"},
             {"type": "generation.cancel", "session_id": sid},
             {"type": "ping", "client_id": "p"},

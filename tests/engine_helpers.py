@@ -4,19 +4,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.llm_engine import EngineConfig, LLMEngine
-from engine.types import GenerationEvent, GenerationRequest, SamplingParams
+from engine.types import GenerationEvent, GenerationRequest, SamplingParams, TokenLogprob
 
 
 @dataclass
 class Result:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     final: GenerationEvent | None = None
 
 
 def make_core(default_model, **config) -> LLMEngine:
     loaded, model = default_model
     return LLMEngine(loaded, model, EngineConfig(**config))
+
+
+def chat_prompt(core: LLMEngine, messages: list[dict[str, str]]) -> list[int]:
+    """The messages in the model's chat template, as token ids."""
+    from engine.chat_template import render_chat
+
+    tok = core.tokenizer
+    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
+                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
 
 
 def greedy(prompt: list[int], max_tokens: int = 16, **kw) -> GenerationRequest:
@@ -28,6 +38,7 @@ def collect(events: list[GenerationEvent], results: dict[tuple[str, int], Result
         r = results.setdefault((ev.request_id, ev.index), Result())
         r.token_ids += ev.token_ids
         r.text += ev.text
+        r.logprobs += ev.logprobs or []
         if ev.final:
             r.final = ev
 

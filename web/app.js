@@ -12,6 +12,7 @@ import { renderSessionList } from "./sidebar.js";
 import { send, stop, showBusy, onKeydown, autosize } from "./composer.js";
 import { toggleSettings, syncSettings, saveSettings, showTemperature } from "./settings.js";
 import { exportSession, importFile } from "./transfer.js";
+import { onSearchInput, onSearchSubmit, onSearchKeydown } from "./search.js";
 
 const FOLLOW_EVERY_MS = 2000;
 
@@ -41,12 +42,15 @@ $("import-file").addEventListener("change", (e) => {
   if (f) importFile(f);
   e.target.value = "";
 });
+$("search-form").addEventListener("submit", onSearchSubmit);
+$("search-input").addEventListener("input", onSearchInput);
+$("search-input").addEventListener("keydown", onSearchKeydown);
 $("open-sidebar").addEventListener("click", openSidebar);
 $("close-sidebar").addEventListener("click", closeSidebar);
 $("scrim").addEventListener("click", closeSidebar);
 $("messages").addEventListener("click", onCodeCopy);
 // Escape closes the settings drawer, else the sidebar drawer (inner handlers stop it first:
-// the composer stops a reply, an in-place edit or rename is cancelled)
+// the composer stops a reply, an in-place edit or rename is cancelled, a search is cleared)
 document.addEventListener("keydown", (e) => {
   if (e.key !== "Escape" || e.defaultPrevented) return;
   if (!$("settings").hidden) toggleSettings(false);

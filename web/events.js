@@ -5,13 +5,14 @@ import { settle, forgetAll } from "./commands.js";
 import { findMessage, nextPosition, setMessages, addMessage, updateMessage, appendText } from "./messages.js";
 import { upsertSession, dropSession, openCurrent, refreshSessions } from "./sessions.js";
 import { restoreText } from "./composer.js";
+import { afterHistory } from "./branches.js";
 
 const ERROR_TEXT = { busy: "A reply is still being generated", overloaded: "The server is busy, try again shortly" };
 const FOLLOW_AFTER_MS = 2000;
 
 /** Apply one server event. */
 export function handleEvent(ev) {
-  if (ev.client_id && ev.type !== "error" && ev.type !== "message.created") settle(ev.client_id);
+  const cmd = ev.client_id && ev.type !== "error" && ev.type !== "message.created" ? settle(ev.client_id) : undefined;
   const sid = ev.session_id;
   const isCurrent = !!sid && sid === currentId();
   switch (ev.type) {
@@ -19,7 +20,9 @@ export function handleEvent(ev) {
       upsertSession(ev.session);
       break;
     case "history":
-      if (isCurrent) setMessages(ev.messages || []);
+      if (!isCurrent) break;
+      setMessages(ev.messages || []);
+      afterHistory(cmd);
       break;
     case "message.created": {
       const msg = ev.message;

@@ -7,7 +7,8 @@ const BADGES = { stopped: "Stopped", error: "Error", interrupted: "Interrupted" 
 const CARET_HOSTS = /^(P|H[1-6]|UL|OL|LI|BLOCKQUOTE|PRE|CODE|DIV|TABLE|THEAD|TBODY|TR|TD|TH)$/;
 
 /**
- * @typedef {{root: HTMLElement, content: HTMLElement, stats: HTMLElement, badge: HTMLElement, actions: HTMLElement}} View
+ * @typedef {{root: HTMLElement, content: HTMLElement, stats: HTMLElement, badge: HTMLElement, branches: HTMLElement,
+ *            actions: HTMLElement}} View
  */
 
 /** Build the elements of `msg` and render it; returns its View. */
@@ -15,19 +16,21 @@ export function messageView(msg) {
   const content = h("div.msg-content", { dataset: { testid: "message-content" } });
   const stats = h("div.msg-stats", { dataset: { testid: "message-stats" } });
   const badge = h("span.badge", { dataset: { testid: "message-status" } });
+  const branches = h("div.msg-branches");
   const actions = h("div.msg-actions");
   const label = ROLE_LABEL[msg.role] || msg.role;
-  const root = h("article.msg", { dataset: { testid: "message", role: msg.role, id: msg.id }, "aria-label": label },
+  const root = h("article.msg", { dataset: { testid: "message", role: msg.role, id: msg.id, position: msg.position },
+    "aria-label": label },
     h("div.msg-role", {}, label, badge),
     content,
-    h("div.msg-foot", {}, stats, actions));
+    h("div.msg-foot", {}, branches, stats, actions));
   root.classList.add("msg-" + (ROLE_LABEL[msg.role] ? msg.role : "other"));
-  const view = { root, content, stats, badge, actions };
+  const view = { root, content, stats, badge, branches, actions };
   renderMessage(msg, view);
   return view;
 }
 
-/** Redraw everything of `msg` except its actions. */
+/** Redraw everything of `msg` except its branch switch and actions. */
 export function renderMessage(msg, view) {
   view.root.dataset.status = msg.status || "complete";
   renderBody(msg, view);

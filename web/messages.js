@@ -1,10 +1,11 @@
 // The open session's messages on the page: the list, replies growing while they stream, and each
-// message's actions (copy, edit and resend, regenerate).
+// message's controls (its branch switch; copy, edit and resend, regenerate).
 import { state, emit, currentId, isBusy } from "./state.js";
 import { $ } from "./chrome.js";
 import { h, icon, copyText, keepFocus } from "./dom.js";
 import { messageView, renderMessage, renderBody } from "./message.js";
 import { send } from "./commands.js";
+import { branchSwitch } from "./branches.js";
 
 const FLASH_MS = 1500; // how long "Copied" shows on a Copy button
 
@@ -139,7 +140,7 @@ function showEmptyState() {
 
 // ---- actions ----------------------------------------------------------------------
 
-/** Redraw every message's action buttons (they depend on the busy state and the last reply). */
+/** Redraw every message's controls (they depend on the busy state and the last reply). */
 export function refreshActions() {
   const busy = isBusy();
   const lastAssistant = [...state.messages].reverse().find((m) => m.role === "assistant");
@@ -147,6 +148,8 @@ export function refreshActions() {
     for (const msg of state.messages) {
       const view = views.get(msg.id);
       if (!view || editing === msg.id) continue;
+      const branches = branchSwitch(msg, busy);
+      view.branches.replaceChildren(...(branches ? [branches] : []));
       if (msg.status === "streaming") { view.actions.replaceChildren(); continue; }
       const buttons = [actionButton("copy", "Copy", "message-copy", () => copyMessage(msg, view))];
       if (msg.role === "user") buttons.push(actionButton("edit", "Edit", "message-edit", () => startEdit(msg), busy));

@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.api.errors import ServiceError
+from app.api.response_format import ResponseFormatField
 
 T = TypeVar("T")
 
@@ -65,11 +66,11 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
             out["settings"] = self.settings.given()
         return out
 
-    def new_session(self) -> dict[str, Any]:
-        """Keyword arguments for Store.create_session."""
+    def new_session(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for Store.create_session; settings not given take `defaults` (app.defaults)."""
         changes = self.changes()
         return {"title": changes.get("title", DEFAULT_TITLE), "system_prompt": changes.get("system_prompt"),
-                "settings": {**DEFAULT_SETTINGS, **changes.get("settings", {})}}
+                "settings": {**defaults, **changes.get("settings", {})}}
 
 
 class EditBody(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,6 +86,7 @@ class SendBody(EditBody, kw_only=True):
     """`POST /api/sessions/{id}/messages`."""
 
     idempotency_key: Id | None = None  # a retried send with the same key is answered, not stored twice
+    response_format: ResponseFormatField | None = None  # constrains this reply (docs/api.md#structured-output)
 
 
 class Empty(Struct, forbid_unknown_fields=True):
@@ -92,7 +94,7 @@ class Empty(Struct, forbid_unknown_fields=True):
 
 
 class ImportedMessage(Struct, kw_only=True):
-    """One message of an export; read-only fields of the export (ids, dates) are ignored."""
+    """One message of an export; its other fields (session id, position, dates, siblings) are ignored."""
 
     role: Literal["system", "user", "assistant"]
     content: Content
@@ -103,6 +105,11 @@ class ImportedMessage(Struct, kw_only=True):
     completion_tokens: Count | None = None
     ttft_ms: Seconds | None = None
     tokens_per_s: Annotated[float, Meta(ge=0, le=1e9)] | None = None
+    # version 2 (branches): a reference within the file; the message it follows (null: none, left out: the
+    # message before it in the file); whether it is the chosen one of its siblings
+    id: Id | None = None
+    parent_id: Id | None | UnsetType = UNSET
+    active: bool = True
 
 
 class ImportedSession(Struct, kw_only=True):
@@ -112,11 +119,42 @@ class ImportedSession(Struct, kw_only=True):
 
 
 class Export(Struct, forbid_unknown_fields=True):
-    """`POST /api/sessions/import`: what `GET /api/sessions/{id}/export` gave."""
+    """`POST /api/sessions/import`: what `GET /api/sessions/{id}/export` gave. Version 1 holds one
+    conversation in order; version 2 every branch, each message after its parent (`parent_id`)."""
 
-    forge_export: Literal[1]
+    forge_export: Literal[1, 2]
     session: ImportedSession
     messages: list[ImportedMessage]
+
+    def tree(self) -> list[dict[str, Any]]:
+        """The messages as Store.import_session takes them: fields, `parent` (index of an earlier message or
+        None) and `active`, exactly one chosen per group of siblings (the last marked, else the last)."""
+        out: list[dict[str, Any]] = []
+        index: dict[str, int] = {}
+        for i, m in enumerate(self.messages):
+            fields = {f: getattr(m, f) for f in m.__struct_fields__ if f not in ("id", "parent_id", "active")}
+            previous = i - 1 if i else None
+            if self.forge_export == 1:
+                out.append({**fields, "parent": previous, "active": True})
+                continue
+            if m.parent_id is not UNSET and m.parent_id is not None and m.parent_id not in index:
+                raise ServiceError("invalid_parameter", f"'messages[{i}].parent_id' names no earlier message of the "
+                                   "export", param=f"messages[{i}].parent_id")
+            if m.id is not None:
+                if m.id in index:
+                    raise ServiceError("invalid_parameter", f"'messages[{i}].id' repeats an earlier id",
+                                       param=f"messages[{i}].id")
+                index[m.id] = i
+            parent = previous if m.parent_id is UNSET else None if m.parent_id is None else index[m.parent_id]
+            out.append({**fields, "parent": parent, "active": m.active})
+        chosen: dict[int | None, int] = {}  # parent -> the chosen child
+        for i, m in enumerate(out):
+            if m["active"] or m["parent"] not in chosen or not out[chosen[m["parent"]]]["active"]:
+                chosen[m["parent"]] = i
+        picked = set(chosen.values())
+        for i, m in enumerate(out):
+            m["active"] = i in picked
+        return out
 
 
 # -- WebSocket commands (docs/protocol.md) ------------------------------------------------------------
@@ -143,6 +181,7 @@ class MessageSend(Command, tag="message.send"):
     session_id: Id
     content: Content
     idempotency_key: Id | None = None
+    response_format: ResponseFormatField | None = None
 
     def __post_init__(self) -> None:
         _non_blank(self.content, "content")
@@ -161,6 +200,11 @@ class MessageRegenerate(Command, tag="message.regenerate"):
     session_id: Id
 
 
+class BranchSelect(Command, tag="branch.select"):
+    session_id: Id
+    message_id: Id
+
+
 class GenerationCancel(Command, tag="generation.cancel"):
     session_id: Id
 
@@ -169,7 +213,8 @@ class Ping(Command, tag="ping"):
     pass
 
 
-AnyCommand = SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | GenerationCancel | Ping
+AnyCommand = (SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | BranchSelect
+              | GenerationCancel | Ping)
 
 
 class Envelope(Struct):

@@ -27,7 +27,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-SCHEMA_CSP = "frame-ancestors 'none'; object-src 'none'; base-uri 'none'"  # the docs viewer loads its own scripts
+# The API reference (/schema, RapiDoc from web/vendor) styles itself inline and may try requests from the page.
+SCHEMA_CSP = CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
            (b"referrer-policy", b"no-referrer")]
 

@@ -25,8 +25,10 @@ from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
 from app.api.outbox import Outbox
+from app.api.response_format import compile_response_format
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, ready_services
+from app.defaults import openai_defaults
 
 log = logging.getLogger("forge.openai")
 
@@ -65,9 +67,11 @@ def _check_model(model: str, svc: Services) -> str:
     return served
 
 
-def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: int | None,
-              logprobs: int | None) -> SamplingParams:
-    """SamplingParams from the body; the engine checks its own ranges when the request is admitted."""
+async def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: int | None,
+                    logprobs: int | None) -> SamplingParams:
+    """SamplingParams from the body, its `response_format` compiled and parameters left out taken from
+    app.defaults (the model's recommendation, else OpenAI's; `max_tokens` capped by
+    Settings.default_max_tokens); the engine checks its own ranges when the request is admitted."""
     room = int(svc.engine.max_context) - prompt_len
     if room < 1:
         raise ServiceError("context_length_exceeded", f"the prompt is {prompt_len} tokens; this model's maximum context "
@@ -79,24 +83,28 @@ def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: int | 
                            f"{max_tokens} for the completion)", param="max_tokens")
     if body.stream_options is not None and not body.stream:
         raise _invalid("stream_options", "is only allowed when 'stream' is true")
+    response_format = await compile_response_format(svc.engine, body.response_format)
 
     def given(value: Any, default: Any) -> Any:
         return default if value is None else value
 
+    defaults = openai_defaults(svc.engine)
     return SamplingParams(
-        max_tokens=given(max_tokens, room),
-        temperature=given(body.temperature, 1.0),
-        top_p=given(body.top_p, 1.0),
+        max_tokens=given(max_tokens, min(room, svc.settings.default_max_tokens)),
+        temperature=given(body.temperature, defaults["temperature"]),
+        top_p=given(body.top_p, defaults["top_p"]),
         n=given(body.n, 1),
         presence_penalty=given(body.presence_penalty, 0.0),
         frequency_penalty=given(body.frequency_penalty, 0.0),
-        top_k=given(body.top_k, 0),
-        min_p=given(body.min_p, 0.0),
-        repetition_penalty=given(body.repetition_penalty, 1.0),
+        top_k=given(body.top_k, defaults["top_k"]),
+        min_p=given(body.min_p, defaults["min_p"]),
+        repetition_penalty=given(body.repetition_penalty, defaults["repetition_penalty"]),
         logit_bias=dict(body.logit_bias or {}),
         seed=body.seed,
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         logprobs=logprobs,
+        response_format=response_format,
+        speculative=body.speculative,
     )
 
 
@@ -117,7 +125,7 @@ async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
         prompt = await asyncio.to_thread(svc.engine.render_chat, [m.plain() for m in body.messages])
     except ValueError as e:
         raise _invalid("messages", f"were refused by the model's chat template: {e}") from None
-    params = _sampling(body, svc, len(prompt), mct if mct is not None else body.max_tokens, logprobs)
+    params = await _sampling(body, svc, len(prompt), mct if mct is not None else body.max_tokens, logprobs)
     return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
                  include_usage=_include_usage(body), top_logprobs=logprobs)
 
@@ -146,7 +154,8 @@ async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
     n = 1 if body.n is None else body.n
     if body.best_of is not None and body.best_of != n:
         raise _unsupported("best_of", "only best_of == n (no server-side ranking)")
-    params = _sampling(body, svc, len(prompt), body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
+    params = await _sampling(body, svc, len(prompt), body.max_tokens if body.max_tokens is not None else 16,
+                             body.logprobs)
     return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
                  include_usage=_include_usage(body), echo_text=text if body.echo else "")
 

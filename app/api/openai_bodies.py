@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct
 
 from app.api.bodies import Int
+from app.api.response_format import ResponseFormatField
 
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -55,12 +56,13 @@ class Sampling(Struct, forbid_unknown_fields=True, kw_only=True):
     user: Annotated[str, Meta(max_length=256)] | None = None  # logged
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    # Forge extensions the engine honours (vLLM spells them the same way)
+    response_format: ResponseFormatField | None = None  # with Forge's `regex` and `grammar` kinds
+    # Forge extensions the engine honours (vLLM spells the first three the same way)
     top_k: Int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    # Refused by name when given. Structured output (issue 8) turns `response_format` into a real field.
-    response_format: None = None
+    speculative: Literal["off", "ngram"] | None = None  # None: the server's --speculative
+    # Refused by name when given.
     tools: None = None
     tool_choice: None = None
     parallel_tool_calls: None = None

@@ -11,13 +11,14 @@ from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from app.api.bodies import DEFAULT_SETTINGS, DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
+from app.api.bodies import DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
 from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.outbox import Outbox
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, ready_services
 from app.chat import Sink, Turn
+from app.defaults import session_defaults
 from app.store import Conflict
 
 
@@ -36,12 +37,13 @@ async def list_sessions(request: Request) -> dict[str, Any]:
 async def create_session(request: Request, data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
     """A new session (the body may be left out)."""
     svc = ready_services(request)
-    return await svc.store.create_session(owner(request.scope), **(data or SessionFields()).new_session())
+    return await svc.store.create_session(owner(request.scope),
+                                          **(data or SessionFields()).new_session(session_defaults(svc.engine)))
 
 
 @get("/{session_id:str}")
 async def read_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
-    """A session and its messages."""
+    """A session and its chosen branch of messages."""
     svc = ready_services(request)
     found = await svc.store.get_history(session_id, owner(request.scope))
     if found is None:
@@ -75,7 +77,7 @@ async def delete_session(request: Request, session_id: FromPath[str]) -> None:
 
 @get("/{session_id:str}/export")
 async def export_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
-    """The session and its messages in the import format."""
+    """The session and every branch of its messages, in the import format."""
     svc = ready_services(request)
     data = await svc.store.export_session(session_id, owner(request.scope))
     if data is None:
@@ -85,7 +87,7 @@ async def export_session(request: Request, session_id: FromPath[str]) -> dict[st
 
 @post("/import")
 async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, Any]:
-    """A new session (new ids) holding an export's messages."""
+    """A new session (new ids) holding an export's messages (version 1 or 2)."""
     svc = ready_services(request)
     limit = svc.settings.import_messages
     if len(data.messages) > limit:
@@ -93,9 +95,17 @@ async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, 
                            param="messages")
     s = data.session
     session = {"title": (s.title or "").strip() or DEFAULT_TITLE, "system_prompt": s.system_prompt,
-               "settings": {**DEFAULT_SETTINGS, **(s.settings.given() if s.settings else {})}}
-    messages = [{f: getattr(m, f) for f in m.__struct_fields__} for m in data.messages]
-    return await svc.store.import_session(owner(request.scope), session, messages)
+               "settings": {**session_defaults(svc.engine), **(s.settings.given() if s.settings else {})}}
+    return await svc.store.import_session(owner(request.scope), session, data.tree())
+
+
+@post("/{session_id:str}/messages/{message_id:str}/select", status_code=200)
+async def select_branch(request: Request, session_id: FromPath[str], message_id: FromPath[str],
+                        data: JSONBody[Empty | None] = None) -> dict[str, Any]:
+    """Choose the branch through a message (any of the session's): the session and its chosen branch."""
+    svc = ready_services(request)
+    session, messages = await svc.chat.select(session_id, owner(request.scope), message_id)
+    return {**session, "messages": messages}
 
 
 # -- turns over SSE ---------------------------------------------------------------------------
@@ -150,13 +160,14 @@ async def send_message(request: Request, session_id: FromPath[str], data: JSONBo
     svc = ready_services(request)
     who = owner(request.scope)
     return await turn_stream(svc, lambda sink: svc.chat.send(session_id, who, data.content, sink=sink,
-                                                             idempotency_key=data.idempotency_key))
+                                                             idempotency_key=data.idempotency_key,
+                                                             response_format=data.response_format))
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)
 async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str],
                        data: JSONBody[EditBody]) -> ServerSentEvent:
-    """SSE: edit a user message, drop everything after it, stream a new reply."""
+    """SSE: a new branch with the user message edited, and a reply to it."""
     svc = ready_services(request)
     who = owner(request.scope)
     return await turn_stream(svc, lambda sink: svc.chat.edit(session_id, who, message_id, data.content, sink=sink))
@@ -164,7 +175,7 @@ async def edit_message(request: Request, session_id: FromPath[str], message_id: 
 
 @post("/{session_id:str}/regenerate", status_code=200)
 async def regenerate(request: Request, session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
-    """SSE: drop the last reply and stream a new one."""
+    """SSE: a new branch with another reply in place of the last one."""
     svc = ready_services(request)
     who = owner(request.scope)
     return await turn_stream(svc, lambda sink: svc.chat.regenerate(session_id, who, sink=sink))
@@ -182,5 +193,5 @@ async def cancel(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
 
 router = Router(path="/api/sessions", route_handlers=[
     list_sessions, create_session, import_session, read_session, update_session, delete_session, export_session,
-    send_message, edit_message, regenerate, cancel,
+    select_branch, send_message, edit_message, regenerate, cancel,
 ])

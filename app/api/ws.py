@@ -21,6 +21,7 @@ from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
 from app.api.state import Services, services
 from app.chat import Turn
+from app.defaults import session_defaults
 
 log = logging.getLogger("forge.ws")
 
@@ -67,6 +68,7 @@ class Connection:
             bodies.MessageSend: self.message_send,
             bodies.MessageEdit: self.message_edit,
             bodies.MessageRegenerate: self.message_regenerate,
+            bodies.BranchSelect: self.branch_select,
             bodies.GenerationCancel: self.generation_cancel,
             bodies.Ping: self.ping,
         }
@@ -195,7 +197,8 @@ class Connection:
 
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
         self._room_for(None)
-        session = await self.svc.store.create_session(self.owner, **cmd.fields().new_session())
+        session = await self.svc.store.create_session(self.owner,
+                                                      **cmd.fields().new_session(session_defaults(self.svc.engine)))
         self._watch(session["id"], session["title"])
         self._reply({"type": "session", "session": session}, cmd.client_id)
 
@@ -212,7 +215,8 @@ class Connection:
     async def message_send(self, cmd: bodies.MessageSend) -> None:
         self._room_for(cmd.session_id)
         self._track(await self.svc.chat.send(cmd.session_id, self.owner, cmd.content, sink=self.send,
-                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key))
+                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key,
+                                             response_format=cmd.response_format))
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)
@@ -223,6 +227,10 @@ class Connection:
         self._room_for(cmd.session_id)
         self._track(await self.svc.chat.regenerate(cmd.session_id, self.owner, sink=self.send,
                                                    client_id=cmd.client_id))
+
+    async def branch_select(self, cmd: bodies.BranchSelect) -> None:
+        _, messages = await self.svc.chat.select(cmd.session_id, self.owner, cmd.message_id)
+        self._reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
 
     async def generation_cancel(self, cmd: bodies.GenerationCancel) -> None:
         turn = self.svc.chat.running(cmd.session_id, self.owner)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
@@ -59,13 +59,22 @@ class ChatSession(Base):
 
 
 class Message(Base):
+    """One message of a session's tree: regenerating a reply or editing a user message adds a sibling (same
+    parent); `active` marks the chosen one of each group of siblings, and the chosen messages from the root
+    down are the conversation the next turn continues (app.store.tree)."""
+
     __tablename__ = "messages"
-    __table_args__ = (UniqueConstraint("session_id", "position"),
+    __table_args__ = (Index("uq_messages_session_id_ordinal", "session_id", "ordinal", unique=True),
                       Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(32), ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
-    position: Mapped[int] = mapped_column(Integer)
+    # No foreign key to messages.id on purpose: SQLite's table rebuilds (Alembic batch mode) would cascade
+    # a self-reference's deletes into the copy. Parents are in the same session; only sessions are deleted.
+    parent_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    ordinal: Mapped[int] = mapped_column(Integer)  # storage order in the session: parents first, siblings oldest first
+    position: Mapped[int] = mapped_column(Integer)  # depth: the message's index along its branch
+    active: Mapped[bool] = mapped_column(Boolean, server_default=true())
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text)
     idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True)  # user messages sent with one
@@ -84,6 +93,7 @@ class Message(Base):
         return {
             "id": self.id,
             "session_id": self.session_id,
+            "parent_id": self.parent_id,
             "position": self.position,
             "role": self.role,
             "content": self.content,

@@ -8,14 +8,16 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import make_engine, make_sessionmaker
 from app.store.models import MESSAGE_STATUSES, ChatSession, Message, utcnow
+from app.store.search import search
+from app.store.tree import choose, chosen_branch
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 1: one conversation (no branches); still imported
 UPDATE_TRIES = 20
 _FACTS = ("finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tokens_per_s")
 
@@ -72,13 +74,24 @@ class Store:
             return row.to_dict() if row else None
 
     async def get_history(self, session_id: str, owner: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        """The session and its messages in order, read in one transaction; None when unknown."""
+        """The session and its chosen branch (app.store.tree), read in one transaction; None when unknown."""
         async with self.sessionmaker() as db:
             row = await _owned(db, session_id, owner)
             if row is None:
                 return None
-            msgs = await db.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.position))
-            return row.to_dict(), [m.to_dict() for m in msgs.all()]
+            return row.to_dict(), chosen_branch(await _messages(db, session_id))
+
+    async def select(self, session_id: str, owner: str, message_id: str
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """Choose the branch through `message_id` (it and its ancestors become the chosen ones of their
+        siblings; below it, the choices made before stay). Returns the session and its new chosen branch;
+        None when the owner's session holds no such message."""
+        async with self.sessionmaker.begin() as db:
+            row = await _owned(db, session_id, owner)
+            rows = await _messages(db, session_id) if row is not None else []
+            if not choose(rows, message_id):
+                return None
+            return row.to_dict(), chosen_branch(rows)
 
     async def update_session(self, session_id: str, owner: str, **fields: Any) -> dict[str, Any] | None:
         """Set title / system_prompt (already checked) and merge `settings` (a partial dict) over the stored
@@ -120,53 +133,55 @@ class Store:
                                                              Message.idempotency_key == key))
             return found is not None
 
-    async def start_reply(self, session_id: str, owner: str, *, user_content: str | None = None,
-                          idempotency_key: str | None = None, edit: tuple[str, str] | None = None,
-                          keep_through: int | None = None, title: str | None = None
-                          ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]] | None:
-        """In one transaction: optionally edit a message's content (`edit` = (message id, content)),
-        drop every message after position `keep_through`, append the user message, append an
-        empty assistant reply with status "streaming", touch the session (and set `title`).
+    async def start_reply(self, session_id: str, owner: str, *, parent_id: str | None,
+                          user_content: str | None = None, idempotency_key: str | None = None,
+                          title: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """In one transaction: below message `parent_id` (None: a first message), optionally add a user
+        message, then an empty assistant reply with status "streaming"; each new message becomes the
+        chosen one of its siblings (and `parent_id` and its ancestors the chosen ones of theirs). Touch
+        the session (and set `title`).
 
-        Returns (session, user message or None, assistant message); None when the session is gone.
-        Raises Conflict when `idempotency_key` is already used in the session.
+        Returns the session and its new chosen branch (the reply last, the user message before it);
+        None when the session is gone. Raises Conflict when `idempotency_key` is already used in the
+        session, ValueError when `parent_id` is not one of its messages.
         """
-        now = utcnow()
         try:
-            return await self._start_reply(session_id, owner, now, user_content, idempotency_key, edit,
-                                           keep_through, title)
+            return await self._start_reply(session_id, owner, parent_id, user_content, idempotency_key, title)
         except IntegrityError as e:
             if idempotency_key is not None and await self.sent_with_key(session_id, idempotency_key):
                 raise Conflict(f"idempotency key {idempotency_key!r} is already used") from None
             raise e
 
-    async def _start_reply(self, session_id: str, owner: str, now: Any, user_content: str | None,
-                           idempotency_key: str | None, edit: tuple[str, str] | None, keep_through: int | None,
-                           title: str | None) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]] | None:
+    async def _start_reply(self, session_id: str, owner: str, parent_id: str | None, user_content: str | None,
+                           idempotency_key: str | None, title: str | None
+                           ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        now = utcnow()
         async with self.sessionmaker.begin() as db:
             session = await _owned(db, session_id, owner)
             if session is None:
                 return None
-            if edit is not None:
-                await db.execute(update(Message).where(Message.id == edit[0], Message.session_id == session_id)
-                                 .values(content=edit[1], updated_at=now))
-            if keep_through is not None:
-                await db.execute(delete(Message).where(Message.session_id == session_id, Message.position > keep_through))
-            last = await db.scalar(select(func.max(Message.position)).where(Message.session_id == session_id))
-            pos = -1 if last is None else last
-            user = None
+            rows = await _messages(db, session_id)
+            below = next((r for r in rows if r.id == parent_id), None)
+            if parent_id is not None and below is None:
+                raise ValueError(f"message {parent_id!r} is not in session {session_id!r}")
+            ordinal = max((r.ordinal for r in rows), default=-1)
+            added = [dict(role="assistant", content="", status="streaming")]
             if user_content is not None:
-                pos += 1
-                user = Message(id=new_id(), session_id=session_id, position=pos, role="user", content=user_content,
-                               idempotency_key=idempotency_key, status="complete", created_at=now, updated_at=now)
-                db.add(user)
-            reply = Message(id=new_id(), session_id=session_id, position=pos + 1, role="assistant", content="",
-                            status="streaming", created_at=now, updated_at=now)
-            db.add(reply)
+                added.insert(0, dict(role="user", content=user_content, idempotency_key=idempotency_key,
+                                     status="complete"))
+            for fields in added:
+                ordinal += 1
+                msg = Message(id=new_id(), session_id=session_id, parent_id=below.id if below else None,
+                              ordinal=ordinal, position=below.position + 1 if below else 0, active=True,
+                              created_at=now, updated_at=now, **fields)
+                db.add(msg)
+                rows.append(msg)
+                below = msg
+            choose(rows, below.id)
             session.updated_at = now
             if title is not None:
                 session.title = title
-        return session.to_dict(), (user.to_dict() if user else None), reply.to_dict()
+            return session.to_dict(), chosen_branch(rows)
 
     async def save_progress(self, message_id: str, content: str, completion_tokens: int) -> None:
         """Store a streaming reply as it stands (also re-asserts status "streaming", see mark_interrupted)."""
@@ -215,22 +230,29 @@ class Store:
     # -- export / import ------------------------------------------------------------------
 
     async def export_session(self, session_id: str, owner: str) -> dict[str, Any] | None:
-        found = await self.get_history(session_id, owner)
-        if found is None:
-            return None
-        session, messages = found
-        return {"forge_export": EXPORT_VERSION, "session": session, "messages": messages}
+        """The session and every message of every branch, parents before children (docs/api.md#export)."""
+        async with self.sessionmaker() as db:
+            row = await _owned(db, session_id, owner)
+            if row is None:
+                return None
+            messages = [{**m.to_dict(), "active": m.active} for m in await _messages(db, session_id)]
+            return {"forge_export": EXPORT_VERSION, "session": row.to_dict(), "messages": messages}
 
     async def import_session(self, owner: str, session: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
         """Create a new session (new ids) from checked fields: `session` has title, system_prompt and
-        settings; each message role, content, status and the reply facts (finish_reason, token counts,
-        timings). A message left "streaming" by its exporter is stored as "interrupted"."""
+        settings; each message role, content, status, the reply facts (finish_reason, token counts,
+        timings), `parent` (the index of an earlier message, or None) and `active` (the chosen one of
+        its siblings). A message left "streaming" by its exporter is stored as "interrupted"."""
         now = utcnow()
         sid = new_id()
-        rows = [Message(id=new_id(), session_id=sid, position=i, role=m["role"], content=m["content"],
-                        status="interrupted" if m["status"] == "streaming" else m["status"],
-                        created_at=now, updated_at=now, **{k: m.get(k) for k in _FACTS})
-                for i, m in enumerate(messages)]
+        rows: list[Message] = []
+        for i, m in enumerate(messages):
+            parent = rows[m["parent"]] if m["parent"] is not None else None
+            rows.append(Message(id=new_id(), session_id=sid, parent_id=parent.id if parent else None, ordinal=i,
+                                position=parent.position + 1 if parent else 0, active=m["active"],
+                                role=m["role"], content=m["content"],
+                                status="interrupted" if m["status"] == "streaming" else m["status"],
+                                created_at=now, updated_at=now, **{k: m.get(k) for k in _FACTS}))
         row = ChatSession(id=sid, owner=owner, version=0, title=session["title"],
                           system_prompt=session["system_prompt"], settings=dict(session["settings"]),
                           created_at=now, updated_at=now)
@@ -239,6 +261,19 @@ class Store:
             await db.flush()
             db.add_all(rows)
         return row.to_dict()
+
+    # -- search ---------------------------------------------------------------------------
+
+    async def search(self, owner: str, query: str, limit: int) -> list[dict[str, Any]]:
+        """The owner's sessions whose title, and messages (of any branch) whose text, hold every word of
+        `query` (plain text, never query syntax); see app.store.search."""
+        async with self.sessionmaker() as db:
+            return await search(db, owner, query, limit)
+
+
+async def _messages(db: Any, session_id: str) -> list[Message]:
+    return list((await db.scalars(select(Message).where(Message.session_id == session_id)
+                                  .order_by(Message.ordinal))).all())
 
 
 async def _owned(db: Any, session_id: str, owner: str) -> ChatSession | None:

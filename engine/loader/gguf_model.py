@@ -16,6 +16,7 @@ from engine.loader.gguf_file import GGUFFile, read_gguf
 from engine.loader.loaded import LoadedModel
 from engine.loader.names import expected_shapes, tensor_plan, unpermute_qk
 from engine.loader.quant import SUPPORTED_TYPES, dequantize, gguf_weight, type_name
+from engine.loader.recommended import from_gguf
 from engine.tokenizer import Tokenizer, TokenizerError
 from kernels.weight import Weight
 
@@ -82,6 +83,7 @@ def load_gguf(path: Path) -> LoadedModel:
         path=str(path),
         name=path.stem,
         quant=counts.most_common(1)[0][0],
+        sampling=from_gguf(md),
     )
 
 

@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.loader.errors import ModelLoadError
 from engine.loader.loaded import LoadedModel
 from engine.loader.names import expected_shapes, tensor_plan
+from engine.loader.recommended import from_generation_config
 from engine.loader.safetensors_file import SafetensorsFile, read_safetensors
 from engine.tokenizer import Tokenizer, TokenizerError
 
@@ -63,6 +64,7 @@ def load_hf_dir(path: Path) -> LoadedModel:
         path=str(path),
         name=path.name,
         quant=counts.most_common(1)[0][0],
+        sampling=from_generation_config(gen),
     )
 
 

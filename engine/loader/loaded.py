@@ -1,7 +1,7 @@
 """What a loader hands the engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,3 +21,4 @@ class LoadedModel:
     path: str  # the resolved file (GGUF) or directory (HF)
     name: str  # e.g. "SmolLM2-135M-Instruct.Q4_1"
     quant: str  # dominant tensor type in the file: "Q4_1", "F32", "BF16", ...
+    sampling: dict[str, float] = field(default_factory=dict)  # what the files recommend (loader/recommended.py)

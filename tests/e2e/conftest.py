@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from legacy_db import legacy_database
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output"
@@ -30,6 +31,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 ADMIN_TOKEN = "e2e-admin-token"
 READY_TIMEOUT_S = 240  # model load + migrations on a busy 2-core machine
 UI_TIMEOUT_MS = 90_000  # a reply on a shared 2-core CPU can take a while
+# What the UI tests' database held before it was upgraded to reply branches (tests/legacy_db.py): one
+# conversation of the keyless server, made by schema 0002.
+LEGACY_SESSION = ("1e9acy" + "0" * 26, "", "Lighthouse keeping", [
+    ("user", "How does a lighthouse keeper trim the wick?", "complete", None, None),
+    ("assistant", "With scissors, every evening before the lamp is lit.", "complete", "stop", 12),
+    ("user", "And in a storm?", "complete", None, None),
+    ("assistant", "The keeper stays up all night", "stopped", "abort", 6),
+])
 
 
 @dataclass(slots=True)
@@ -122,9 +131,12 @@ def run_server(tmp: Path, log_name: str, **env: str) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The UI tests' server: no API key (the loopback default), an admin token."""
+    """The UI tests' server: no API key (the loopback default), an admin token; it starts on a database made by
+    the schema before reply branches (LEGACY_SESSION), which it upgrades."""
     shutil.rmtree(SHOTS, ignore_errors=True)  # only this run's screenshots
-    with run_server(tmp_path_factory.mktemp("e2e-db"), "e2e-server.log", FORGE_ADMIN_TOKEN=ADMIN_TOKEN) as srv:
+    tmp = tmp_path_factory.mktemp("e2e-db")
+    legacy_database(tmp / "forge.db", [LEGACY_SESSION])
+    with run_server(tmp, "e2e-server.log", FORGE_ADMIN_TOKEN=ADMIN_TOKEN) as srv:
         yield srv
 
 

@@ -36,16 +36,20 @@ export default { answer, ok: true, name: "forge" };
 """
 
 EXPORT = {
-    "forge_export": 1,
+    "forge_export": 2,
     "session": {"title": "Accessibility sample", "system_prompt": None,
                 "settings": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64}},
     "messages": [
-        {"role": "user", "content": "Show me Markdown and code.", "status": "complete"},
-        {"role": "assistant", "content": RICH_REPLY, "status": "complete", "finish_reason": "length",
-         "prompt_tokens": 40, "cached_tokens": 16, "completion_tokens": 64, "ttft_ms": 120.0, "tokens_per_s": 25.0},
-        {"role": "user", "content": "And stop halfway?", "status": "complete"},
-        {"role": "assistant", "content": "Sure, here is half", "status": "stopped", "finish_reason": "abort",
-         "prompt_tokens": 60, "cached_tokens": 48, "completion_tokens": 5, "ttft_ms": 90.0, "tokens_per_s": 20.0},
+        {"id": "q1", "role": "user", "content": "Show me Markdown and code.", "status": "complete"},
+        {"id": "r1", "parent_id": "q1", "role": "assistant", "content": "An earlier version.", "status": "complete",
+         "active": False},
+        {"id": "r2", "parent_id": "q1", "role": "assistant", "content": RICH_REPLY, "status": "complete",
+         "finish_reason": "length", "prompt_tokens": 40, "cached_tokens": 16, "completion_tokens": 64, "ttft_ms": 120.0,
+         "tokens_per_s": 25.0},
+        {"id": "q2", "parent_id": "r2", "role": "user", "content": "And stop halfway?", "status": "complete"},
+        {"id": "r3", "parent_id": "q2", "role": "assistant", "content": "Sure, here is half", "status": "stopped",
+         "finish_reason": "abort", "prompt_tokens": 60, "cached_tokens": 48, "completion_tokens": 5, "ttft_ms": 90.0,
+         "tokens_per_s": 20.0},
     ],
 }
 
@@ -77,8 +81,11 @@ def test_chat_and_admin_pages_are_axe_clean(browser, server, scheme, screenshot)
         assert reply.locator(".hljs-keyword").count() >= 4 and reply.locator(".hljs-comment").count() == 2
         assert reply.locator("table").count() == 1 and reply.locator("blockquote").count() == 1
         assert page.locator('[data-testid="message-status"]:visible').all_inner_texts() == ["Max tokens reached", "Stopped"]
+        assert reply.get_by_test_id("branch-count").inner_text() == "2/2"  # a reply with an earlier version
+        page.get_by_test_id("search-input").fill("markdown")
+        page.get_by_test_id("search-hit").first.wait_for()
         screenshot(page, f"a11y-chat-{scheme}")
-        assert _violations(page) == [], "a conversation with the settings drawer open"
+        assert _violations(page) == [], "a conversation with versions, search hits and the settings drawer open"
 
         page.goto(f"/admin?token={server.admin_token}")
         page.wait_for_selector('[data-testid="admin-status"][data-state="live"]')
@@ -186,3 +193,44 @@ def test_a_whole_chat_works_from_the_keyboard(chat, server, page, screenshot):
     user.get_by_test_id("edit-input").wait_for(state="detached")
     assert _focused(page) == {"id": "message-edit", "ring": True}
     assert user.get_by_test_id("message-content").inner_text() == LONG_PROMPT
+
+
+def test_search_and_the_version_switch_work_from_the_keyboard(server, page, chat, screenshot):
+    sample = {**EXPORT, "session": {"title": "Keyboard versions"}}
+    sample["messages"] = [dict(m, content=m["content"] + " xylograph") if m["id"] == "r1" else m
+                          for m in EXPORT["messages"]]
+    sid = server.http.post("/api/sessions/import", json=sample).json()["id"]
+    chat.open()
+    # New chat, then the search box; Enter searches and moves to the first hit
+    assert _tab_to(page, "search-input", limit=2) == ["new-session", "search-input"]
+    page.keyboard.type("xylograph")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.dataset.testid === 'search-hit'")
+    assert _focused(page)["ring"]
+    # Enter opens the hit: the earlier version of the reply, which becomes the chosen one, with the focus on it
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.dataset.testid === 'message'"
+                           " && document.activeElement.textContent.includes('xylograph')")
+    assert chat.session_id == sid and _focused(page)["ring"]
+    reply = page.locator('[data-testid="message"][data-position="1"]')
+    assert reply.get_by_test_id("branch-count").inner_text() == "1/2"
+
+    # the switch: "previous" is unavailable at 1/2 but keeps its place in the tab order; "next" goes to 2/2
+    # and keeps the focus, so the arrows can be pressed again
+    assert _tab_to(page, "branch-next") == ["branch-prev", "branch-next"]
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-position=\"1\"] [data-testid=branch-count]')"
+                           ".textContent === '2/2'")
+    page.wait_for_function("() => document.activeElement.dataset.testid === 'branch-next'")
+    assert _focused(page)["ring"] and page.locator('[data-testid="message"]').count() == 4
+    screenshot(page, "keyboard-version-switch")
+    _tab_to(page, "branch-prev", key="Shift+Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=message]').length === 2")
+    assert server.session(sid)["messages"][1]["content"].endswith("xylograph")
+
+    # Escape in the search box clears it and brings the session list back
+    _tab_to(page, "search-input", key="Shift+Tab")
+    page.keyboard.press("Escape")
+    page.get_by_test_id("session-list").wait_for(state="visible")
+    assert page.get_by_test_id("search-input").input_value() == "" and _focused(page)["id"] == "search-input"

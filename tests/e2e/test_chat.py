@@ -263,7 +263,7 @@ def test_sidebar_rename_delete_and_export(chat, server, page):
         page.get_by_test_id("export-session").click()
     data = json.loads(open(dl.value.path(), encoding="utf-8").read())
     assert data == server.http.get(f"/api/sessions/{keep}/export").json()
-    assert data["forge_export"] == 1 and data["session"]["title"] == "Trip planning"
+    assert data["forge_export"] == 2 and data["session"]["title"] == "Trip planning"
 
 
 def test_settings_errors_are_shown(chat, server, page):

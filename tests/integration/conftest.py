@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-api-key"
 OTHER_KEY = "test-other-key"  # a second client of the shared server: sees none of API_KEY's sessions
 ADMIN_TOKEN = "test-admin-token"
+DEFAULT_MAX_TOKENS = 24  # the shared server's cap on /v1 chat replies that leave max_tokens out
 READY_TIMEOUT_S = 300.0  # model load takes seconds, more on a busy 2-core machine
 
 
@@ -145,9 +146,10 @@ def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The shared server: API key and admin token set, SSE keep-alive every 0.05 s."""
+    """The shared server: API key and admin token set, SSE keep-alive every 0.05 s, a small default reply cap."""
     tmp = tmp_path_factory.mktemp("forge-server")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log")
+    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
+                        env={"FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS)})
     srv.start()
     try:
         yield srv

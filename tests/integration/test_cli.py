@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,10 @@ def test_generate_streams_text_and_raw_mode_skips_the_template():
     out = json.loads(run.stdout)
     assert out["prompt_token_ids"][0] != 1  # no <|im_start|>: the prompt went in as written
     assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
-    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "Once upon a time")
+    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "--speculative", "off",
+                     "Once upon a time")
     assert streamed.returncode == 0
-    assert streamed.stdout.rstrip("\n") == out["text"]
+    assert streamed.stdout.rstrip("\n") == out["text"]  # speculation (the default) changes nothing
 
 
 def test_chat_keeps_history_and_reuses_the_cache():
@@ -53,6 +55,20 @@ def test_bad_input_gets_a_clear_message_and_exit_code():
     bad_temp = forge("generate", "--temperature", "-1", "hi")
     assert bad_temp.returncode == 2
     assert "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
+    bad_mode = forge("generate", "--speculative", "eagle", "hi")
+    assert bad_mode.returncode == 2 and "--speculative" in bad_mode.stderr and "ngram" in bad_mode.stderr
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_the_model(tmp_path):
+    db = tmp_path / "forge.db"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = forge("serve", "--port", str(port), "--db", f"sqlite+aiosqlite:///{db}", "--log-level", "info")
+    assert run.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in run.stderr and "Traceback" not in run.stderr
+    assert "loaded" not in run.stderr and not db.exists()  # neither the model nor the database was touched
 
 
 def test_activations_flag_reaches_the_kernels_and_is_checked(reference):

@@ -16,7 +16,7 @@ def first_logits(core, prompt: list[int]) -> np.ndarray:
     table = list(range(n_blocks))
     meta = build_attention_metadata([len(prompt)], [len(prompt)], [table], bs, core.backend)
     return core.model.forward(
-        np.asarray(prompt), np.arange(len(prompt)), meta, core.kv_caches, np.asarray([len(prompt) - 1])
+        np.asarray(prompt), np.arange(len(prompt)), meta, core.runner.kv_caches, np.asarray([len(prompt) - 1])
     )[0]
 
 
@@ -65,7 +65,7 @@ def test_top1_logit_at_every_greedy_step_matches_reference(core, reference):
         n_prompt, steps = len(case["prompt_ids"]), len(case["greedy32_no_eos_stop_ids"])
         meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // bs)))], bs, core.backend)
         rows = np.arange(n_prompt - 1, n_prompt - 1 + steps)
-        logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.kv_caches, rows)
+        logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, rows)
         assert logits.argmax(axis=1).tolist() == case["greedy32_no_eos_stop_ids"]
         diff = np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()
         worst = max(worst, float(diff))

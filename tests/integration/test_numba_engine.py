@@ -61,7 +61,7 @@ def test_logits_agree_on_a_multi_row_step_over_a_cached_prefix(default_model, re
         n0 = len(ids) - 5
         for lo, hi in ((0, n0), (n0, len(ids))):  # a prefill, then 5 rows at once over it
             meta = build_attention_metadata([hi - lo], [hi], [table], 16, model.backend)
-            logits = model.forward(ids[lo:hi], np.arange(lo, hi), meta, core.kv_caches, np.arange(hi - lo))
+            logits = model.forward(ids[lo:hi], np.arange(lo, hi), meta, core.runner.kv_caches, np.arange(hi - lo))
         out.append(logits)
     assert out[0].shape == (5, 49152)
     np.testing.assert_allclose(out[0], out[1], atol=2e-3, rtol=0)

@@ -35,10 +35,10 @@ async def client(engine: Engine, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def failing_model(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(batch: Any) -> Any:
+    def broken(inputs: Any) -> Any:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setattr(engine.core, "_run_model", broken)
+    monkeypatch.setattr(engine.core.runner, "run", broken)
 
 
 def sse_data(text: str) -> list[Any]:

@@ -47,7 +47,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
                     max_leaves=20)
 FIELDS = ["title", "settings", "temperature", "content", "messages", "role", "session_id", "type", "model", "prompt",
-          "forge_export", "session", "max_tokens", "n", "stop", "logit_bias", "stream", "client_id"]
+          "forge_export", "session", "max_tokens", "n", "stop", "logit_bias", "stream", "client_id", "response_format",
+          "json_schema", "schema", "pattern", "lark", "speculative"]
 BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6) | JSON
 
 

@@ -7,7 +7,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import API_KEY, ServerProcess, finished, post_and_leave, wait_idle
+from tests.integration.conftest import (API_KEY, DEFAULT_MAX_TOKENS, ServerProcess, finished, post_and_leave,
+                                       wait_idle)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,10 @@ def test_chat_logprobs_and_n(client: openai.OpenAI, model_id: str) -> None:
 
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"uniqueItems": True}}}},
+     "response_format"),
+    ({"response_format": {"type": "regex", "pattern": "a(b"}}, "response_format"),
+    ({"speculative": "eagle"}, "speculative"),
     ({"max_tokens": -5}, "max_tokens"),
     ({"temperature": 3.5}, "temperature"),
     ({"top_p": 0}, "top_p"),
@@ -187,3 +191,15 @@ def test_null_for_an_unknown_key_counts_as_not_given(server: ServerProcess, mode
     r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
                    timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_parameters_left_out_take_the_defaults(client: openai.OpenAI, model_id: str) -> None:
+    messages = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]
+    # the default model's files recommend no sampling settings: OpenAI's temperature 1.0 applies ...
+    left_out, explicit = (client.chat.completions.create(model=model_id, messages=messages, max_tokens=10, seed=99,
+                                                         **extra).choices[0].message.content
+                          for extra in ({}, {"temperature": 1.0}))
+    assert left_out == explicit
+    # ... and a reply without max_tokens stops at the cap (FORGE_DEFAULT_MAX_TOKENS), not at the context's end
+    r = client.chat.completions.create(model=model_id, messages=messages, temperature=0)
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", DEFAULT_MAX_TOKENS)

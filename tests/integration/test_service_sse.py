@@ -170,15 +170,29 @@ def test_session_operations(http: httpx.Client) -> None:
     session = http.get(f"/api/sessions/{a['id']}").json()
     assert [(m["role"], m["content"]) for m in session["messages"]] == [("user", "Grass colour?"),
                                                                       ("assistant", edited_reply)]
+    assert session["messages"][0]["siblings"] == [user_id, session["messages"][0]["id"]]
+
+    # back to the first question's branch, with its two replies
+    r = http.post(f"/api/sessions/{a['id']}/messages/{user_id}/select")
+    assert r.status_code == 200
+    assert [(m["content"], len(m["siblings"])) for m in r.json()["messages"]] == [("Sky colour?", 2), (first_reply, 2)]
+    assert http.get(f"/api/sessions/{a['id']}").json()["messages"] == r.json()["messages"]
+    assert http.post(f"/api/sessions/{a['id']}/messages/{'0' * 32}/select").status_code == 404
 
     export = http.get(f"/api/sessions/{a['id']}/export").json()
-    assert export["forge_export"] == 1 and export["session"]["id"] == a["id"] and len(export["messages"]) == 2
+    assert export["forge_export"] == 2 and export["session"]["id"] == a["id"] and len(export["messages"]) == 5
     r = http.post("/api/sessions/import", json=export)
     assert r.status_code == 201
     copy = http.get(f"/api/sessions/{r.json()['id']}").json()
     assert copy["id"] != a["id"] and copy["title"] == "renamed" and copy["system_prompt"] == "You answer in one word."
-    assert [(m["role"], m["content"], m["status"]) for m in copy["messages"]] == \
-        [(m["role"], m["content"], m["status"]) for m in export["messages"]]
+    original = http.get(f"/api/sessions/{a['id']}").json()["messages"]
+    assert [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in copy["messages"]] == \
+        [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in original]
+    # a file exported before branches (version 1: one conversation, in order) imports as one branch
+    r = http.post("/api/sessions/import", json={"forge_export": 1, "session": export["session"], "messages": original})
+    old = http.get(f"/api/sessions/{r.json()['id']}").json()["messages"]
+    assert [(m["role"], m["content"], m["siblings"] == [m["id"]]) for m in old] == \
+        [(m["role"], m["content"], True) for m in original]
 
     assert http.delete(f"/api/sessions/{a['id']}").status_code == 204
     assert http.get(f"/api/sessions/{a['id']}").status_code == 404

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.api.bodies import DEFAULT_SETTINGS, SessionFields, decode
+from app.api.bodies import DEFAULT_SETTINGS, Export, SessionFields, decode
 from app.api.errors import ServiceError
 from app.config import Settings
 from app.store import Store
@@ -82,7 +82,7 @@ async def test_sessions_list_newest_first_rename_and_delete_with_messages(store:
     assert [s["id"] for s in await store.list_sessions(ME)] == [a["id"], c["id"], b["id"]]
     assert await store.update_session("nope", ME, title="x") is None
 
-    await store.start_reply(b["id"], ME, user_content="hello")
+    await store.start_reply(b["id"], ME, parent_id=None, user_content="hello")
     session, messages = await store.get_history(b["id"], ME)  # type: ignore[misc]
     assert session["system_prompt"] == "be brief" and len(messages) == 2
     assert await store.delete_session(b["id"], ME) is True
@@ -93,13 +93,14 @@ async def test_sessions_list_newest_first_rename_and_delete_with_messages(store:
     con.close()
 
 
-async def test_reply_lifecycle_edit_and_truncate(store: Store) -> None:
+async def test_reply_lifecycle_and_branches(store: Store) -> None:
     s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
-    started = await store.start_reply(s["id"], ME, user_content="one")
+    started = await store.start_reply(s["id"], ME, parent_id=None, user_content="one")
     assert started is not None
-    _, u1, r1 = started
-    assert (u1["position"], u1["role"], u1["status"]) == (0, "user", "complete")
+    _, (u1, r1) = started
+    assert (u1["position"], u1["role"], u1["status"], u1["parent_id"]) == (0, "user", "complete", None)
     assert (r1["position"], r1["role"], r1["status"], r1["content"]) == (1, "assistant", "streaming", "")
+    assert (r1["parent_id"], r1["siblings"]) == (u1["id"], [r1["id"]])
 
     await store.save_progress(r1["id"], "partial", 3)
     _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
@@ -109,25 +110,38 @@ async def test_reply_lifecycle_edit_and_truncate(store: Store) -> None:
                                     prompt_tokens=10, cached_tokens=4, completion_tokens=5, ttft_ms=12.5,
                                     tokens_per_s=30.0)
     assert done is not None and (done["status"], done["cached_tokens"], done["ttft_ms"]) == ("complete", 4, 12.5)
+    _, (*_, u2, r2) = await store.start_reply(s["id"], ME, parent_id=r1["id"], user_content="two")  # type: ignore[misc]
+    assert (u2["position"], r2["position"]) == (2, 3)
 
-    _, u2, _ = await store.start_reply(s["id"], ME, user_content="two")  # type: ignore[misc]
-    assert u2 is not None and u2["position"] == 2
-    # Edit the first user message: everything after it goes, a new reply follows it.
-    _, none, r_new = await store.start_reply(  # type: ignore[misc]
-        s["id"], ME, edit=(u1["id"], "one, edited"), keep_through=0)
-    assert none is None
-    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
-    assert [(m["position"], m["role"], m["content"]) for m in msgs] == [(0, "user", "one, edited"), (1, "assistant", "")]
-    assert msgs[1]["id"] == r_new["id"]
+    # Regenerate the first reply: a sibling of it, chosen; the branch below the old one is kept, not shown.
+    _, branch = await store.start_reply(s["id"], ME, parent_id=u1["id"])  # type: ignore[misc]
+    r1b = branch[-1]
+    assert [m["id"] for m in branch] == [u1["id"], r1b["id"]] and branch[-1]["siblings"] == [r1["id"], r1b["id"]]
+    # Edit the first user message: a sibling of it, with its own reply.
+    _, branch = await store.start_reply(s["id"], ME, parent_id=None, user_content="one, edited")  # type: ignore[misc]
+    u1b, r1c = branch
+    assert (u1b["position"], u1b["siblings"], r1c["siblings"]) == (0, [u1["id"], u1b["id"]], [r1c["id"]])
+    assert (await store.get_history(s["id"], ME))[1] == branch  # type: ignore[index]
 
-    assert await store.start_reply("missing", ME, user_content="x") is None
+    # Choosing the old first message restores the choices made below it: the second reply, not the first.
+    _, branch = await store.select(s["id"], ME, u1["id"])  # type: ignore[misc]
+    assert [m["id"] for m in branch] == [u1["id"], r1b["id"]]
+    _, branch = await store.select(s["id"], ME, u2["id"])  # type: ignore[misc]  # deep inside another branch
+    assert [m["id"] for m in branch] == [u1["id"], r1["id"], u2["id"], r2["id"]]
+    assert [m["content"] for m in branch[:2]] == ["one", "partial reply"]
+    assert await store.select(s["id"], ME, "missing") is None
+    assert await store.select(s["id"], OTHER, u2["id"]) is None
+    with pytest.raises(ValueError):
+        await store.start_reply(s["id"], ME, parent_id="missing")
+
+    assert await store.start_reply("missing", ME, parent_id=None, user_content="x") is None
     assert await store.finish_reply("missing", content="", status="stopped", finish_reason="abort", prompt_tokens=None,
                                     cached_tokens=None, completion_tokens=None, ttft_ms=None, tokens_per_s=None) is None
 
 
 async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> None:
     s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
-    _, _, r = await store.start_reply(s["id"], ME, user_content="q")  # type: ignore[misc]
+    _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
     await store.save_progress(r["id"], "half a rep", 4)
     assert await store.mark_interrupted(older_than_s=3600) == 0  # recent: a live worker may own it
     assert await store.mark_interrupted() == 1
@@ -136,19 +150,49 @@ async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> 
     assert await store.mark_interrupted() == 0
 
 
-async def test_export_import_round_trip_gives_new_ids(store: Store) -> None:
+async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: Store) -> None:
     s = await store.create_session(ME, "trip", "sys", {"temperature": 0.0, "top_p": 1.0, "max_tokens": 7})
-    _, _, r = await store.start_reply(s["id"], ME, user_content="hi")  # type: ignore[misc]
+    _, (u, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="hi")  # type: ignore[misc]
+    await store.finish_reply(r["id"], content="hello", status="complete", finish_reason="stop", prompt_tokens=3,
+                             cached_tokens=0, completion_tokens=1, ttft_ms=1.0, tokens_per_s=None)
+    await store.start_reply(s["id"], ME, parent_id=u["id"])  # a second reply, left streaming
+    await store.select(s["id"], ME, r["id"])
     exported = await store.export_session(s["id"], ME)
-    assert exported is not None and exported["forge_export"] == 1
-    imported = await store.import_session(OTHER, exported["session"], exported["messages"])
+    assert exported is not None and exported["forge_export"] == 2
+    assert [(m["role"], m["content"], m["active"]) for m in exported["messages"]] == [
+        ("user", "hi", True), ("assistant", "hello", True), ("assistant", "", False)]
+
+    body = decode(json.dumps(exported), Export)
+    imported = await store.import_session(OTHER, exported["session"], body.tree())
     assert imported["id"] != s["id"]
     assert (imported["title"], imported["system_prompt"], imported["settings"]) == ("trip", "sys", s["settings"])
     assert await store.get_history(imported["id"], ME) is None  # it belongs to the importer
     _, msgs = await store.get_history(imported["id"], OTHER)  # type: ignore[misc]
-    assert [(m["role"], m["content"]) for m in msgs] == [("user", "hi"), ("assistant", "")]
-    assert msgs[1]["status"] == "interrupted"  # was streaming: nothing generates it in the copy
-    assert {m["id"] for m in msgs}.isdisjoint({m["id"] for m in exported["messages"]})
+    assert [(m["role"], m["content"], len(m["siblings"])) for m in msgs] == [("user", "hi", 1), ("assistant", "hello", 2)]
+    copy = await store.export_session(imported["id"], OTHER)
+    assert [m["status"] for m in copy["messages"]] == ["complete", "complete", "interrupted"]  # type: ignore[index]
+    assert {m["id"] for m in copy["messages"]}.isdisjoint({m["id"] for m in exported["messages"]})  # type: ignore[index]
+
+
+def test_export_files_of_both_versions_become_one_tree() -> None:
+    v1 = {"forge_export": 1, "session": {}, "messages": [{"role": "user", "content": "a", "id": "x"},
+                                                         {"role": "assistant", "content": "b", "id": "x"}]}
+    assert [(m["parent"], m["active"]) for m in decode(json.dumps(v1), Export).tree()] == [(None, True), (0, True)]
+    v2 = {"forge_export": 2, "session": {}, "messages": [
+        {"id": "u", "parent_id": None, "role": "user", "content": "q", "active": False},
+        {"id": "a1", "parent_id": "u", "role": "assistant", "content": "1", "active": True},
+        {"id": "a2", "parent_id": "u", "role": "assistant", "content": "2", "active": True},  # the last marked wins
+        {"id": "u2", "parent_id": None, "role": "user", "content": "q2", "active": False},  # none marked: the last
+        {"id": "u3", "parent_id": None, "role": "user", "content": "q3", "active": False},
+        {"role": "assistant", "content": "no parent_id: after the message before it"}]}
+    assert [(m["parent"], m["active"]) for m in decode(json.dumps(v2), Export).tree()] == [
+        (None, False), (0, False), (0, True), (None, False), (None, True), (4, True)]
+    for messages, param in [([{"id": "a", "parent_id": "b", "role": "user", "content": "x"}], "messages[0].parent_id"),
+                            ([{"id": "a", "role": "user", "content": "x"}, {"id": "a", "role": "user", "content": "y"}],
+                             "messages[1].id")]:
+        with pytest.raises(ServiceError) as exc:
+            decode(json.dumps({"forge_export": 2, "session": {}, "messages": messages}), Export).tree()
+        assert (exc.value.code, exc.value.param) == ("invalid_parameter", param)
 
 
 async def test_sessions_of_another_owner_are_invisible(store: Store) -> None:
@@ -156,7 +200,7 @@ async def test_sessions_of_another_owner_are_invisible(store: Store) -> None:
     assert await store.list_sessions(OTHER) == []
     assert await store.get_session(mine["id"], OTHER) is None
     assert await store.update_session(mine["id"], OTHER, title="taken") is None
-    assert await store.start_reply(mine["id"], OTHER, user_content="x") is None
+    assert await store.start_reply(mine["id"], OTHER, parent_id=None, user_content="x") is None
     assert await store.delete_session(mine["id"], OTHER) is False
     assert await store.export_session(mine["id"], OTHER) is None
     assert await store.get_history(mine["id"], ME) == (mine, [])  # untouched
@@ -183,6 +227,8 @@ def test_settings_from_env_and_overrides() -> None:
         with pytest.raises(ValueError, match="empty"):  # an empty key never turns auth off
             Settings.from_env(env, **flags)
     assert Settings.from_env({}).database_url == "sqlite+aiosqlite:///./data/forge.db"
+    assert Settings.from_env({}).default_max_tokens == 512
+    assert Settings.from_env({"FORGE_DEFAULT_MAX_TOKENS": "64"}).default_max_tokens == 64
     with pytest.raises(ValueError, match="FORGE_PORT"):
         Settings.from_env({"FORGE_PORT": "eighty"})
     with pytest.raises(ValueError, match="max_waiting"):
@@ -192,7 +238,7 @@ def test_settings_from_env_and_overrides() -> None:
 
 
 def test_session_fields_name_the_field_they_refuse() -> None:
-    assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session()["settings"] == \
+    assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session(DEFAULT_SETTINGS)["settings"] == \
         dict(DEFAULT_SETTINGS, temperature=0.0)
     cases = [({"temperature": 2.5}, "settings.temperature"), ({"temperature": "hot"}, "settings.temperature"),
              ({"top_p": 0}, "settings.top_p"), ({"max_tokens": -3}, "settings.max_tokens"),

@@ -11,7 +11,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from engine import Engine, GenerationRequest, SamplingParams
-from tests.integration.conftest import ServerProcess, wait_idle
+from tests.integration.conftest import OTHER_KEY, ServerProcess, wait_idle
 
 TIMEOUT = 180.0
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -189,33 +189,60 @@ async def test_one_socket_drives_two_sessions_and_busy_is_refused(server: Server
         assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["status"] == "complete"
 
 
-async def test_regenerate_and_edit(server: ServerProcess) -> None:
+async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_prompt(server: ServerProcess,
+                                                                                  cold_engine: Engine) -> None:
+    settings = {"temperature": 0, "max_tokens": 8}
     async with connect(server.ws_url, additional_headers=server.auth) as ws:
-        sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 8}))["id"]
+        sid = (await create_session(ws, settings=settings))["id"]
         await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "What is 2 + 2?"}))
         first = await recv_until(ws, "done", sid)
-        user_id = first[0]["message"]["id"]
-        first_text = deltas_text(first, first[-1]["message_id"])
+        user_id, r1 = first[0]["message"]["id"], first[1]["message"]["id"]
+        first_text = deltas_text(first, r1)
 
         await ws.send(json.dumps({"type": "message.regenerate", "session_id": sid}))
         regen = await recv_until(ws, "done", sid)
         assert regen[0]["type"] == "history" and [m["id"] for m in regen[0]["messages"]] == [user_id]
-        assert regen[1]["type"] == "message.created" and regen[1]["message"]["role"] == "assistant"
-        assert deltas_text(regen, regen[-1]["message_id"]) == first_text  # greedy: the same reply again
+        r2 = regen[1]["message"]
+        assert regen[1]["type"] == "message.created" and r2["role"] == "assistant"
+        assert (r2["parent_id"], r2["siblings"]) == (user_id, [r1, r2["id"]])  # the old reply is kept
+        assert deltas_text(regen, r2["id"]) == first_text  # greedy: the same reply again
 
         await ws.send(json.dumps({"type": "message.edit", "session_id": sid, "message_id": user_id,
                                   "content": "What is 3 + 3?"}))
         edit = await recv_until(ws, "done", sid)
-        assert edit[0]["type"] == "history" and edit[0]["messages"][0]["content"] == "What is 3 + 3?"
-        edited_text = deltas_text(edit, edit[-1]["message_id"])
-
+        (edited,) = edit[0]["messages"]
+        assert edit[0]["type"] == "history" and edited["content"] == "What is 3 + 3?"
+        assert edited["siblings"] == [user_id, edited["id"]]  # the old question is kept too
         await ws.send(json.dumps({"type": "message.edit", "session_id": sid, "message_id": edit[-1]["message_id"],
                                   "content": "x"}))
         err = await recv(ws)
         assert (err["type"], err["code"], err["param"]) == ("error", "invalid_parameter", "message_id")
+
+        # back to the first question: below it, the regenerated reply is still the chosen one
+        await ws.send(json.dumps({"type": "branch.select", "session_id": sid, "message_id": user_id, "client_id": "b"}))
+        chosen = await recv(ws)
+        assert (chosen["type"], chosen["client_id"]) == ("history", "b")
+        assert [(m["id"], m["siblings"]) for m in chosen["messages"]] == [
+            (user_id, [user_id, edited["id"]]), (r2["id"], [r1, r2["id"]])]
+        async with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {OTHER_KEY}"}) as theirs:
+            await theirs.send(json.dumps({"type": "branch.select", "session_id": sid, "message_id": edited["id"]}))
+            assert (await recv(theirs))["code"] == "not_found"
+        assert stored(server, sid) == chosen["messages"]  # another key neither sees nor switches the branch
+
+        # the next turn's prompt is the chosen branch: the same reply and prompt as a cold run of it
+        await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "And 2 + 3?"}))
+        await ws.send(json.dumps({"type": "branch.select", "session_id": sid, "message_id": r1}))
+        follow = await recv_until(ws, "done", sid)
+        assert [e["code"] for e in follow if e["type"] == "error"] == ["busy"]  # no switching while it streams
+        reply = follow[-1]
+        expected, prompt_len = await cold_reply(cold_engine, [
+            {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": first_text},
+            {"role": "user", "content": "And 2 + 3?"}], settings["max_tokens"])
+        assert (deltas_text(follow, reply["message_id"]), reply["usage"]["prompt_tokens"]) == (expected, prompt_len)
     msgs = stored(server, sid)
-    assert [(m["role"], m["content"]) for m in msgs] == [("user", "What is 3 + 3?"), ("assistant", edited_text)]
-    assert msgs[0]["id"] == user_id
+    assert [m["id"] for m in msgs[:2]] == [user_id, r2["id"]] and [m["role"] for m in msgs[2:]] == ["user", "assistant"]
+    export = httpx.get(f"{server.url}/api/sessions/{sid}/export", headers=server.auth, timeout=30).json()
+    assert len(export["messages"]) == 7 and {r1, edited["id"]} <= {m["id"] for m in export["messages"]}
 
 
 async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess) -> None:

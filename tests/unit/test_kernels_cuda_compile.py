@@ -20,6 +20,7 @@ EXPECTED_KERNELS = {
     "silu_mul.cu": ["silu_mul_f32"],
     "kv_cache.cu": ["write_kv_f32"],
     "paged_attention.cu": ["paged_attention_f32"],
+    "token_bitmask.cu": ["apply_token_bitmask_f32"],
 }
 
 

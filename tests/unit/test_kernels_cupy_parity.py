@@ -99,6 +99,16 @@ def test_silu_mul(gpu, cpu, rng):
     _close(gpu, gpu.silu_mul(gpu.asarray(gu)), cpu.silu_mul(gu))
 
 
+def test_apply_token_bitmask(gpu, cpu, rng):
+    logits = rng.standard_normal((5, 1000)).astype(np.float32)
+    mask = rng.integers(-(2**31), 2**31, (5, 31), dtype=np.int64).astype(np.int32)  # 992 ids: the last 8 are out
+    want = logits.copy()
+    cpu.apply_token_bitmask(want, mask)
+    got = gpu.asarray(logits)
+    gpu.apply_token_bitmask(got, gpu.asarray(mask))
+    np.testing.assert_array_equal(gpu.to_numpy(got), want)
+
+
 def test_embedding_and_argmax(gpu, cpu, rng):
     table = rng.standard_normal((100, 32)).astype(np.float32)
     ids = np.array([5, 0, 99, 5, 42])

@@ -236,3 +236,23 @@ def test_get_backend_auto_logs_its_choice(caplog):
         assert any(reason in r.getMessage() for r in caplog.records)
         with pytest.raises(RuntimeError, match="'cupy' is not usable"):
             kernels.get_backend("cupy")
+
+
+def test_apply_token_bitmask_keeps_exactly_the_allowed_tokens(be, rng):
+    R, V = 3, 100  # 4 words of 32 bits: the last one covers 96..127, ids past V are ignored
+    allowed = rng.random((R, V)) < 0.3
+    words = np.zeros((R, 4), dtype=np.uint32)
+    for r, v in zip(*np.nonzero(allowed)):
+        words[r, v // 32] |= np.uint32(1) << np.uint32(v % 32)
+    words[:, 3] |= np.uint32(0xFFFFFFF0)  # bits past the vocabulary set: must not matter
+    logits = rng.standard_normal((R, V)).astype(np.float32)
+    out = logits.copy()
+    be.apply_token_bitmask(out, words.view(np.int32))
+    np.testing.assert_array_equal(np.isfinite(out), allowed)
+    np.testing.assert_array_equal(out[allowed], logits[allowed])
+    assert (out[~allowed] == -np.inf).all()
+    short = logits.copy()  # a mask narrower than the vocabulary disallows the rest
+    be.apply_token_bitmask(short, words[:, :2].view(np.int32).copy())
+    assert (short[:, 64:] == -np.inf).all()
+    with pytest.raises(ValueError, match="int32"):
+        be.apply_token_bitmask(logits, words.astype(np.int64))

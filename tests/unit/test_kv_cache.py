@@ -13,7 +13,7 @@ BS = 4
 
 def make_seq(tokens: list[int], seq_id: int = 0) -> Sequence:
     req = GenerationRequest(list(tokens))
-    return Sequence(seq_id, req, 0, list(tokens), len(tokens), sampler=None, detok=None)
+    return Sequence(seq_id, req, 0, list(tokens), len(tokens), rng=None, detok=None)
 
 
 def run_prompt(bm: BlockManager, seq: Sequence) -> int:
@@ -137,3 +137,21 @@ def test_double_free_is_caught():
     seq.block_table = table
     with pytest.raises(AssertionError):
         bm.release(seq)
+
+
+def test_trim_returns_rejected_draft_blocks_and_commit_keys_only_accepted_ones():
+    bm = BlockManager(8, BS)
+    seq = make_seq(list(range(6)))
+    run_prompt(bm, seq)  # 6 computed tokens: one full block, one partial
+    seq.token_ids.append(6)  # sampled, no KV yet
+    assert bm.reserve(seq, 1 + 5)  # verify it and a 5-token draft: positions 6..11, three blocks
+    assert len(seq.block_table) == 3
+    seq.token_ids += [7]  # one draft token accepted (+ the bonus token 8 below)
+    seq.token_ids.append(8)
+    seq.num_computed = len(seq.token_ids) - 1  # KV kept for 0..7
+    bm.trim(seq)
+    bm.commit(seq)
+    assert len(seq.block_table) == 2 and bm.num_free == 6
+    assert bm.match_prefix(list(range(8)) + [99]) == seq.block_table  # both full blocks, accepted tokens only
+    assert bm.free and next(iter(bm.free)) not in seq.block_table  # the trimmed block is reused first
+    check_invariants(bm, [seq])

@@ -10,7 +10,7 @@ from engine.types import GenerationRequest
 
 def seq(n_tokens: int, seq_id: int) -> Sequence:
     tokens = [1000 * seq_id + i for i in range(n_tokens)]  # distinct: no prefix sharing
-    return Sequence(seq_id, GenerationRequest(tokens), 0, list(tokens), n_tokens, sampler=None, detok=None)
+    return Sequence(seq_id, GenerationRequest(tokens), 0, list(tokens), n_tokens, rng=None, detok=None)
 
 
 def run(sched: Scheduler) -> list[tuple[int, int]]:
@@ -67,3 +67,31 @@ def test_max_num_seqs_limits_the_running_set():
         sched.add(seq(5, i))
     assert [sid for sid, _ in run(sched)] == [0, 1]
     assert len(sched.waiting) == 1
+
+
+def test_a_decode_brings_its_draft_whole_or_cut_to_the_budget():
+    sched = Scheduler(SchedulerConfig(max_batched_tokens=6), BlockManager(64, 16))
+    a = seq(4, 1)
+    sched.add(a)
+    assert run(sched) == [(1, 4)]
+    a.draft = [9, 9, 9]
+    batch = sched.schedule()
+    assert batch.num_new == [4]  # the last token + 3 drafted, never chunked
+    a.token_ids.append(8)  # nothing accepted: the step's own token
+    a.num_computed = a.num_tokens - 1
+    sched.blocks.trim(a)
+    a.draft = [9] * 10
+    assert sched.schedule().num_new == [6] and a.draft == [9] * 5  # cut to the budget
+
+
+def test_a_draft_that_does_not_fit_the_blocks_is_dropped_not_preempting():
+    sched = Scheduler(SchedulerConfig(max_batched_tokens=64), BlockManager(2, 16))
+    a = seq(10, 1)
+    sched.add(a)
+    run(sched)  # 11 tokens, 10 computed: one block
+    other = seq(15, 2)
+    sched.add(other)
+    run(sched)  # a decodes (12 tokens, 11 computed); other takes the second block
+    a.draft = [5, 6, 7, 8, 9]  # positions 11..16 would need a second block
+    batch = sched.schedule()
+    assert a in batch.seqs and a.draft == [] and sched.num_preemptions == 0

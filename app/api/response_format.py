@@ -1,0 +1,116 @@
+"""`response_format` in request bodies: OpenAI's `text` / `json_object` / `json_schema` plus Forge's `regex` and
+`grammar`, as a tagged union of msgspec Structs (decoded with the rest of the body, app.api.bodies.decode), the
+engine's ResponseFormat each one stands for, and compiling it before anything is answered or stored.
+
+Bounds that keep hostile constraints cheap to refuse: a schema is at most SCHEMA_MAX_BYTES of JSON and
+SCHEMA_MAX_DEPTH levels deep, a pattern or grammar at most SOURCE_MAX_CHARS. What the engine cannot compile or
+enforce is refused by the engine (InvalidRequest), here turned into a ServiceError naming `response_format`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+from engine.types import InvalidRequest, ResponseFormat
+
+from app.api.errors import ServiceError
+
+PARAM = "response_format"
+SCHEMA_MAX_BYTES = 64 << 10
+SCHEMA_MAX_DEPTH = 64  # JSON nesting of the schema document (an object property costs two levels)
+SOURCE_MAX_CHARS = 64 << 10
+Source = Annotated[str, Meta(min_length=1, max_length=SOURCE_MAX_CHARS)]
+
+
+class _Kind(Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    def engine(self) -> ResponseFormat | None:
+        """The engine's constraint (None: free text)."""
+        raise NotImplementedError
+
+
+class TextFormat(_Kind, tag="text"):
+    """Free text (as if `response_format` were left out)."""
+
+    def engine(self) -> None:
+        return None
+
+
+class JsonObjectFormat(_Kind, tag="json_object"):
+    """Any JSON object."""
+
+    def engine(self) -> ResponseFormat:
+        return ResponseFormat("json_object")
+
+
+class JsonSchemaSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    """OpenAI's `json_schema` object. `strict` is accepted either way: the schema is always enforced."""
+
+    schema: dict[str, Any]
+    name: Annotated[str, Meta(max_length=64)] | None = None
+    description: Annotated[str, Meta(max_length=1024)] | None = None
+    strict: bool | None = None
+
+    def __post_init__(self) -> None:
+        where, param = f"'{PARAM}.json_schema.schema'", f"{PARAM}.json_schema.schema"
+        if len(msgspec.json.encode(self.schema)) > SCHEMA_MAX_BYTES:  # first: it bounds the walk below
+            raise ServiceError("invalid_parameter", f"{where} is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON",
+                               param=param)
+        if _depth(self.schema) > SCHEMA_MAX_DEPTH:
+            raise ServiceError("invalid_parameter", f"{where} is nested more than {SCHEMA_MAX_DEPTH} levels deep",
+                               param=param)
+
+
+class JsonSchemaFormat(_Kind, tag="json_schema"):
+    """JSON valid under `json_schema.schema`."""
+
+    json_schema: JsonSchemaSpec
+
+    def engine(self) -> ResponseFormat:
+        # msgspec keeps the schema's key order: properties are generated in the order given.
+        return ResponseFormat("json_schema", msgspec.json.encode(self.json_schema.schema).decode())
+
+
+class RegexFormat(_Kind, tag="regex"):
+    """Forge: a full match of a regular expression."""
+
+    pattern: Source
+
+    def engine(self) -> ResponseFormat:
+        return ResponseFormat("regex", self.pattern)
+
+
+class GrammarFormat(_Kind, tag="grammar"):
+    """Forge: a match of a Lark grammar's `start` rule (llguidance's dialect)."""
+
+    lark: Source
+
+    def engine(self) -> ResponseFormat:
+        return ResponseFormat("grammar", self.lark)
+
+
+ResponseFormatField = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | GrammarFormat
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` (decoded JSON) nests its arrays and objects; iterative (no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack += [(item, d + 1) for item in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+async def compile_response_format(engine: Any, field: ResponseFormatField | None) -> ResponseFormat | None:
+    """The engine's constraint for a body's `response_format`, compiled now (off the event loop, cached for the
+    generation): a bad one is a 400 / `error` event before any byte of a stream, never a failed stream."""
+    fmt = field.engine() if field is not None else None
+    if fmt is not None:
+        try:
+            await engine.compile_response_format(fmt)
+        except InvalidRequest as e:
+            raise ServiceError("invalid_parameter", str(e), param=PARAM) from None
+    return fmt
