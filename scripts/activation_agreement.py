@@ -28,7 +28,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2_
 
 
 def greedy_ids(core: LLMEngine, prompt: list[int], n: int) -> list[int]:
-    core.add_request(GenerationRequest(list(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+    core.add_request(GenerationRequest(list(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
+                                                                 speculative="off")))
     ids: list[int] = []
     while core.has_work():
         ids += [t for ev in core.step() for t in ev.token_ids]
@@ -36,14 +37,15 @@ def greedy_ids(core: LLMEngine, prompt: list[int], n: int) -> list[int]:
 
 
 def teacher_forced(core: LLMEngine, prompt: list[int], forced: list[int]) -> np.ndarray:
-    """Logits [1 + len(forced) - 1, vocab]: after the prompt (one prefill), then one forced token a step."""
+    """Logits [len(forced), vocab]: after the prompt (one prefill), then after each forced token but the last, one a step."""
     bs, model = core.blocks.block_size, core.model
     ids = prompt + forced
     table = list(range(-(-len(ids) // bs)))
     out, lo = [], 0
     for hi in range(len(prompt), len(ids)):
         meta = build_attention_metadata([hi - lo], [hi], [table], bs, model.backend)
-        out.append(model.forward(np.asarray(ids[lo:hi]), np.arange(lo, hi), meta, core.kv_caches, np.asarray([hi - lo - 1]))[0])
+        out.append(model.forward(np.asarray(ids[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches,
+                                 np.asarray([hi - lo - 1]))[0])
         lo = hi
     return np.stack(out)
 

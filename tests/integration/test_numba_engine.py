@@ -156,14 +156,14 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
     bs, lead, argmax_equal, top1, top5 = core.blocks.block_size, [], 0, 0.0, 0.0
     for case in reference["prompts"]:
         want = case["greedy32_no_eos_stop_ids"]
-        got = run_all(core, [greedy(case["prompt_ids"], len(want), ignore_eos=True)])
+        got = run_all(core, [greedy(case["prompt_ids"], len(want), ignore_eos=True, speculative="off")])
         ids = next(iter(got.values())).token_ids
         lead.append(next((j for j, (a, b) in enumerate(zip(ids, want)) if a != b), len(want)))
         seq, n = case["prompt_ids"] + want, len(case["prompt_ids"])
         table, lo, logits = list(range(-(-len(seq) // bs))), 0, []
         for hi in range(n, len(seq)):  # the prompt in one prefill, then one forced token a step
             meta = build_attention_metadata([hi - lo], [hi], [table], bs, model[1].backend)
-            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, core.kv_caches,
+            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches,
                                            np.asarray([hi - lo - 1]))[0])
             lo = hi
         logits = np.stack(logits)
