@@ -237,6 +237,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "model": engine.model_info["name"],
         "backend": engine.model_info["backend"],
         "threads": engine.threads,
+        "activations": engine.model_info["activations"],
         "kv_blocks": engine.model_info["kv_blocks"],
         "prefill_tokens": prefill_len,
         "prefill_tok_s": prefill_tok_s,
@@ -272,7 +273,8 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         print(json.dumps(result, indent=2))
         return result
     rows = [
-        ("model / backend / threads", f"{result['model']} / {result['backend']} / {result['threads']}"),
+        ("model / backend / threads / activations",
+         f"{result['model']} / {result['backend']} / {result['threads']} / {result['activations']}"),
         (f"prefill ({result['prefill_tokens']}-token prompt)", f"{result['prefill_tok_s']:.0f} tok/s"),
         (f"TTFT ({result['chat_prompt_tokens']}-token chat prompt)", f"{result['ttft_ms']:.0f} ms"),
         (f"single-stream decode ({result['decode_tokens']} tokens)", f"{result['decode_tok_s']:.1f} tok/s"),

@@ -19,6 +19,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
     p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
     p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
+    p.add_argument("--activations", default=None, metavar="f32|q8",
+                   help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
+                        "faster, close to but not equal to the float32 results)")
     p.add_argument("--speculative", default=None, choices=["off", "ngram"],
                    help="n-gram speculative decoding for requests that do not choose (default: ngram)")
 
@@ -82,8 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             from app.server import serve
 
             overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "quantize", "speculative", "host", "port", "database_url",
-                "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
+                "model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
+                "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
             )}
             serve(Settings.from_env(**overrides))
         elif args.command == "migrate":
@@ -115,6 +118,7 @@ def _load(args: argparse.Namespace) -> Engine:
         kv_memory=args.kv_memory or "1GiB",
         threads=args.threads,
         quantize=args.quantize,
+        activations=args.activations or "f32",
         speculative=args.speculative or "ngram",
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kernels import check_activations
+
 ENV_PREFIX = "FORGE_"
 
 
@@ -27,6 +29,7 @@ class Settings:
     max_waiting: int = 256
     threads: int | None = None
     quantize: str | None = None  # "q8_0": quantize float matrices at load
+    activations: str = "f32"  # "q8": int8 activations in the numba backend's decode products
     log_level: str = "info"
     keepalive_s: float = 5.0  # SSE keep-alive comment interval while no event is ready
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
@@ -96,6 +99,7 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.ws_commands_per_s > 0:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
+        check_activations(self.activations, self.backend)
 
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry

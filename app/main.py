@@ -37,7 +37,7 @@ def _load_engine(settings: Settings) -> Any:
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
-                       speculative=settings.speculative)
+                       activations=settings.activations, speculative=settings.speculative)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:

@@ -27,7 +27,7 @@ from engine.loader import LoadedModel, load_model
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
-from kernels import get_backend, resolve_backend
+from kernels import check_activations, get_backend, resolve_backend
 
 log = logging.getLogger("forge.engine")
 
@@ -130,6 +130,7 @@ class Engine:
         block_size: int = 16,
         threads: int | None = None,
         quantize: str | None = None,
+        activations: str = "f32",
         progress: Callable[[str], None] | None = None,
         speculative: str = "ngram",
     ) -> "Engine":
@@ -138,8 +139,9 @@ class Engine:
         once, before loading anything, when `backend` cannot run here ("cupy" without a usable GPU).
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
-        quantize float matrices at load. `progress` receives one line per stage (also logged).
-        `speculative` ("ngram" | "off"): the default for requests that do not choose.
+        quantize float matrices at load. `activations="q8"`: int8 activations in the numba backend's
+        decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
+        line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose.
         """
         t0 = time.perf_counter()
 
@@ -148,9 +150,10 @@ class Engine:
             if progress:
                 progress(line)
 
-        resolve_backend(backend)  # an unusable choice fails here, before the weights load
+        # an unusable choice fails here, before the weights load
+        check_activations(activations, resolve_backend(backend)[0])
         loaded = load_model(model, quantize=quantize)
-        be = get_backend(backend, threads)
+        be = get_backend(backend, threads, activations)
         if progress:
             progress(f"kernel backend: {be.choice}")  # get_backend logged it
         t1 = time.perf_counter()
@@ -197,6 +200,7 @@ class Engine:
             "arch": c.arch,
             "quant": m.quant,
             "backend": self.core.backend.name,
+            "activations": getattr(self.core.backend, "activations", "f32"),
             "context_length": self.max_context,
             "vocab_size": c.vocab_size,
             "num_layers": c.num_layers,

@@ -1,7 +1,7 @@
 """Compute backends with one face: numba (compiled CPU kernels over quantized weights, the CPU
 path), NumPy (float32 reference) and CuPy (CUDA kernels).
 
-    backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None)
+    backend = get_backend("auto" | "numba" | "numpy" | "cupy", threads=None, activations="f32")
 
 All offer: asarray, to_numpy, upload, synchronize, begin_step, prepare_linear, prepare_embedding,
 empty_kv_cache (of dtype `kv_dtype`), embedding, rms_norm, add_rms_norm, linear, rope_cos_sin, rope,
@@ -22,9 +22,22 @@ from kernels.weight import Weight
 log = logging.getLogger("forge.kernels")
 
 __all__ = [
-    "AttentionMetadata", "Backend", "BackendUnavailable", "NumpyBackend", "build_attention_metadata",
-    "cupy_unavailable_reason", "get_backend", "resolve_backend",
+    "ACTIVATIONS", "AttentionMetadata", "Backend", "BackendUnavailable", "NumpyBackend", "build_attention_metadata",
+    "check_activations", "cupy_unavailable_reason", "get_backend", "resolve_backend",
 ]
+
+# Activations of the decode products: float32 everywhere, or int8 per 32-block ("q8", numba only).
+ACTIVATIONS = ("f32", "q8")
+
+
+def check_activations(activations: str, backend: str) -> None:
+    """Raise ValueError unless `activations` is one of ACTIVATIONS and `backend` (a name, or "auto"
+    before it is resolved) can run it: only numba quantizes activations."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    if activations != "f32" and backend not in ("numba", "auto"):
+        raise ValueError(f"activations {activations!r} need the numba backend; the {backend} backend computes in "
+                         "float32 (use --activations f32 or --backend numba)")
 
 
 class Backend(Protocol):
@@ -98,19 +111,21 @@ def resolve_backend(name: str = "auto") -> tuple[str, str]:
     return "numba", f"auto: no usable GPU, {reason}"
 
 
-def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
+def get_backend(name: str = "auto", threads: int | None = None, activations: str = "f32") -> Backend:
     """The backend `name` resolves to (see resolve_backend); its `choice` says which and why, as logged.
 
     `threads`: worker threads of the numba kernels (default: the cores this process may use).
+    `activations`: see ACTIVATIONS; "q8" is refused (ValueError) unless the backend is numba.
     """
     kind, why = resolve_backend(name)
+    check_activations(activations, kind)
     if kind == "numpy":
         backend, what = NumpyBackend(), "numpy (float32 reference)"
     elif kind == "numba":
         from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
 
-        backend = NumbaBackend(threads)
-        what = f"numba with {backend.threads} threads"
+        backend = NumbaBackend(threads, activations)
+        what = f"numba with {backend.threads} threads" + (", int8 activations" if activations == "q8" else "")
     else:
         from kernels.cupy_backend import CupyBackend
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from kernels import ACTIVATIONS
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
-from kernels.numba_linear import half_dequant, matvec, q4_dequant, q8_dequant
+from kernels.numba_layout import Blocked, block_rows, dequant_rows
+from kernels.numba_linear import half_dequant, matvec_q4, matvec_q4_i8, matvec_q8, matvec_q8_i8
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
@@ -51,33 +54,42 @@ numba.config.THREADING_LAYER = "threadsafe"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class Linear:
-    """A weight prepared for `NumbaBackend.linear`: q4/q8 values as [N, groups, bytes per group]."""
+    """A weight prepared for `NumbaBackend.linear`: q4/q8 repacked in row blocks (`blocked`), other
+    kinds as the loader gave them (`weight`)."""
 
-    weight: Weight
-    q3: np.ndarray | None
-    min: np.ndarray | None  # an empty [N, 0] array for q8 types without an offset
+    shape: tuple[int, int]
+    blocked: Blocked | None = None
+    weight: Weight | None = None
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return self.weight.shape
+    def kind(self) -> str:
+        return self.blocked.kind if self.blocked is not None else self.weight.kind
 
 
 class NumbaBackend(NumpyBackend):
-    """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel."""
+    """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
+
+    `activations="q8"` quantizes the activations of decode products to int8 (see
+    kernels/numba_linear.py); the default "f32" keeps them float32."""
 
     name = "numba"
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, activations: str = "f32") -> None:
         super().__init__()
+        assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
+        self.activations = activations
         self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
         self._lut: np.ndarray | None = None
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
         threadpool_limits(limits=self.blas_threads, user_api="blas")
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
         self._local = threading.local()  # each worker's panel scratch
+        # The weight most recently prepared and its result, both weakly held: a tied embedding and
+        # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
+        self._recent: tuple[weakref.ref, weakref.ref] | None = None
 
     def begin_step(self) -> None:
         """Bind the calling thread's kernel thread count and dynamic chunking (both thread-local)."""
@@ -86,23 +98,20 @@ class NumbaBackend(NumpyBackend):
 
     # ---- weights ---------------------------------------------------------------
     def prepare_linear(self, w: Weight) -> Linear:
-        if w.kind not in ("q4", "q8"):
-            return Linear(w, None, None)
-        n, k = w.shape
-        per_group = w.group // 2 if w.kind == "q4" else w.group
-        mins = w.min if w.min is not None else np.empty((n, 0), dtype=np.float32)
-        return Linear(w, w.data.reshape(n, k // w.group, per_group), mins)
+        if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
+            return lin
+        lin = Linear(w.shape, block_rows(w)) if w.kind in ("q4", "q8") else Linear(w.shape, weight=w)
+        self._recent = (weakref.ref(w.data), weakref.ref(lin))
+        return lin
 
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)
 
     def dequantize_rows(self, lin: Linear, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """out [len(rows), K] = the weight's `rows` (int64) in float32."""
-        w = lin.weight
-        if w.kind == "q4":
-            q4_dequant(lin.q3, w.scale, lin.min, rows, out)
-        elif w.kind == "q8":
-            q8_dequant(lin.q3, w.scale, lin.min, rows, out)
+        b, w = lin.blocked, lin.weight
+        if b is not None:
+            dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, rows, out)
         elif w.kind == "f32":
             np.take(w.data, rows, axis=0, out=out)
         else:
@@ -138,14 +147,20 @@ class NumbaBackend(NumpyBackend):
 
     def linear(self, x: np.ndarray, w: Linear, bias: np.ndarray | None = None) -> np.ndarray:
         """x [T, K] times the weight [N, K] -> [T, N] (+ bias)."""
-        T, K = x.shape
-        N = w.shape[0]
-        kind = w.weight.kind
-        if kind == "f32":
+        T = x.shape[0]
+        b = w.blocked
+        if w.kind == "f32":
             out = x @ w.weight.data.T
-        elif w.q3 is not None and T <= MATVEC_MAX_ROWS:
-            out = np.empty((T, N), dtype=np.float32)
-            matvec(w.q3, w.weight.scale, w.min, x.reshape(T, K // w.weight.group, w.weight.group), out)
+        elif b is not None and T <= MATVEC_MAX_ROWS:
+            out = np.empty((T, w.shape[0]), dtype=np.float32)
+            x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
+            int8 = self.activations == "q8" and b.group == 32
+            if b.kind == "q4":
+                (matvec_q4_i8 if int8 else matvec_q4)(b.data, b.scale, b.min, x, out)
+            elif int8:
+                matvec_q8_i8(b.data, b.scale, b.min, x, out)
+            else:
+                matvec_q8(b.data, b.scale, b.min, b.group, x, out)
         else:
             out = self._panels_gemm(x, w)
         if bias is not None:
@@ -204,7 +219,8 @@ def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | N
     """
     rng = np.random.default_rng(0)
     q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), rng.random((8, 2), dtype=np.float32), None, 32)
-    weights = [backend.prepare_linear(w) for w in (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4())]
+    q8_16 = Weight("q8", q8.data, rng.random((8, 4), dtype=np.float32), None, 16)  # float path even with q8 activations
+    weights = [backend.prepare_linear(w) for w in (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4(), q8_16)]
     few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
     kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
     qkv = np.ones((2, 24), np.float32)

@@ -1,7 +1,54 @@
-"""Compile options shared by every numba kernel."""
+"""Compile options shared by every numba kernel, and their on-disk cache's freshness."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from numba.core import caching
 
 # Reassociation and FMA contraction let LLVM vectorize reductions; infinities and NaNs stay
 # legal (no "ninf"/"nnan": silu's exp overflows to inf on purpose) and library calls stay exact
 # (no "afn"). `cache=True` keeps the machine code on disk next to the sources (__pycache__), so
 # only the first start on a machine compiles; `nogil` lets two engines run in two threads.
 JIT = dict(cache=True, fastmath={"nsz", "arcp", "contract", "reassoc"}, nogil=True)
+# For dequantization, which must equal `Weight.dequantize` bit for bit: no FMA contraction.
+JIT_EXACT = dict(cache=True, nogil=True)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INLINED = ("simd.py",)  # modules compiled into other files' kernels (numba's @intrinsic code)
+
+
+def _inlined_digest() -> bytes:
+    h = hashlib.sha256()
+    for name in _INLINED:
+        with open(os.path.join(_HERE, name), "rb") as f:
+            h.update(f.read())
+    return h.digest()
+
+
+class _InlinedStamp:
+    """A cache locator for this package's kernels whose stamp also covers kernels/simd.py: numba
+    stamps a cache entry with its own source file only, and would load stale machine code after
+    an upgrade that changed only the blocks inlined into it."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if os.path.dirname(os.path.abspath(py_file)) != _HERE:
+            return None
+        return super().from_function(py_func, py_file)
+
+    def get_source_stamp(self):
+        return (super().get_source_stamp(), _inlined_digest())
+
+
+class _UserDirLocator(_InlinedStamp, caching.UserProvidedCacheLocator):
+    """NUMBA_CACHE_DIR when set."""
+
+
+class _InTreeLocator(_InlinedStamp, caching.InTreeCacheLocator):
+    """kernels/__pycache__ otherwise (numba's default place)."""
+
+
+for _cls in (_InTreeLocator, _UserDirLocator):
+    if _cls not in caching.CacheImpl._locator_classes:
+        caching.CacheImpl._locator_classes.insert(0, _cls)

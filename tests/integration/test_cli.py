@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -84,3 +85,17 @@ def test_backend_cupy_without_a_gpu_fails_at_once_and_auto_says_why_it_chose_num
     run = forge("generate", "--temperature", "0", "--max-tokens", "1", "hi")
     assert run.returncode == 0, run.stderr
     assert "kernel backend: numba with 1 threads (auto: no usable GPU, " in run.stderr
+
+
+def test_activations_flag_reaches_the_kernels_and_is_checked(reference):
+    case = reference["prompts"][0]  # its first two candidates are 0.08 apart: int8 activations flip them
+    run = forge("generate", "--activations", "q8", "--temperature", "0", "--max-tokens", "4", "--json",
+                case["messages"][0]["content"])
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["token_ids"] != case["generated_ids"][:4]
+    for args, env, message in (
+        (("bench", "--backend", "numpy", "--activations", "q8"), {}, "need the numba backend"),
+        (("serve", "--port", "0"), {"FORGE_ACTIVATIONS": "q4"}, "activations must be one of f32, q8, got 'q4'"),
+    ):
+        bad = subprocess.run([FORGE, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import greedy, make_core, run_all
-from kernels import numba_attention, numba_linear, numba_ops
+from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
 from kernels.numba_backend import NumbaBackend, warm_up
 
@@ -71,7 +71,7 @@ def test_logits_agree_on_a_multi_row_step_over_a_cached_prefix(default_model, re
 def _signatures() -> dict[str, int]:
     return {
         f"{mod.__name__}.{name}": len(fn.signatures)
-        for mod in (numba_linear, numba_ops, numba_attention)
+        for mod in (numba_linear, numba_layout, numba_ops, numba_attention)
         for name, fn in vars(mod).items()
         if hasattr(fn, "signatures")
     }
@@ -119,3 +119,60 @@ def test_thread_count_is_honoured_and_capped(threads):
 
     be = NumbaBackend(threads)
     assert be.threads == min(threads, numba.config.NUMBA_NUM_THREADS)
+
+
+def test_the_loaded_model_keeps_no_original_quantized_arrays():
+    """With take=True the backend's blocked copies replace the loader's arrays, which are freed."""
+    import gc
+    import weakref
+
+    from engine.loader import load_model
+    from engine.model.llama import LlamaModel
+    from kernels.weight import Weight
+
+    loaded = load_model("default")  # a fresh copy: the session's one is shared
+    weights, config = loaded.weights, loaded.config
+    quantized = [w for w in weights.values() if isinstance(w, Weight) and w.kind in ("q4", "q8")]
+    loaded_bytes = sum(w.nbytes for w in quantized)
+    refs = [weakref.ref(w.data) for w in quantized]
+    del quantized
+    model = LlamaModel(config, weights, NumbaBackend(threads=1), take=True)
+    gc.collect()
+    assert len(refs) > 200 and not weights
+    assert sum(r() is not None for r in refs) == 0
+    held = sum(lin.blocked.nbytes for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert model.lm_head is model.embed  # tied: one repacked copy
+    assert held + model.embed.blocked.nbytes <= loaded_bytes * 1.001  # only the padding of ragged row blocks
+
+
+def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
+    """int8 activations (--activations q8) are not bit-faithful: bounds from the measured agreement
+    (scripts/activation_agreement.py, README) with margin. Decode steps run one token at a time so
+    that every product takes the int8 path."""
+    from engine.model.llama import LlamaModel
+
+    model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2, "q8")))
+    core = make_core(model, kv_memory=16 << 20)
+    bs, lead, argmax_equal, top1, top5 = core.blocks.block_size, [], 0, 0.0, 0.0
+    for case in reference["prompts"]:
+        want = case["greedy32_no_eos_stop_ids"]
+        got = run_all(core, [greedy(case["prompt_ids"], len(want), ignore_eos=True, speculative="off")])
+        ids = next(iter(got.values())).token_ids
+        lead.append(next((j for j, (a, b) in enumerate(zip(ids, want)) if a != b), len(want)))
+        seq, n = case["prompt_ids"] + want, len(case["prompt_ids"])
+        table, lo, logits = list(range(-(-len(seq) // bs))), 0, []
+        for hi in range(n, len(seq)):  # the prompt in one prefill, then one forced token a step
+            meta = build_attention_metadata([hi - lo], [hi], [table], bs, model[1].backend)
+            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches,
+                                           np.asarray([hi - lo - 1]))[0])
+            lo = hi
+        logits = np.stack(logits)
+        argmax_equal += int((logits.argmax(axis=1) == np.asarray(want)).sum())
+        top1 = max(top1, float(np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()))
+        t5 = case["first_position_top5"]
+        top5 = max(top5, float(np.abs(logits[0][t5["ids"]] - t5["values"]).max()))
+    # measured: leading greedy ids 0, 32, 31 (prompt 0's first two candidates are 0.08 apart);
+    # teacher-forced argmax 93/96; top-1 logit within 2.62; first-position top-5 within 0.12
+    assert sorted(lead)[-2] >= 24, lead
+    assert argmax_equal >= 88, argmax_equal
+    assert 1e-3 < top1 < 4.0 and top5 < 0.25, (top1, top5)  # above 1e-3: the int8 path really ran

@@ -20,11 +20,11 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 )
 
 from engine.loader.quant import GGML_TYPES, gguf_weight, split
-from kernels import numba_attention, numba_linear
+from kernels import numba_attention, numba_layout, numba_linear
 from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
-from kernels.weight import Weight, concat_rows, quantize_q8_0
+from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0, unpack_q4
 
 __all__ = [  # re-exported tests (keeps linters from calling the imports unused)
     "test_add_rms_norm_returns_sum_and_its_norm", "test_paged_attention_decode_flag_and_mixed_agree",
@@ -180,5 +180,99 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
 
 def test_kernels_are_cached_on_disk():
     # cache=True everywhere: a fresh process loads machine code instead of compiling.
-    for fn in (numba_linear.matvec, numba_linear.q4_dequant, numba_attention.paged_attention):
+    for fn in (numba_linear.matvec_q4, numba_layout.dequant_rows, numba_attention.paged_attention):
         assert fn._cache.__class__.__name__ == "FunctionCache", fn
+
+
+# ---- the blocked matrix-vector kernels, both activation modes ---------------------------------
+def blocked_case(case: str, n: int, k: int, rng: np.random.Generator) -> Weight:
+    """A random q4/q8 weight of one layout the kernels take (values over the kind's full range)."""
+    g = 16 if "g16" in case else 32
+    scale = rng.uniform(0.01, 0.1, (n, k // g)).astype(np.float32)
+    mins = rng.uniform(-0.5, 0.5, (n, k // g)).astype(np.float32) if "min" in case else None
+    if case == "q4 min":  # Q4_1, Q4_K: values 0..15 and a min
+        return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), scale, mins, 32)
+    if case == "q4":  # Q4_0: -8..7 and no min, stored as 0..15 with min -8 * scale
+        return Weight("q8", rng.integers(-8, 8, (n, k), dtype=np.int8), scale, None, 32).to_q4()
+    return Weight("q8", rng.integers(-128, 128, (n, k), dtype=np.int8), scale, mins, g)
+
+
+BLOCKED_CASES = ["q4", "q4 min", "q8 g32", "q8 g32 min", "q8 g16", "q8 g16 min"]
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy model of the q8 activation mode: int8 values and float32 scales per 32-block."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=2)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    xq = np.floor(blocks * inv[:, :, None] + np.float32(0.5)).astype(np.int8)
+    return xq.reshape(x.shape), (amax / np.float32(127)).astype(np.float32)
+
+
+def int8_model(x: np.ndarray, w: Weight) -> np.ndarray:
+    """y = sum_g (scale * xd) * integer dot(q, xq) + min * sum(x), the int8 kernels' arithmetic in float64."""
+    xq, xd = quantize_activations(x)
+    q = (unpack_q4(w.data) if w.kind == "q4" else w.data).astype(np.int64)
+    n, k = q.shape
+    dots = np.einsum("ngj,tgj->tng", q.reshape(n, k // 32, 32), xq.reshape(-1, k // 32, 32).astype(np.int64))
+    y = ((w.scale[None] * xd[:, None]).astype(np.float64) * dots).sum(axis=2)
+    if w.min is not None:
+        y += x.reshape(-1, k // 32, 32).sum(axis=2, dtype=np.float64) @ w.min.T.astype(np.float64)
+    return y
+
+
+def random_activations(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
+    x[0, :32] = 0  # a block of zeros (scale 0)
+    return x
+
+
+def test_activation_quantization_matches_its_numpy_model(rng):
+    x = random_activations(rng, 3, 160)
+    xq, xd, xsum = np.empty(x.shape, np.int8), np.empty((3, 5), np.float32), np.empty((3, 5), np.float32)
+    numba_linear.quantize_rows(x, xq, xd, xsum)
+    want_q, want_d = quantize_activations(x)
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_array_equal(xd, want_d)
+    assert np.abs(xq).max() == 127
+    np.testing.assert_allclose(xsum, x.reshape(3, 5, 32).sum(axis=2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
+    be = NumbaBackend(threads=2, activations=activations)
+    ref = NumpyBackend()
+    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, MATVEC_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
+        w = blocked_case(case, n, k, rng)
+        x = random_activations(rng, rows, k)
+        got = be.linear(x, be.prepare_linear(w))
+        dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+        scale = np.abs(dense).max()
+        np.testing.assert_allclose(ref.linear(x, ref.prepare_linear(w)), dense, rtol=0, atol=1e-5 * scale)
+        assert got.shape == (rows, n) and got.dtype == np.float32
+        if activations == "f32" or w.group == 16:  # groups of 16 stay on the float32 path
+            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k}")
+        else:
+            np.testing.assert_allclose(got, int8_model(x, w), rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k}")
+            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-2 * scale, err_msg=f"{n}x{k} vs float")
+
+
+def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng):
+    for case in BLOCKED_CASES:
+        w = blocked_case(case, 7, 64, rng)
+        b = numba_layout.block_rows(w)
+        assert (b.rows, b.cols, b.group) == (7, 64, w.group) and b.data.size == 8 * w.data.shape[1]
+        rows = np.arange(7)
+        out = np.empty((7, 64), np.float32)
+        numba_layout.dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, rows, out)
+        np.testing.assert_array_equal(out, w.dequantize())
+
+
+def test_a_tied_embedding_and_lm_head_share_one_repacked_copy(be, rng):
+    w = blocked_case("q4 min", 9, 64, rng)
+    emb = be.prepare_embedding(w)
+    assert be.prepare_linear(w) is emb
+    assert be.prepare_linear(blocked_case("q4 min", 9, 64, rng)) is not emb
+

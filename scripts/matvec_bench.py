@@ -1,0 +1,60 @@
+"""Single-thread matrix-vector throughput of the numba backend on the default model's shapes.
+
+    .venv/bin/python scripts/matvec_bench.py [--activations f32|q8] [--copies 30]
+
+Times `backend.linear` for one activation row on one kernel thread with `time.thread_time()`
+(CPU time of the calling thread: robust on a shared machine) and prints GMAC per CPU-second.
+`--copies N` cycles through N distinct copies of each weight so that, as in a real decode
+(112 MB of weights a token), they come from DRAM rather than the caches; `--copies 1` measures
+cache-resident weights.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from kernels.numba_backend import NumbaBackend
+from kernels.weight import Weight, pack_q4
+
+SHAPES = [("q4 qkv", "q4", 960, 576), ("q4 o", "q4", 576, 576), ("q4 gate_up", "q4", 3072, 576),
+          ("q4 down", "q4", 576, 1536), ("q8 head", "q8", 49152, 576)]
+
+
+def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
+    g = k // 32
+    if kind == "q4":
+        return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), rng.random((n, g), dtype=np.float32),
+                      rng.random((n, g), dtype=np.float32), 32)
+    return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), rng.random((n, g), dtype=np.float32), None, 32)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--activations", default="f32")
+    p.add_argument("--copies", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    be = NumbaBackend(1, **({"activations": args.activations} if args.activations != "f32" else {}))
+    be.begin_step()
+    for name, kind, n, k in SHAPES:
+        copies = 1 if n * k > 10_000_000 else args.copies  # the head alone is larger than the caches
+        lins = [be.prepare_linear(weight(kind, n, k, rng)) for _ in range(copies)]
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        reps = max(1, 60 // copies) if n * k < 10_000_000 else 3
+        for lin in lins:
+            be.linear(x, lin)
+        best = float("inf")
+        for _ in range(args.repeats):
+            t = time.thread_time()
+            for _ in range(reps):
+                for lin in lins:
+                    be.linear(x, lin)
+            best = min(best, (time.thread_time() - t) / (reps * copies))
+        print(f"{name:12s} {n:6d}x{k:<5d} copies {copies:2d}  {best * 1e3:7.3f} ms  {n * k / best / 1e9:6.2f} GMAC/cpu-s")
+
+
+if __name__ == "__main__":
+    main()
