@@ -153,6 +153,7 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
 
     model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2, "q8")))
     core = make_core(model, kv_memory=16 << 20)
+    forced = make_core(model, kv_memory=16 << 20).runner.kv_caches  # not core's: its blocks hold cached prefixes
     bs, lead, argmax_equal, top1, top5 = core.blocks.block_size, [], 0, 0.0, 0.0
     for case in reference["prompts"]:
         want = case["greedy32_no_eos_stop_ids"]
@@ -163,7 +164,7 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
         table, lo, logits = list(range(-(-len(seq) // bs))), 0, []
         for hi in range(n, len(seq)):  # the prompt in one prefill, then one forced token a step
             meta = build_attention_metadata([hi - lo], [hi], [table], bs, model[1].backend)
-            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches,
+            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, forced,
                                            np.asarray([hi - lo - 1]))[0])
             lo = hi
         logits = np.stack(logits)
