@@ -1,12 +1,18 @@
 """Single-thread matrix-vector throughput of the numba backend on the default model's shapes.
 
     .venv/bin/python scripts/matvec_bench.py [--activations f32|q8] [--copies 30]
+    .venv/bin/python scripts/matvec_bench.py --rows
+
 
 Times `backend.linear` for one activation row on one kernel thread with `time.thread_time()`
 (CPU time of the calling thread: robust on a shared machine) and prints GMAC per CPU-second.
 `--copies N` cycles through N distinct copies of each weight so that, as in a real decode
 (112 MB of weights a token), they come from DRAM rather than the caches; `--copies 1` measures
 cache-resident weights.
+
+`--rows` instead times products of 8 to 256 activation rows on all cores (wall clock) both ways the
+backend can take them, the matvec kernel and dequantized panels + BLAS: where the two cross is
+`kernels/numba_backend.py`'s MATVEC_MAX_ROWS.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import time
 
 import numpy as np
 
+from kernels import numba_backend
 from kernels.numba_backend import NumbaBackend
 from kernels.weight import Weight, pack_q4
 
@@ -30,13 +37,38 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), rng.random((n, g), dtype=np.float32), None, 32)
 
 
+def rows_sweep(rng: np.random.Generator) -> None:
+    be = NumbaBackend()
+    be.begin_step()
+    for name, kind, n, k in SHAPES:
+        lin = be.prepare_linear(weight(kind, n, k, rng))
+        for rows in (8, 16, 32, 64, 128, 256):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            took = {}
+            for way, limit in (("matvec", 1 << 30), ("panels", 0)):
+                numba_backend.MATVEC_MAX_ROWS = limit
+                be.linear(x, lin)
+                best = float("inf")
+                for _ in range(3 if n * k > 10_000_000 else 10):
+                    t = time.perf_counter()
+                    be.linear(x, lin)
+                    best = min(best, time.perf_counter() - t)
+                took[way] = best
+            print(f"{name:12s} rows {rows:3d}  matvec {took['matvec'] * 1e3:8.2f} ms  panels {took['panels'] * 1e3:8.2f} ms"
+                  f"  panels/matvec {took['panels'] / took['matvec']:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--activations", default="f32")
     p.add_argument("--copies", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rows", action="store_true", help="matvec against panels for 8..256 activation rows")
     args = p.parse_args()
     rng = np.random.default_rng(0)
+    if args.rows:
+        rows_sweep(rng)
+        return
     be = NumbaBackend(1, **({"activations": args.activations} if args.activations != "f32" else {}))
     be.begin_step()
     for name, kind, n, k in SHAPES:
