@@ -155,7 +155,7 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     model = engine.core.model
     prof = OpProfile(model.backend)
     forward_s = 0.0
-    inner = model.forward
+    inner = model.forward_device  # what the model runner calls
 
     def forward(*args: Any) -> Any:
         nonlocal forward_s
@@ -167,13 +167,13 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     await engine.reset_prefix_cache()
     prompt = _raw_prompt(engine, 32, 3)
     await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
-    model.backend, model.forward = prof, forward  # the engine is idle between requests
+    model.backend, model.forward_device = prof, forward  # the engine is idle between requests
     try:
         r = await _run(engine, prompt, tokens,
                        SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"))
     finally:
         model.backend = prof.backend
-        del model.forward
+        del model.forward_device
     steps = len(r["stamps"])
     ops_s = sum(prof.seconds.values())
     return {
