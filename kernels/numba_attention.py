@@ -2,19 +2,20 @@
 
 Each work item is (sequence, kv head, tile of query rows): decode rows (one new token) and
 rows of a prefill chunk or a speculative verification (several new tokens over a cached
-prefix) go through the same code. An item copies the keys it can see into a transposed
-scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once), then for
-each query row and each query head of the group: scores over the visible keys (vectorized
-over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
+prefix) go through the same code. An item of several rows copies the keys it can see into a
+transposed scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once),
+then for each query row and each query head of the group: scores over the visible keys
+(vectorized over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
+An item of one row (decode) reads K and V rows in place from the cache instead: the copy would
+cost as much as the row's whole attention. The softmax's exp is `exp32` (vectorized).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT
+from kernels.numba_math import exp32
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
@@ -31,7 +32,7 @@ def _gather(k_cache, v_cache, table, kvh, n_keys, kt, v):
             v[l, d] = v_cache[blk, off, kvh, d]
 
 
-@njit(**JIT)
+@njit(error_model="numpy", **JIT)  # no zero-division branches in the vectorized loops
 def _attend_row(qrow, kt, v, n_keys, scale, s, out):
     """out [Dh] = softmax(scale * qrow . K[:n_keys]) @ V[:n_keys]."""
     Dh = qrow.shape[0]
@@ -41,23 +42,56 @@ def _attend_row(qrow, kt, v, n_keys, scale, s, out):
         qd = qrow[d] * scale
         for l in range(n_keys):
             s[l] += qd * kt[d, l]
-    mx = s[0]
-    for l in range(1, n_keys):
-        mx = max(mx, s[l])
-    total = f32(0.0)
-    for l in range(n_keys):
-        e = math.exp(s[l] - mx)
-        s[l] = e
-        total += e
+    _softmax(s, n_keys)
     for d in range(Dh):
         out[d] = 0.0
     for l in range(n_keys):
         p = s[l]
         for d in range(Dh):
             out[d] += p * v[l, d]
+
+
+@njit(error_model="numpy", **JIT)
+def _softmax(s, n):
+    """s[:n] = softmax(s[:n]) in place."""
+    mx = s[0]
+    for l in range(1, n):
+        mx = max(mx, s[l])
+    total = f32(0.0)
+    for l in range(n):
+        e = exp32(s[l] - mx)
+        s[l] = e
+        total += e
     inv = f32(1.0) / total
-    for d in range(Dh):
-        out[d] *= inv
+    for l in range(n):
+        s[l] *= inv
+
+
+@njit(error_model="numpy", **JIT)
+def _attend_in_place(q, k_cache, v_cache, table, kvh, n_keys, scale, s, out):
+    """One query row: out [G, Dh] = softmax(scale * q [G, Dh] . K[:n_keys]) @ V[:n_keys] for the G
+    query heads of kv head `kvh`, reading K and V rows in place through the block table. s [G, n_keys]."""
+    G, Dh = q.shape
+    bs = k_cache.shape[1]
+    for bi in range((n_keys + bs - 1) // bs):
+        blk = table[bi]
+        for off in range(min(bs, n_keys - bi * bs)):
+            for g in range(G):
+                dot = f32(0.0)
+                for d in range(Dh):
+                    dot += q[g, d] * k_cache[blk, off, kvh, d]
+                s[g, bi * bs + off] = dot * scale
+    for g in range(G):
+        _softmax(s[g], n_keys)
+        for d in range(Dh):
+            out[g, d] = 0.0
+    for bi in range((n_keys + bs - 1) // bs):
+        blk = table[bi]
+        for off in range(min(bs, n_keys - bi * bs)):
+            for g in range(G):
+                p = s[g, bi * bs + off]
+                for d in range(Dh):
+                    out[g, d] += p * v_cache[blk, off, kvh, d]
 
 
 @njit(**JIT)
@@ -86,6 +120,11 @@ def _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     i0 = r0 + (tile - tiles[b]) * ROW_TILE
     i1 = min(r1, i0 + ROW_TILE)
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
+    if i1 - i0 == 1:
+        s = np.empty((G, n_keys), dtype=np.float32)
+        _attend_in_place(q[i0, kvh * G : (kvh + 1) * G], k_cache, v_cache, block_tables[b], kvh, n_keys, scale, s,
+                         out[i0, kvh * G : (kvh + 1) * G])
+        return
     kt = np.empty((Dh, n_keys), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
     s = np.empty(n_keys, dtype=np.float32)

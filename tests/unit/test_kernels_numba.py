@@ -205,6 +205,20 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
     np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("serial_below", [0, 1 << 30], ids=["parallel", "serial"])
+def test_decode_attention_reads_the_cache_in_place_on_model_shapes(be, rng, monkeypatch, serial_below):
+    # One-row items read K/V rows through the block table (no gather): contexts on and off block edges.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    monkeypatch.setattr("kernels.numba_backend.SERIAL_ATTENTION_DOTS", serial_below)
+    case = make_case(rng, [(1, 1), (1, 16), (1, 33), (1, 100), (1, 257)], heads=9, kv_heads=3, head_dim=64)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.125)
+    np.testing.assert_allclose(got, naive_attention(case, 0.125), rtol=1e-5, atol=1e-5)
+
+
 def test_kernels_are_cached_on_disk():
     # cache=True everywhere: a fresh process loads machine code instead of compiling.
     for fn in (numba_linear.matvec_q4, numba_layout.dequant_rows, numba_attention.paged_attention):
