@@ -1,20 +1,21 @@
 """Compiled paged attention for every sequence of a step in one call.
 
-Each work item is (sequence, kv head, tile of query rows): decode rows (one new token) and
-rows of a prefill chunk or a speculative verification (several new tokens over a cached
-prefix) go through the same code. An item copies the keys it can see into a transposed
-scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once), then for
-each query row and each query head of the group: scores over the visible keys (vectorized
-over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
+Each work item is (sequence, tile of query rows, kv head; all kv heads in the serial variant):
+decode rows (one new token) and rows of a prefill chunk or a speculative verification (several
+new tokens over a cached prefix) go through the same code. An item of several rows copies the keys it can see into a
+transposed scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once),
+then for each query row and each query head of the group: scores over the visible keys
+(vectorized over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
+An item of one row (decode) reads K and V rows in place from the cache instead: the copy would
+cost as much as the row's whole attention. The softmax's exp is `exp32` (vectorized).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT
+from kernels.numba_math import exp32
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
@@ -31,7 +32,7 @@ def _gather(k_cache, v_cache, table, kvh, n_keys, kt, v):
             v[l, d] = v_cache[blk, off, kvh, d]
 
 
-@njit(**JIT)
+@njit(error_model="numpy", **JIT)  # no zero-division branches in the vectorized loops
 def _attend_row(qrow, kt, v, n_keys, scale, s, out):
     """out [Dh] = softmax(scale * qrow . K[:n_keys]) @ V[:n_keys]."""
     Dh = qrow.shape[0]
@@ -41,23 +42,59 @@ def _attend_row(qrow, kt, v, n_keys, scale, s, out):
         qd = qrow[d] * scale
         for l in range(n_keys):
             s[l] += qd * kt[d, l]
-    mx = s[0]
-    for l in range(1, n_keys):
-        mx = max(mx, s[l])
-    total = f32(0.0)
-    for l in range(n_keys):
-        e = math.exp(s[l] - mx)
-        s[l] = e
-        total += e
+    _softmax(s, n_keys)
     for d in range(Dh):
         out[d] = 0.0
     for l in range(n_keys):
         p = s[l]
         for d in range(Dh):
             out[d] += p * v[l, d]
+
+
+@njit(error_model="numpy", **JIT)
+def _softmax(s, n):
+    """s[:n] = softmax(s[:n]) in place."""
+    mx = s[0]
+    for l in range(1, n):
+        mx = max(mx, s[l])
+    total = f32(0.0)
+    for l in range(n):
+        e = exp32(s[l] - mx)
+        s[l] = e
+        total += e
     inv = f32(1.0) / total
-    for d in range(Dh):
-        out[d] *= inv
+    for l in range(n):
+        s[l] *= inv
+
+
+@njit(error_model="numpy", **JIT)
+def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
+    """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
+    heads in groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the
+    block table (with every kv head, front to back through each block). s [n, n_keys]."""
+    n, Dh = q.shape
+    bs = k_cache.shape[1]
+    for bi in range((n_keys + bs - 1) // bs):
+        blk = table[bi]
+        for off in range(min(bs, n_keys - bi * bs)):
+            for h in range(n):
+                kvh = kv0 + h // G
+                dot = f32(0.0)
+                for d in range(Dh):
+                    dot += q[h, d] * k_cache[blk, off, kvh, d]
+                s[h, bi * bs + off] = dot * scale
+    for h in range(n):
+        _softmax(s[h], n_keys)
+        for d in range(Dh):
+            out[h, d] = 0.0
+    for bi in range((n_keys + bs - 1) // bs):
+        blk = table[bi]
+        for off in range(min(bs, n_keys - bi * bs)):
+            for h in range(n):
+                kvh = kv0 + h // G
+                p = s[h, bi * bs + off]
+                for d in range(Dh):
+                    out[h, d] += p * v_cache[blk, off, kvh, d]
 
 
 @njit(**JIT)
@@ -73,28 +110,31 @@ def _tiles(query_start):
 
 
 @njit(**JIT)
-def _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item):
-    """One (sequence, kv head, row tile) work item."""
-    Hkv = k_cache.shape[2]
+def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, kv0, kv1):
+    """Row tile `tile` (of a sequence) for kv heads kv0..kv1-1 and their query heads."""
     Dh = q.shape[2]
-    G = q.shape[1] // Hkv
-    kvh = item % Hkv
-    tile = item // Hkv
+    G = q.shape[1] // k_cache.shape[2]
     b = np.searchsorted(tiles, tile, side="right") - 1
     r0, r1 = query_start[b], query_start[b + 1]
     start = context_lens[b] - (r1 - r0)  # position of the sequence's first new row
     i0 = r0 + (tile - tiles[b]) * ROW_TILE
     i1 = min(r1, i0 + ROW_TILE)
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
+    if i1 - i0 == 1:
+        s = np.empty(((kv1 - kv0) * G, n_keys), dtype=np.float32)
+        _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
+                         out[i0, kv0 * G : kv1 * G])
+        return
     kt = np.empty((Dh, n_keys), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
     s = np.empty(n_keys, dtype=np.float32)
-    _gather(k_cache, v_cache, block_tables[b], kvh, n_keys, kt, v)
-    for i in range(i0, i1):
-        visible = start + (i - r0) + 1
-        for g in range(G):
-            h = kvh * G + g
-            _attend_row(q[i, h], kt, v, visible, scale, s, out[i, h])
+    for kvh in range(kv0, kv1):
+        _gather(k_cache, v_cache, block_tables[b], kvh, n_keys, kt, v)
+        for i in range(i0, i1):
+            visible = start + (i - r0) + 1
+            for g in range(G):
+                h = kvh * G + g
+                _attend_row(q[i, h], kt, v, visible, scale, s, out[i, h])
 
 
 @njit(parallel=True, **JIT)
@@ -102,15 +142,19 @@ def paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables
     """q [T, H, Dh] -> out [T, H, Dh]: causal attention of each sequence's new rows over its paged context.
 
     Query row i of sequence b (n new rows, context c) sits at position c - n + i and sees keys 0..c-n+i.
+    Work items: (row tile, kv head).
     """
     tiles = _tiles(query_start)
-    for item in prange(tiles[-1] * k_cache.shape[2]):
-        _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item)
+    Hkv = k_cache.shape[2]
+    for item in prange(tiles[-1] * Hkv):
+        kvh = item % Hkv
+        _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item // Hkv, kvh, kvh + 1)
 
 
 @njit(**JIT)
 def paged_attention_serial(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out):
-    """`paged_attention` on the calling thread: for steps too small to pay for a parallel launch."""
+    """`paged_attention` on the calling thread, for steps too small to pay for a parallel launch: a
+    tile's kv heads together, so a decode row reads each cache block once, front to back."""
     tiles = _tiles(query_start)
-    for item in range(tiles[-1] * k_cache.shape[2]):
-        _item(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item)
+    for tile in range(tiles[-1]):
+        _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, 0, k_cache.shape[2])

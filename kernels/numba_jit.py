@@ -7,15 +7,15 @@ import os
 from numba.core import caching
 
 # Reassociation and FMA contraction let LLVM vectorize reductions; infinities and NaNs stay
-# legal (no "ninf"/"nnan": silu's exp overflows to inf on purpose) and library calls stay exact
-# (no "afn"). `cache=True` keeps the machine code on disk next to the sources (__pycache__), so
+# legal (no "ninf"/"nnan") and library calls stay exact (no "afn"; kernels/numba_math.py has the
+# vectorizable float32 exp). `cache=True` keeps the machine code on disk next to the sources (__pycache__), so
 # only the first start on a machine compiles; `nogil` lets two engines run in two threads.
 JIT = dict(cache=True, fastmath={"nsz", "arcp", "contract", "reassoc"}, nogil=True)
 # For dequantization, which must equal `Weight.dequantize` bit for bit: no FMA contraction.
 JIT_EXACT = dict(cache=True, nogil=True)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_INLINED = ("simd.py",)  # modules compiled into other files' kernels (numba's @intrinsic code)
+_INLINED = ("simd.py", "numba_math.py")  # modules compiled into other files' kernels (intrinsics, inlined helpers)
 
 
 def _inlined_digest() -> bytes:
@@ -27,9 +27,9 @@ def _inlined_digest() -> bytes:
 
 
 class _InlinedStamp:
-    """A cache locator for this package's kernels whose stamp also covers kernels/simd.py: numba
-    stamps a cache entry with its own source file only, and would load stale machine code after
-    an upgrade that changed only the blocks inlined into it."""
+    """A cache locator for this package's kernels whose stamp also covers the `_INLINED`
+    modules: numba stamps a cache entry with its own source file only, and would load stale
+    machine code after an upgrade that changed only the blocks inlined into it."""
 
     @classmethod
     def from_function(cls, py_func, py_file):

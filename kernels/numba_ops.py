@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT
+from kernels.numba_math import exp32
 
 f32 = np.float32
 PARALLEL_ROWS = 64  # below this many token rows the ops run on the calling thread
@@ -90,12 +91,13 @@ def rope_write_kv(qkv, cos, sin, H, Hkv, k_cache, v_cache, slots):
             _rope_write_row(qkv[t], cos[t], sin[t], H, Hkv, Dh, k_flat, v_flat, slots[t])
 
 
-@njit(**JIT)
+@njit(error_model="numpy", **JIT)  # no zero-division check: a branch that blocks vectorizing
 def _silu_mul_row(gu, out):
     f = out.shape[0]
     for j in range(f):
         g = gu[j]
-        out[j] = g / (f32(1.0) + math.exp(-g)) * gu[f + j]
+        sg = g / (f32(1.0) + exp32(-g)) if g > f32(-88.0) else f32(0.0)  # exp32 saturates at e^88
+        out[j] = sg * gu[f + j]
 
 
 @njit(parallel=True, **JIT)

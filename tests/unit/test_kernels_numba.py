@@ -166,6 +166,33 @@ def test_rope_write_kv_and_row_ops_match_numpy(be, rng, rows):
     np.testing.assert_allclose(be.silu_mul(x), ref.silu_mul(x), rtol=1e-5, atol=1e-6)
 
 
+def test_exp32_is_within_a_few_ulps_and_clamps():
+    from numba import njit
+
+    from kernels.numba_jit import JIT
+    from kernels.numba_math import exp32
+
+    @njit(**{**JIT, "cache": False})  # the shared fast-math flags, as in the kernels that inline it
+    def exp_all(x, out):
+        for i in range(x.shape[0]):
+            out[i] = exp32(x[i])
+
+    x = np.linspace(-87, 88, 100_003, dtype=np.float32)
+    got = np.empty_like(x)
+    exp_all(x, got)
+    np.testing.assert_allclose(got, np.exp(x.astype(np.float64)), rtol=4e-7, atol=0)
+    edges = np.array([-np.inf, -1e4, 1e4, np.inf], np.float32)
+    out = np.empty_like(edges)
+    exp_all(edges, out)
+    assert np.all(np.isfinite(out)) and out[0] == out[1] < 1e-37 and out[2] == out[3] > 1e38
+
+
+def test_silu_mul_saturates_like_numpy(be, rng):
+    gate = np.concatenate([rng.uniform(-200, 200, 37), [-1e30, -90.0, 0.0, 90.0, 1e30]]).astype(np.float32)
+    x = np.concatenate([gate, rng.standard_normal(gate.size).astype(np.float32)])[None]
+    np.testing.assert_allclose(be.silu_mul(x), NumpyBackend().silu_mul(x), rtol=1e-5, atol=1e-30)
+
+
 def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
     from _attention_cases import make_case
     from test_kernels_numpy import naive_attention
@@ -176,6 +203,20 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
     be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
     got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
     np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("serial_below", [0, 1 << 30], ids=["parallel", "serial"])
+def test_decode_attention_reads_the_cache_in_place_on_model_shapes(be, rng, monkeypatch, serial_below):
+    # One-row items read K/V rows through the block table (no gather): contexts on and off block edges.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    monkeypatch.setattr("kernels.numba_backend.SERIAL_ATTENTION_DOTS", serial_below)
+    case = make_case(rng, [(1, 1), (1, 16), (1, 33), (1, 100), (1, 257)], heads=9, kv_heads=3, head_dim=64)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.125)
+    np.testing.assert_allclose(got, naive_attention(case, 0.125), rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_are_cached_on_disk():
