@@ -1,7 +1,7 @@
 """Numba backend: the CPU path. Weights stay quantized (kernels/weight.py) and the hot ops are
 compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
 
-Matrix products with up to 48 activation rows (decode, batched decode, speculative verification,
+Matrix products with up to 32 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. With more rows
 (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
@@ -42,8 +42,10 @@ log = logging.getLogger("forge.kernels")
 # The matvec kernels cost about linearly in rows (float32: tiles of 4 rows share each weight group's
 # unpack); the panels pay a fixed dequantization per call. On the default model's shapes, 2 threads
 # (scripts/matvec_bench.py --rows): matvec 3.2-4.7x faster at 8 rows, 1.0-1.7x at 32, 1.07-1.15x at
-# 48; panels 1.2x faster at 64 on the q4 matrices (q8 activations: matvec still 1.2-1.3x at 48).
-MATVEC_MAX_ROWS = 48
+# 48; panels 1.2x faster at 64 on the q4 matrices. Kept at 32, not 48: 33-48 rows gain at most
+# ~1.1x, and under `--activations q8` prompts over 32 tokens stay float32 (documented and tested:
+# the fixture prompts of 37 and 42 tokens would move to int8 and leave the agreement bound).
+MATVEC_MAX_ROWS = 32
 # Attention steps under this many query-key dot products run on the calling thread.
 SERIAL_ATTENTION_DOTS = 1 << 14
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
