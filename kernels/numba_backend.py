@@ -39,9 +39,12 @@ from kernels.weight import Weight
 log = logging.getLogger("forge.kernels")
 
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
-# The matvec kernels cost about linearly in rows; the panels pay a fixed dequantization per call.
-# On the default model's shapes, 2 threads (scripts/matvec_bench.py --rows): matvec 3.3x faster at
-# 8 rows, 1.1x at 32; panels 1.4x faster at 64.
+# The matvec kernels cost about linearly in rows (float32: tiles of 4 rows share each weight group's
+# unpack); the panels pay a fixed dequantization per call. On the default model's shapes, 2 threads
+# (scripts/matvec_bench.py --rows): matvec 3.2-4.7x faster at 8 rows, 1.0-1.7x at 32, 1.07-1.15x at
+# 48; panels 1.2x faster at 64 on the q4 matrices. Kept at 32, not 48: 33-48 rows gain at most
+# ~1.1x, and under `--activations q8` prompts over 32 tokens stay float32 (documented and tested:
+# the fixture prompts of 37 and 42 tokens would move to int8 and leave the agreement bound).
 MATVEC_MAX_ROWS = 32
 # Attention steps under this many query-key dot products run on the calling thread.
 SERIAL_ATTENTION_DOTS = 1 << 14

@@ -8,6 +8,10 @@ which is scaled by the group's scale as a whole (no reduction per group), and th
 reduced once at its end. The group sums of x (xsum) are computed once per call and shared by
 all rows, so a min costs one FMA per group and row.
 
+Several activation rows (batched decode) go through a block in tiles of 4 (then 2, then 1): a
+weight group is unpacked and converted to float32 once per tile instead of once per row
+(kernels/simd.py's `_tile` blocks), with one accumulator per tile row.
+
 Two activation paths:
 - float32 (the default): weights are converted to float32 in registers; results match a
   float64 reference to float32 rounding.
@@ -28,7 +32,8 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import hsum, q4_dot32, q4_dot32_i8, q8_dot16, q8_dot32, q8_dot32_i8, vfma_s, vzero
+from kernels.simd import (hsum, q4_dot32, q4_dot32_i8, q4_dot32_tile, q8_dot16, q8_dot16_tile, q8_dot32,
+                          q8_dot32_i8, q8_dot32_tile, vfma_s, vzero, vzero_tile)
 
 f32 = np.float32
 CHUNK_BLOCKS = 8  # row blocks (of 4 rows) per parallel work item
@@ -78,108 +83,195 @@ def _store4(out, r, N, a0, a1, a2, a3, m0, m1, m2, m3):
         out[r + 3] = hsum(a3) + m3
 
 
+# ---- tiles: a weight group is unpacked once for 4 (or 2) activation rows ----------------------
+# The float32 path is bound by the FMA units, not the unpack: a row-group costs 4 conversions and
+# 4 + 1 FMAs alone, 1 + 4 + 1 per row in a tile of 4 (measured: ~0.6x a single row's time per row).
+# One weight row at a time keeps 4 accumulators + 4 group sums in registers (AVX2 has 16).
+
 @njit(**JIT)
-def _q4_chunk(q, scale, minv, x2, xsum2, out2, b0, b1, ng, N):
-    for blk in range(b0, b1):
-        for t in range(x2.shape[0]):
-            x, xsum, out = x2[t], xsum2[t], out2[t]
-            a0 = a1 = a2 = a3 = vzero()
-            m0 = m1 = m2 = m3 = f32(0.0)
-            for g in range(ng):
-                xi = g * 32
-                s = (blk * ng + g) * 4
-                b = s * 16
-                a0 = vfma_s(q4_dot32(q, b, x, xi), scale[s], a0)
-                a1 = vfma_s(q4_dot32(q, b + 16, x, xi), scale[s + 1], a1)
-                a2 = vfma_s(q4_dot32(q, b + 32, x, xi), scale[s + 2], a2)
-                a3 = vfma_s(q4_dot32(q, b + 48, x, xi), scale[s + 3], a3)
-                xs = xsum[g]
-                m0 += minv[s] * xs
-                m1 += minv[s + 1] * xs
-                m2 += minv[s + 2] * xs
-                m3 += minv[s + 3] * xs
-            _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _tile4(t, K):
+    """Rows t .. t + 3 and their offsets in x.ravel()."""
+    return (t, t + 1, t + 2, t + 3), (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K)
 
 
 @njit(**JIT)
-def _q8_chunk(q, scale, minv, G, x2, xsum2, out2, b0, b1, ng, N):
-    for blk in range(b0, b1):
-        for t in range(x2.shape[0]):
-            x, xsum, out = x2[t], xsum2[t], out2[t]
-            a0 = a1 = a2 = a3 = vzero()
-            m0 = m1 = m2 = m3 = f32(0.0)
-            has_min = minv.shape[0] > 0
-            for g in range(ng):
-                xi = g * G
-                s = (blk * ng + g) * 4
-                b = s * G
-                if G == 32:
-                    a0 = vfma_s(q8_dot32(q, b, x, xi), scale[s], a0)
-                    a1 = vfma_s(q8_dot32(q, b + 32, x, xi), scale[s + 1], a1)
-                    a2 = vfma_s(q8_dot32(q, b + 64, x, xi), scale[s + 2], a2)
-                    a3 = vfma_s(q8_dot32(q, b + 96, x, xi), scale[s + 3], a3)
-                else:
-                    a0 = vfma_s(q8_dot16(q, b, x, xi), scale[s], a0)
-                    a1 = vfma_s(q8_dot16(q, b + 16, x, xi), scale[s + 1], a1)
-                    a2 = vfma_s(q8_dot16(q, b + 32, x, xi), scale[s + 2], a2)
-                    a3 = vfma_s(q8_dot16(q, b + 48, x, xi), scale[s + 3], a3)
-                if has_min:
-                    xs = xsum[g]
-                    m0 += minv[s] * xs
-                    m1 += minv[s + 1] * xs
-                    m2 += minv[s + 2] * xs
-                    m3 += minv[s + 3] * xs
-            _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _tile2(t, K):
+    return (t, t + 1), (t * K, (t + 1) * K)
 
 
 @njit(**JIT)
-def _q4_chunk_i8(q, scale, minv, xq2, xd2, xsum2, out2, b0, b1, ng, N):
-    for blk in range(b0, b1):
-        for t in range(xq2.shape[0]):
-            xq, xd, xsum, out = xq2[t], xd2[t], xsum2[t], out2[t]
-            a0 = a1 = a2 = a3 = vzero()
-            m0 = m1 = m2 = m3 = f32(0.0)
-            for g in range(ng):
-                xi = g * 32
-                s = (blk * ng + g) * 4
-                b = s * 16
-                d = xd[g]
-                a0 = vfma_s(q4_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
-                a1 = vfma_s(q4_dot32_i8(q, b + 16, xq, xi), scale[s + 1] * d, a1)
-                a2 = vfma_s(q4_dot32_i8(q, b + 32, xq, xi), scale[s + 2] * d, a2)
-                a3 = vfma_s(q4_dot32_i8(q, b + 48, xq, xi), scale[s + 3] * d, a3)
-                xs = xsum[g]
-                m0 += minv[s] * xs
-                m1 += minv[s + 1] * xs
-                m2 += minv[s + 2] * xs
-                m3 += minv[s + 3] * xs
-            _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _store_tile(out, ts, r, N, a):
+    """out[ts[i], r] = the sum of a[i]'s lanes (r past N: a ragged block's padding)."""
+    if r < N:
+        for i in range(len(ts)):
+            out[ts[i], r] = hsum(a[i])
 
 
 @njit(**JIT)
-def _q8_chunk_i8(q, scale, minv, xq2, xd2, xsum2, out2, b0, b1, ng, N):
+def _add_mins(out, minv, xsum, ts, blk, ng, N):
+    """out[t, block rows] += sum_g min[row, g] * xsum[t, g] for the rows t of a tile."""
+    if minv.shape[0] == 0:
+        return
+    for t in ts:
+        m0 = m1 = m2 = m3 = f32(0.0)
+        for g in range(ng):
+            s = (blk * ng + g) * 4
+            xs = xsum[t, g]
+            m0 += minv[s] * xs
+            m1 += minv[s + 1] * xs
+            m2 += minv[s + 2] * xs
+            m3 += minv[s + 3] * xs
+        r = blk * 4
+        for k, m in ((0, m0), (1, m1), (2, m2), (3, m3)):
+            if r + k < N:
+                out[t, r + k] += m
+
+
+@njit(**JIT)
+def _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N):
+    """Rows ts of x (at offsets rows in xf) times block blk's four weight rows, float32 activations."""
+    for j in range(4):
+        a = vzero_tile(rows)
+        for g in range(ng):
+            s = (blk * ng + g) * 4 + j
+            if packed:
+                d = q4_dot32_tile(q, s * 16, xf, g * 32, rows)
+            elif G == 32:
+                d = q8_dot32_tile(q, s * 32, xf, g * 32, rows)
+            else:
+                d = q8_dot16_tile(q, s * 16, xf, g * 16, rows)
+            a = vfma_s(d, scale[s], a)
+        _store_tile(out, ts, blk * 4 + j, N, a)
+    _add_mins(out, minv, xsum, ts, blk, ng, N)
+
+
+# ---- single rows (T = 1, and a tile's odd row left over) --------------------------------------
+
+@njit(**JIT)
+def _q4_row(q, scale, minv, x, xsum, out, blk, ng, N):
+    a0 = a1 = a2 = a3 = vzero()
+    m0 = m1 = m2 = m3 = f32(0.0)
+    for g in range(ng):
+        xi = g * 32
+        s = (blk * ng + g) * 4
+        b = s * 16
+        a0 = vfma_s(q4_dot32(q, b, x, xi), scale[s], a0)
+        a1 = vfma_s(q4_dot32(q, b + 16, x, xi), scale[s + 1], a1)
+        a2 = vfma_s(q4_dot32(q, b + 32, x, xi), scale[s + 2], a2)
+        a3 = vfma_s(q4_dot32(q, b + 48, x, xi), scale[s + 3], a3)
+        xs = xsum[g]
+        m0 += minv[s] * xs
+        m1 += minv[s + 1] * xs
+        m2 += minv[s + 2] * xs
+        m3 += minv[s + 3] * xs
+    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+
+
+@njit(**JIT)
+def _q8_row(q, scale, minv, G, x, xsum, out, blk, ng, N):
+    a0 = a1 = a2 = a3 = vzero()
+    m0 = m1 = m2 = m3 = f32(0.0)
+    has_min = minv.shape[0] > 0
+    for g in range(ng):
+        xi = g * G
+        s = (blk * ng + g) * 4
+        b = s * G
+        if G == 32:
+            a0 = vfma_s(q8_dot32(q, b, x, xi), scale[s], a0)
+            a1 = vfma_s(q8_dot32(q, b + 32, x, xi), scale[s + 1], a1)
+            a2 = vfma_s(q8_dot32(q, b + 64, x, xi), scale[s + 2], a2)
+            a3 = vfma_s(q8_dot32(q, b + 96, x, xi), scale[s + 3], a3)
+        else:
+            a0 = vfma_s(q8_dot16(q, b, x, xi), scale[s], a0)
+            a1 = vfma_s(q8_dot16(q, b + 16, x, xi), scale[s + 1], a1)
+            a2 = vfma_s(q8_dot16(q, b + 32, x, xi), scale[s + 2], a2)
+            a3 = vfma_s(q8_dot16(q, b + 48, x, xi), scale[s + 3], a3)
+        if has_min:
+            xs = xsum[g]
+            m0 += minv[s] * xs
+            m1 += minv[s + 1] * xs
+            m2 += minv[s + 2] * xs
+            m3 += minv[s + 3] * xs
+    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+
+
+@njit(**JIT)
+def _q4_row_i8(q, scale, minv, xq, xd, xsum, out, blk, ng, N):
+    a0 = a1 = a2 = a3 = vzero()
+    m0 = m1 = m2 = m3 = f32(0.0)
+    for g in range(ng):
+        xi = g * 32
+        s = (blk * ng + g) * 4
+        b = s * 16
+        d = xd[g]
+        a0 = vfma_s(q4_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
+        a1 = vfma_s(q4_dot32_i8(q, b + 16, xq, xi), scale[s + 1] * d, a1)
+        a2 = vfma_s(q4_dot32_i8(q, b + 32, xq, xi), scale[s + 2] * d, a2)
+        a3 = vfma_s(q4_dot32_i8(q, b + 48, xq, xi), scale[s + 3] * d, a3)
+        xs = xsum[g]
+        m0 += minv[s] * xs
+        m1 += minv[s + 1] * xs
+        m2 += minv[s + 2] * xs
+        m3 += minv[s + 3] * xs
+    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+
+
+@njit(**JIT)
+def _q8_row_i8(q, scale, minv, xq, xd, xsum, out, blk, ng, N):
+    a0 = a1 = a2 = a3 = vzero()
+    m0 = m1 = m2 = m3 = f32(0.0)
+    has_min = minv.shape[0] > 0
+    for g in range(ng):
+        xi = g * 32
+        s = (blk * ng + g) * 4
+        b = s * 32
+        d = xd[g]
+        a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
+        a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), scale[s + 1] * d, a1)
+        a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), scale[s + 2] * d, a2)
+        a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), scale[s + 3] * d, a3)
+        if has_min:
+            xs = xsum[g]
+            m0 += minv[s] * xs
+            m1 += minv[s + 1] * xs
+            m2 += minv[s + 2] * xs
+            m3 += minv[s + 3] * xs
+    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+
+
+# ---- chunks of row blocks (float32: rows in tiles of 4, then 2, then 1) -----------------------------
+
+@njit(**JIT)
+def _f32_chunk(q, scale, minv, G, packed, x, xsum, out, b0, b1, ng, N):
+    T, K = x.shape
+    xf = x.reshape(T * K)
     for blk in range(b0, b1):
-        for t in range(xq2.shape[0]):
-            xq, xd, xsum, out = xq2[t], xd2[t], xsum2[t], out2[t]
-            a0 = a1 = a2 = a3 = vzero()
-            m0 = m1 = m2 = m3 = f32(0.0)
-            has_min = minv.shape[0] > 0
-            for g in range(ng):
-                xi = g * 32
-                s = (blk * ng + g) * 4
-                b = s * 32
-                d = xd[g]
-                a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
-                a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), scale[s + 1] * d, a1)
-                a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), scale[s + 2] * d, a2)
-                a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), scale[s + 3] * d, a3)
-                if has_min:
-                    xs = xsum[g]
-                    m0 += minv[s] * xs
-                    m1 += minv[s + 1] * xs
-                    m2 += minv[s + 2] * xs
-                    m3 += minv[s + 3] * xs
-            _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+        t = 0
+        while T - t >= 4:
+            ts, rows = _tile4(t, K)
+            _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N)
+            t += 4
+        if T - t >= 2:
+            ts, rows = _tile2(t, K)
+            _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N)
+            t += 2
+        if t < T:
+            if packed:
+                _q4_row(q, scale, minv, x[t], xsum[t], out[t], blk, ng, N)
+            else:
+                _q8_row(q, scale, minv, G, x[t], xsum[t], out[t], blk, ng, N)
+
+
+@njit(**JIT)
+def _i8_chunk(q, scale, minv, packed, xq, xd, xsum, out, b0, b1, ng, N):
+    # No tiles here: the integer dot products cost little beside each row's own conversion and
+    # scaling, and tiles of 4 measured no faster than one row after another.
+    for blk in range(b0, b1):
+        for t in range(xq.shape[0]):
+            if packed:
+                _q4_row_i8(q, scale, minv, xq[t], xd[t], xsum[t], out[t], blk, ng, N)
+            else:
+                _q8_row_i8(q, scale, minv, xq[t], xd[t], xsum[t], out[t], blk, ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -192,7 +284,7 @@ def matvec_q4(q, scale, minv, x, out):
     group_sums(x, 32, xsum)
     nb = (N + 3) // 4
     for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _q4_chunk(q, scale, minv, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+        _f32_chunk(q, scale, minv, 32, True, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -206,7 +298,7 @@ def matvec_q8(q, scale, minv, G, x, out):
         group_sums(x, G, xsum)
     nb = (N + 3) // 4
     for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _q8_chunk(q, scale, minv, G, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+        _f32_chunk(q, scale, minv, G, False, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -221,7 +313,7 @@ def matvec_q4_i8(q, scale, minv, x, out):
     quantize_rows(x, xq, xd, xsum)
     nb = (N + 3) // 4
     for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _q4_chunk_i8(q, scale, minv, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+        _i8_chunk(q, scale, minv, True, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -236,7 +328,7 @@ def matvec_q8_i8(q, scale, minv, x, out):
     quantize_rows(x, xq, xd, xsum)
     nb = (N + 3) // 4
     for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _q8_chunk_i8(q, scale, minv, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+        _i8_chunk(q, scale, minv, False, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
 
 
 @njit(**JIT)

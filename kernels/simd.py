@@ -14,7 +14,11 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
   activations, as exact int32 sums per lane converted to F32x8; AVX2 `vpmaddubsw`/`vpmaddwd`
   where the compile target has AVX2, plain vector IR (LLVM lowers it for any x86-64) otherwise.
   Neither saturates: |weight| <= 128, |activation| <= 127, so a pair sum stays below 2^15.
-- `vzero()`, `vfma_s(v, s, acc)` (acc + v * s), `hsum(v)`.
+- `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
+  once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
+  tuple of F32x8: the register blocking that lets a few rows share one unpack.
+- `vzero()`, `vzero_tile(rows)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples),
+  `hsum(v)`.
 """
 from __future__ import annotations
 
@@ -52,13 +56,6 @@ def target_has(feature: str) -> bool:
     return f"+{feature}" in features.split(",")
 
 
-def _vec_ptr(context, builder, aryty, ary, idx, vecty):
-    """Pointer to a vector of `vecty` starting at element `idx` of a 1-D array."""
-    a = context.make_array(aryty)(context, builder, ary)
-    p = builder.gep(a.data, [idx])
-    return builder.bitcast(p, vecty.as_pointer())
-
-
 def _load(builder, ptr):
     v = builder.load(ptr)
     v.align = 1  # unaligned load (vmovdqu)
@@ -89,72 +86,44 @@ def _splat(builder, s, vecty):
     return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_i32, vecty.count), [0] * vecty.count))
 
 
-def _dot_f32(builder, ints, x_ptr_base, n):
-    """sum over n/8 chunks of float(ints chunk) * x chunk -> <8 x float>; ints is <n x i32>."""
-    f = builder.sitofp(ints, ir.VectorType(_f32, n))
-    acc = None
-    for c in range(n // LANES):
-        xv = _load(builder, builder.bitcast(builder.gep(x_ptr_base, [ir.Constant(_i32, c * LANES)]), _vf.as_pointer()))
-        fc = _slice(builder, f, c * LANES, LANES)
-        acc = builder.fmul(fc, xv) if acc is None else _fmuladd(builder, fc, xv, acc)
-    return acc
-
-
 def _check_flat(*arrays):
     for a in arrays:
         if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"):
             raise TypeError(f"simd blocks read 1-D C-contiguous arrays, got {a}")
 
 
-def _x_base(context, builder, aryty, ary, idx):
-    a = context.make_array(aryty)(context, builder, ary)
-    return builder.gep(a.data, [idx])
+def _dot_parts(builder, parts, xb):
+    """sum over (F32x8 weights, offset) parts of weights * x[offset : offset + 8] -> F32x8."""
+    acc = None
+    for fc, off in parts:
+        xv = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), _vf.as_pointer()))
+        acc = builder.fmul(fc, xv) if acc is None else _fmuladd(builder, fc, xv, acc)
+    return acc
 
 
-@intrinsic
-def q4_dot32(typingctx, q, qi, x, xi):
-    """Packed 4-bit group (16 bytes at q[qi]) times x[xi : xi + 32] -> F32x8 partial sums."""
-    _check_flat(q, x)
-
-    def codegen(context, builder, sig, args):
-        qa, qi_, xa, xi_ = args
-        xb = _x_base(context, builder, x, xa, xi_)
-        parts = []
-        for half in range(2):  # values 0..15 from bytes 0..15's nibbles, in two 8-byte loads
-            b = _load(builder, _vec_ptr(context, builder, q, qa, builder.add(qi_, ir.Constant(qi_.type, 8 * half)),
-                                        ir.VectorType(_i8, 8)))
-            w = builder.zext(b, ir.VectorType(_i32, 8))
-            lo = builder.and_(w, ir.Constant(ir.VectorType(_i32, 8), [15] * 8))
-            hi = builder.lshr(w, ir.Constant(ir.VectorType(_i32, 8), [4] * 8))
-            parts.append((lo, 8 * half))
-            parts.append((hi, 16 + 8 * half))
-        acc = None
-        for ints, off in parts:
-            xv = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), _vf.as_pointer()))
-            fc = builder.sitofp(ints, _vf)
-            acc = builder.fmul(fc, xv) if acc is None else _fmuladd(builder, fc, xv, acc)
-        return acc
-
-    return F32x8(q, qi, x, xi), codegen
+def _q4_f32(builder, qp):
+    """A packed 4-bit group -> dot(x pointer): values 0..15 from bytes 0..15's nibbles, in two 8-byte loads."""
+    parts = []
+    for half in range(2):
+        p = builder.gep(qp, [ir.Constant(_i32, 8 * half)])
+        b = _load(builder, builder.bitcast(p, ir.VectorType(_i8, 8).as_pointer()))
+        w = builder.zext(b, ir.VectorType(_i32, 8))
+        lo = builder.and_(w, ir.Constant(ir.VectorType(_i32, 8), [15] * 8))
+        hi = builder.lshr(w, ir.Constant(ir.VectorType(_i32, 8), [4] * 8))
+        parts.append((builder.sitofp(lo, _vf), 8 * half))
+        parts.append((builder.sitofp(hi, _vf), 16 + 8 * half))
+    return lambda xb: _dot_parts(builder, parts, xb)
 
 
-def _q8_dot(n):
-    def block(typingctx, q, qi, x, xi):
-        _check_flat(q, x)
+def _q8_f32(n):
+    def unpack(builder, qp):
+        """n int8 weights -> dot(x pointer)."""
+        b = _load(builder, builder.bitcast(qp, ir.VectorType(_i8, n).as_pointer()))
+        f = builder.sitofp(builder.sext(b, ir.VectorType(_i32, n)), ir.VectorType(_f32, n))
+        parts = [(_slice(builder, f, c * LANES, LANES), c * LANES) for c in range(n // LANES)]
+        return lambda xb: _dot_parts(builder, parts, xb)
 
-        def codegen(context, builder, sig, args):
-            qa, qi_, xa, xi_ = args
-            b = _load(builder, _vec_ptr(context, builder, q, qa, qi_, ir.VectorType(_i8, n)))
-            ints = builder.sext(b, ir.VectorType(_i32, n))
-            return _dot_f32(builder, ints, _x_base(context, builder, x, xa, xi_), n)
-
-        return F32x8(q, qi, x, xi), codegen
-
-    return block
-
-
-q8_dot16 = intrinsic(_q8_dot(16))
-q8_dot32 = intrinsic(_q8_dot(32))
+    return unpack
 
 
 def _madd_u8s8(builder, u, s):
@@ -163,8 +132,11 @@ def _madd_u8s8(builder, u, s):
         v16 = ir.VectorType(_i16, 16)
         p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [u, s])
         return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p16, ir.Constant(v16, [1] * 16)])
-    wide = ir.VectorType(_i32, 32)
-    prod = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+    return _sum4(builder, builder.mul(builder.zext(u, ir.VectorType(_i32, 32)), builder.sext(s, ir.VectorType(_i32, 32))))
+
+
+def _sum4(builder, prod):
+    """<32 x i32> -> <8 x i32>: sums of 4 adjacent lanes."""
     acc = None
     for k in range(4):
         lanes = builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_i32, 8), list(range(k, 32, 4))))
@@ -172,47 +144,81 @@ def _madd_u8s8(builder, u, s):
     return acc
 
 
-@intrinsic
-def q4_dot32_i8(typingctx, q, qi, xq, xi):
-    """Packed 4-bit group (16 bytes at q[qi]) times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."""
-    _check_flat(q, xq)
-
-    def codegen(context, builder, sig, args):
-        qa, qi_, xa, xi_ = args
-        b = _load(builder, _vec_ptr(context, builder, q, qa, qi_, ir.VectorType(_i8, 16)))
-        v16 = ir.VectorType(_i8, 16)
-        lo = builder.and_(b, ir.Constant(v16, [15] * 16))
-        hi = builder.lshr(b, ir.Constant(v16, [4] * 16))
-        u = _concat(builder, lo, hi, 16)
-        s = _load(builder, _vec_ptr(context, builder, xq, xa, xi_, ir.VectorType(_i8, 32)))
-        return builder.sitofp(_madd_u8s8(builder, u, s), _vf)
-
-    return F32x8(q, qi, xq, xi), codegen
+def _load_x8(builder, xb):
+    return _load(builder, builder.bitcast(xb, ir.VectorType(_i8, 32).as_pointer()))
 
 
-@intrinsic
-def q8_dot32_i8(typingctx, q, qi, xq, xi):
-    """32 int8 weights at q[qi] times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."""
-    _check_flat(q, xq)
+def _q4_i8(builder, qp):
+    """A packed 4-bit group (16 bytes) -> dot(int8 x pointer) of exact int sums."""
+    v16 = ir.VectorType(_i8, 16)
+    b = _load(builder, builder.bitcast(qp, v16.as_pointer()))
+    u = _concat(builder, builder.and_(b, ir.Constant(v16, [15] * 16)), builder.lshr(b, ir.Constant(v16, [4] * 16)), 16)
+    return lambda xb: builder.sitofp(_madd_u8s8(builder, u, _load_x8(builder, xb)), _vf)
 
-    def codegen(context, builder, sig, args):
-        qa, qi_, xa, xi_ = args
-        v32 = ir.VectorType(_i8, 32)
-        w = _load(builder, _vec_ptr(context, builder, q, qa, qi_, v32))
-        s = _load(builder, _vec_ptr(context, builder, xq, xa, xi_, v32))
-        if target_has("avx2"):  # |w| as unsigned, the sign moved onto x (llama.cpp's trick for vpmaddubsw)
-            aw = _call(builder, "llvm.abs.v32i8", v32, [w, ir.Constant(ir.IntType(1), 0)])
-            sx = _call(builder, "llvm.x86.avx2.psign.b", v32, [s, w])
-            return builder.sitofp(_madd_u8s8(builder, aw, sx), _vf)
-        wide = ir.VectorType(_i32, 32)
-        prod = builder.mul(builder.sext(w, wide), builder.sext(s, wide))
-        acc = None
-        for k in range(4):
-            lanes = builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_i32, 8), list(range(k, 32, 4))))
-            acc = lanes if acc is None else builder.add(acc, lanes)
-        return builder.sitofp(acc, _vf)
 
-    return F32x8(q, qi, xq, xi), codegen
+def _q8_i8(builder, qp):
+    """32 int8 weights -> dot(int8 x pointer) of exact int sums."""
+    v32 = ir.VectorType(_i8, 32)
+    w = _load(builder, builder.bitcast(qp, v32.as_pointer()))
+    if target_has("avx2"):  # |w| as unsigned, the sign moved onto x (llama.cpp's trick for vpmaddubsw)
+        aw = _call(builder, "llvm.abs.v32i8", v32, [w, ir.Constant(ir.IntType(1), 0)])
+        return lambda xb: builder.sitofp(
+            _madd_u8s8(builder, aw, _call(builder, "llvm.x86.avx2.psign.b", v32, [_load_x8(builder, xb), w])), _vf)
+    wide = ir.VectorType(_i32, 32)
+    ws = builder.sext(w, wide)
+    return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf)
+
+
+def _blocks(name, unpack, doc):
+    """A group block for one activation row and its tile form for several: the weight group is
+    unpacked once and dotted with every row of the tile.
+
+    - `one(q, qi, x, xi)` -> F32x8
+    - `tile(q, qi, x, xi, rows)` -> UniTuple(F32x8, len(rows)): row i's group at x[rows[i] + xi]
+    """
+
+    def ptr(context, builder, aryty, ary, idx):
+        return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
+
+    def one(typingctx, q, qi, x, xi):
+        _check_flat(q, x)
+
+        def codegen(context, builder, sig, args):
+            qa, qi_, xa, xi_ = args
+            return unpack(builder, ptr(context, builder, q, qa, qi_))(ptr(context, builder, x, xa, xi_))
+
+        return F32x8(q, qi, x, xi), codegen
+
+    def tile(typingctx, q, qi, x, xi, rows):
+        _check_flat(q, x)
+        if not (isinstance(rows, types.UniTuple) and isinstance(rows.dtype, types.Integer)):
+            raise TypeError(f"rows must be a tuple of integers, got {rows}")
+
+        def codegen(context, builder, sig, args):
+            qa, qi_, xa, xi_, rows_ = args
+            dot = unpack(builder, ptr(context, builder, q, qa, qi_))
+            outs = []
+            for i in range(rows.count):
+                r = context.cast(builder, builder.extract_value(rows_, i), rows.dtype, xi)
+                outs.append(dot(ptr(context, builder, x, xa, builder.add(xi_, r))))
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return types.UniTuple(F32x8, rows.count)(q, qi, x, xi, rows), codegen
+
+    one.__name__ = one.__qualname__ = name
+    tile.__name__ = tile.__qualname__ = name + "_tile"
+    one.__doc__ = doc
+    tile.__doc__ = doc + " Tile form: one result per activation row offset in `rows`."
+    return intrinsic(one), intrinsic(tile)
+
+
+_F32_DOC = " times float32 x[xi : xi + n] -> F32x8 partial sums (not yet reduced, not yet scaled)."
+_I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
+q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _q4_f32, "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
+q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _q8_f32(16), "16 int8 weights at q[qi]" + _F32_DOC)
+q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _q8_f32(32), "32 int8 weights at q[qi]" + _F32_DOC)
+q4_dot32_i8 = _blocks("q4_dot32_i8", _q4_i8, "Packed 4-bit group (16 bytes at q[qi])" + _I8_DOC)[0]
+q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
 
 
 @intrinsic
@@ -224,16 +230,39 @@ def vzero(typingctx):
 
 
 @intrinsic
-def vfma_s(typingctx, v, s, acc):
-    """acc + v * s (s a float32 scalar, broadcast)."""
-    if not (v == F32x8 and acc == F32x8 and s == types.float32):
+def vzero_tile(typingctx, rows):
+    """A zero F32x8 per element of the tuple `rows` (a tile's accumulators)."""
+    if not isinstance(rows, types.UniTuple):
         return None
+    ret = types.UniTuple(F32x8, rows.count)
 
     def codegen(context, builder, sig, args):
-        v_, s_, acc_ = args
-        return _fmuladd(builder, v_, _splat(builder, s_, _vf), acc_)
+        return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * rows.count)
 
-    return F32x8(v, s, acc), codegen
+    return ret(rows), codegen
+
+
+@intrinsic
+def vfma_s(typingctx, v, s, acc):
+    """acc + v * s (s a float32 scalar, broadcast); element-wise over tuples of F32x8 too."""
+    if v == F32x8 and acc == F32x8 and s == types.float32:
+        def codegen(context, builder, sig, args):
+            v_, s_, acc_ = args
+            return _fmuladd(builder, v_, _splat(builder, s_, _vf), acc_)
+
+        return F32x8(v, s, acc), codegen
+    if not (v == acc and isinstance(v, types.UniTuple) and v.dtype == F32x8):
+        return None
+    if s != types.float32:
+        return None
+
+    def codegen_tuple(context, builder, sig, args):
+        v_, s_, acc_ = args
+        sv = _splat(builder, s_, _vf)
+        outs = [_fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)]
+        return context.make_tuple(builder, sig.return_type, outs)
+
+    return v(v, s, acc), codegen_tuple
 
 
 @intrinsic
@@ -253,5 +282,5 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "hsum", "q4_dot32", "q4_dot32_i8", "q8_dot16", "q8_dot32", "q8_dot32_i8", "target_has",
-           "vfma_s", "vzero"]
+__all__ = ["F32x8", "LANES", "hsum", "q4_dot32", "q4_dot32_i8", "q4_dot32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32",
+           "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma_s", "vzero", "vzero_tile"]

@@ -42,7 +42,7 @@ def rows_sweep(rng: np.random.Generator) -> None:
     be.begin_step()
     for name, kind, n, k in SHAPES:
         lin = be.prepare_linear(weight(kind, n, k, rng))
-        for rows in (8, 16, 32, 64, 128, 256):
+        for rows in (8, 16, 32, 48, 64, 128, 256):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
             for way, limit in (("matvec", 1 << 30), ("panels", 0)):

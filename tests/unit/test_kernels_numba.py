@@ -300,6 +300,26 @@ def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
             np.testing.assert_allclose(got, dense, rtol=0, atol=2e-2 * scale, err_msg=f"{n}x{k} vs float")
 
 
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activations):
+    # Rows go through a block in tiles of 4, then 2, then 1 (float32): every remainder, and each
+    # row's result equal to the same row computed alone.
+    be = NumbaBackend(threads=2, activations=activations)
+    w = blocked_case(case, 38, 64, rng)  # 38 rows: a ragged last block of 2
+    lin = be.prepare_linear(w)
+    x = random_activations(rng, 32, 64)
+    dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+    int8 = activations == "q8" and w.group == 32
+    want = int8_model(x, w) if int8 else dense
+    alone = np.concatenate([be.linear(x[t : t + 1], lin) for t in range(32)])
+    for rows in (1, 2, 3, 5, 8, 31, 32):
+        got = be.linear(x[:rows], lin)
+        scale = np.abs(dense[:rows]).max()
+        np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"T{rows}")
+        np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"T{rows} vs alone")
+
+
 def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng):
     for case in BLOCKED_CASES:
         w = blocked_case(case, 7, 64, rng)
