@@ -28,7 +28,7 @@ from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import Blocked, block_rows, dequant_rows
-from kernels.numba_linear import half_dequant, matvec_q4, matvec_q4_i8, matvec_q8, matvec_q8_i8
+from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q8
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
@@ -161,11 +161,10 @@ class NumbaBackend(NumpyBackend):
         elif b is not None and T <= MATVEC_MAX_ROWS:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
-            int8 = self.activations == "q8" and b.group == 32
-            if b.kind == "q4":
-                (matvec_q4_i8 if int8 else matvec_q4)(b.data, b.scale, b.min, x, out)
-            elif int8:
-                matvec_q8_i8(b.data, b.scale, b.min, x, out)
+            if self.activations == "q8" and b.group == 32:
+                matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
+            elif b.kind == "q4":
+                matvec_q4(b.data, b.scale, b.min, x, out)
             else:
                 matvec_q8(b.data, b.scale, b.min, b.group, x, out)
         else:

@@ -302,8 +302,9 @@ def matvec_q8(q, scale, minv, G, x, out):
 
 
 @njit(parallel=True, **JIT)
-def matvec_q4_i8(q, scale, minv, x, out):
-    """`matvec_q4` with the activations quantized to int8 per 32-block (integer dot products)."""
+def matvec_i8(q, scale, minv, is_q4, x, out):
+    """`matvec_q4` (`is_q4`) or `matvec_q8` with groups of 32, the activations quantized to int8 per
+    32-block (integer dot products)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
@@ -313,22 +314,7 @@ def matvec_q4_i8(q, scale, minv, x, out):
     quantize_rows(x, xq, xd, xsum)
     nb = (N + 3) // 4
     for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _i8_chunk(q, scale, minv, True, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
-
-
-@njit(parallel=True, **JIT)
-def matvec_q8_i8(q, scale, minv, x, out):
-    """`matvec_q8` (groups of 32) with the activations quantized to int8 per 32-block."""
-    T, K = x.shape
-    N = out.shape[1]
-    ng = K // 32
-    xq = np.empty((T, K), dtype=np.int8)
-    xd = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    quantize_rows(x, xq, xd, xsum)
-    nb = (N + 3) // 4
-    for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _i8_chunk(q, scale, minv, False, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+        _i8_chunk(q, scale, minv, is_q4, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
 
 
 @njit(**JIT)
