@@ -67,7 +67,7 @@ class LLMEngine:
             SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens, self.config.max_waiting),
             self.blocks,
         )
-        self.max_context = min(mc.max_position, num_blocks * bs)
+        self.max_context = self.runner.max_context
         self.eos_ids = frozenset(mc.eos_token_ids)
         self.grammars = Grammars(self.tokenizer, mc.vocab_size, sorted(self.eos_ids))
         self.metrics = EngineMetrics()

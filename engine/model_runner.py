@@ -47,7 +47,8 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
-        width = -(-min(c.max_position, num_blocks * block_size) // block_size)  # the most blocks a sequence holds
+        self.max_context = min(c.max_position, num_blocks * block_size)  # the most tokens a sequence holds
+        width = -(-self.max_context // block_size)
         self.graphs = DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
 
     def run(self, inputs: list[SeqInput]) -> Any:

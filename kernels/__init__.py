@@ -10,6 +10,7 @@ capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Protocol
 
@@ -75,6 +76,7 @@ class BackendUnavailable(RuntimeError):
     """The backend asked for cannot run on this machine."""
 
 
+@functools.cache  # the machine does not change under a process: probe once (start-up asks up to three times)
 def cupy_unavailable_reason() -> str | None:
     """None when CuPy imports, sees a CUDA device and really runs a tiny kernel; else why not."""
     try:
