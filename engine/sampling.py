@@ -28,10 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.types import InvalidRequest, SamplingParams, TokenLogprob
-
-_PICK_BLOCK = 1024  # inverse-CDF search: block sums first, then a cumsum inside one block
-_NUCLEUS_CANDIDATES = 1024  # top-p: first try sorting only this many candidates
-_SELECT_GROUP = 64  # k-th largest value: only the groups holding the top k are partitioned
+from kernels.row_sampling import _NUCLEUS_CANDIDATES, draw  # noqa: F401  (test_sampling reads the constant here)
+from kernels.row_sampling import kth_largest as _kth_largest
 
 
 @dataclass(slots=True)
@@ -164,7 +162,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             p, rng = row.params, row.rng
             tokens = []
             for j in range(counts[i]):
-                t = _draw(scaled[off + j], p, rng)
+                t = draw(scaled[off + j], p.top_k, p.top_p, p.min_p, rng.random())
                 tokens.append(t)
                 if j == len(draft) or t != draft[j]:
                     break
@@ -222,6 +220,19 @@ def sample_greedy(top: np.ndarray, best: np.ndarray, rows: Sequence[SamplerRow])
     return SampleOutput(np.asarray(emitted, dtype=np.int64), num_tokens, [None] * len(emitted))
 
 
+def is_single_draw(row: SamplerRow) -> bool:
+    """Whether a row's token depends only on its logits, temperature, top-k/p and min-p, and one uniform when it
+    samples: what a backend's sample_rows computes (no penalties, bias, logprobs or draft)."""
+    return not row.draft and not _adjusts(row.params) and row.params.logprobs is None
+
+
+def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
+    """The sampling table (kernels/row_sampling.py) of `is_single_draw` rows: one draw from the rng of each
+    row with temperature > 0, the draw `sample` would make for it."""
+    return np.array([(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p,
+                      r.rng.random() if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
+
+
 def _verify_greedy(picks: list[int], draft: Sequence[int]) -> list[int]:
     """The drafts that equal the argmax of their row, then the argmax after the last of them."""
     n = 0
@@ -270,104 +281,6 @@ def _adjust_rows(x: np.ndarray, row: SamplerRow) -> None:
 
 def _raise_bad_row(i: int, value: float) -> None:
     raise ValueError(f"logits row {i} has no usable token (best logit is {value}: NaN, +inf, or every token at -inf)")
-
-
-def _draw(z: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
-    """One token from scaled logits z (max exactly 0) after top-k, top-p and min-p.
-
-    `ids` maps positions in `w` (unnormalized probabilities, max 1) back to token ids;
-    None means w covers the whole vocabulary.
-    """
-    V = z.shape[0]
-    ids: np.ndarray | None = None
-    if 0 < p.top_k < V:
-        # Ties with the k-th value are kept (HF/vLLM semantics), so the set is well defined.
-        ids = np.flatnonzero(z >= _kth_largest(z, p.top_k))
-        w = np.exp(z[ids])
-    else:
-        w = np.exp(z)
-    if p.top_p < 1.0:
-        keep = _nucleus(w, p.top_p)
-        ids = keep if ids is None else ids[keep]
-        w = w[keep]
-    if p.min_p > 0.0:
-        keep = np.flatnonzero(w >= np.float32(p.min_p))  # w is prob / max prob; the top token has w == 1
-        ids = keep if ids is None else ids[keep]
-        w = w[keep]
-    j = _pick(w, rng.random())
-    return j if ids is None else int(ids[j])
-
-
-def _nucleus(w: np.ndarray, top_p: float) -> np.ndarray:
-    """Positions (ascending) of the smallest set of largest w holding >= top_p of the mass.
-
-    Only the cut-off value is needed, so this sorts values (not indices) of a candidate set:
-    every w below (1 - top_p) * total / n together holds less than (1 - top_p) of the mass,
-    so the nucleus lies among the rest. Ties at the cut-off go to the lower positions.
-    """
-    n = w.shape[0]
-    total = float(w.sum())  # float32 pairwise summation: ~1e-7 relative, and twice as fast
-    target = top_p * total
-    cand = np.flatnonzero(w >= np.float32((1.0 - top_p) * total / n))
-    wc = w[cand]
-    if cand.shape[0] > _NUCLEUS_CANDIDATES:  # often the nucleus is far smaller: try the top ones
-        kth = np.partition(wc, wc.shape[0] - _NUCLEUS_CANDIDATES)[wc.shape[0] - _NUCLEUS_CANDIDATES]
-        top = wc >= kth
-        if wc[top].sum(dtype=np.float64) >= target:
-            cand, wc = cand[top], wc[top]
-    desc = np.sort(wc)[::-1]
-    cs = np.cumsum(desc, dtype=np.float64)
-    count = min(int(np.searchsorted(cs, target, side="left")) + 1, desc.shape[0])
-    cut = desc[count - 1]
-    at_cut = wc == cut
-    keep = (wc > cut) | (at_cut & (np.cumsum(at_cut) <= count - int(np.count_nonzero(wc > cut))))
-    return cand[keep]
-
-
-def _kth_largest(x: np.ndarray, k: int) -> np.float32:
-    """The k-th largest value of x (1 <= k <= len(x)) without partitioning all of x.
-
-    x is split into column groups (x[j], x[j + m], x[j + 2m], ...). The k largest group
-    maxima are k elements of x, so the k-th largest value v is at least the k-th largest
-    group maximum b, and every element >= v lies in a group whose maximum is >= b.
-    """
-    n = x.shape[0]
-    m = n // _SELECT_GROUP  # number of groups; reducing over axis 0 keeps the max vectorized
-    if m < 4 * k:
-        return np.partition(x, n - k)[n - k]
-    cols = x[: m * _SELECT_GROUP].reshape(_SELECT_GROUP, m)
-    gmax = cols.max(axis=0)
-    cand = cols[:, gmax >= np.partition(gmax, m - k)[m - k]].ravel()
-    if n > m * _SELECT_GROUP:
-        cand = np.concatenate([cand, x[m * _SELECT_GROUP :]])
-    return np.partition(cand, cand.shape[0] - k)[cand.shape[0] - k]
-
-
-def _pick(w: np.ndarray, u: float) -> int:
-    """Position j with probability w[j] / sum(w), by inverse CDF at u in [0, 1)."""
-    n = w.shape[0]
-    if n <= _PICK_BLOCK:
-        cs = np.cumsum(w, dtype=np.float64)
-        return _search(cs, u * cs[-1])
-    # Two levels, so no cumsum over the whole vocabulary: find the block, then the token.
-    nb = n // _PICK_BLOCK
-    sums = w[: nb * _PICK_BLOCK].reshape(nb, _PICK_BLOCK).sum(axis=1)
-    if n > nb * _PICK_BLOCK:
-        sums = np.append(sums, w[nb * _PICK_BLOCK :].sum())
-    cs = np.cumsum(sums, dtype=np.float64)
-    target = u * cs[-1]
-    b = _search(cs, target)
-    start = b * _PICK_BLOCK
-    inner = np.cumsum(w[start : start + _PICK_BLOCK], dtype=np.float64)
-    return start + _search(inner, max(target - (cs[b - 1] if b else 0.0), 0.0))
-
-
-def _search(cs: np.ndarray, target: float) -> int:
-    """Index j with cs[j-1] <= target < cs[j] in a cumulative sum; never a zero-mass j."""
-    j = int(np.searchsorted(cs, target, side="right"))
-    if j >= cs.shape[0]:  # target reached the total through rounding: last position with mass
-        j = int(np.searchsorted(cs, cs[-1], side="left"))
-    return j
 
 
 def _best(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
