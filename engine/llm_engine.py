@@ -20,7 +20,7 @@ from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
 from engine.model_runner import ModelRunner, SeqInput, kv_bytes_per_block
 from engine.sampling import (
-    SampleOutput, SamplerRow, draw_table, is_plain_greedy, is_single_draw, make_rng, sample, sample_greedy,
+    SampleOutput, SamplerRow, is_plain_greedy, is_single_draw, make_rng, sample, sample_greedy, sample_on_backend,
 )
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
@@ -208,9 +208,9 @@ class LLMEngine:
         """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error.
 
         `logits` are the runner's, on the backend: masked there; when every sequence is plain greedy only
-        each row's argmax and its logit come back to the host; when every sequence samples one token without
-        penalties, bias or logprobs the backend samples (one uniform a row drawn here) and returns token ids;
-        otherwise the logits come back and are sampled on the host."""
+        each row's argmax and its logit come back to the host; when every sequence takes one token without
+        penalties or bias the backend samples (one uniform a row drawn here) and returns token ids and the
+        logprobs asked for; otherwise the logits come back and are sampled on the host."""
         if not seqs:
             return []
         try:
@@ -224,14 +224,12 @@ class LLMEngine:
                 return _split(sample_greedy(*self.backend.argmax_rows(logits), rows))
             except ValueError:
                 pass  # a row with no usable token: the host path below singles its sequence out
-        elif all(is_single_draw(r) for r in rows):  # the backend samples; only token ids leave it
+        elif all(is_single_draw(r) for r in rows):  # sampled on the backend: ids and asked-for logprobs leave it
             try:
-                ids = self.backend.sample_rows(logits, draw_table(rows)).tolist()
+                return sample_on_backend(self.backend, logits, rows)
             except Exception as exc:  # the rows' draws are spent: they fail rather than draw again
                 log.exception("sampling failed")
                 return [RuntimeError(f"sampling failed: {exc}")] * len(seqs)
-            return [([t], None) if t >= 0 else ValueError(f"sampling failed: logits row {i} has no usable token "
-                                                          "(NaN, +inf, or every token at -inf)") for i, t in enumerate(ids)]
         logits = self.backend.to_numpy(logits)
         try:
             return _split(sample(logits, rows))

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from engine.types import InvalidRequest, SamplingParams, TokenLogprob
-from kernels.row_sampling import _NUCLEUS_CANDIDATES, draw  # noqa: F401  (test_sampling reads the constant here)
-from kernels.row_sampling import kth_largest as _kth_largest
+from kernels import Backend
+from kernels.row_sampling import _NUCLEUS_CANDIDATES, draw, logprob_rows  # noqa: F401  (test_sampling reads the constant)
+from kernels.row_sampling import kth_largest as _kth_largest  # noqa: F401  (test_sampling reads it here)
 
 
 @dataclass(slots=True)
@@ -176,20 +178,10 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
     owners = [i for i, n in enumerate(num_tokens) for _ in range(n)]  # emitted token -> its sequence
     want = [e for e, i in enumerate(owners) if rows[i].params.logprobs is not None]
     if want:
-        raw = logits[[emitted_rows[e] for e in want]]  # a copy, turned into exp(raw - max) in place below
-        chosen = raw[np.arange(len(want)), token_ids[want]].astype(np.float64)
-        alts = [_best(raw[j], rows[owners[e]].params.logprobs) for j, e in enumerate(want)]
-        top = raw.max(axis=1)
-        raw -= top[:, None]
-        np.exp(raw, out=raw)
-        lse = top.astype(np.float64) + np.log(raw.sum(axis=1).astype(np.float64))
-        for j, e in enumerate(want):
-            ids, vals = alts[j]
-            logprobs[e] = TokenLogprob(
-                token_id=int(token_ids[e]),
-                logprob=float(chosen[j] - lse[j]),
-                top=[(int(t), float(v - lse[j])) for t, v in zip(ids, vals.astype(np.float64))],
-            )
+        ks = [rows[owners[e]].params.logprobs for e in want]
+        found = logprob_rows(logits[[emitted_rows[e] for e in want]], token_ids[want], max(ks))
+        for e, lp in zip(want, token_logprobs(token_ids[want], ks, *found)):
+            logprobs[e] = lp
     return SampleOutput(token_ids=token_ids, num_tokens=num_tokens, logprobs=logprobs)
 
 
@@ -222,8 +214,8 @@ def sample_greedy(top: np.ndarray, best: np.ndarray, rows: Sequence[SamplerRow])
 
 def is_single_draw(row: SamplerRow) -> bool:
     """Whether a row's token depends only on its logits, temperature, top-k/p and min-p, and one uniform when it
-    samples: what a backend's sample_rows computes (no penalties, bias, logprobs or draft)."""
-    return not row.draft and not _adjusts(row.params) and row.params.logprobs is None
+    samples: what a backend's sample_rows computes (no penalties, bias or draft; logprobs come from logprob_rows)."""
+    return not row.draft and not _adjusts(row.params)
 
 
 def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
@@ -231,6 +223,29 @@ def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
     row with temperature > 0, the draw `sample` would make for it."""
     return np.array([(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p,
                       r.rng.random() if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
+
+
+def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow]) -> list[tuple[list[int], list[TokenLogprob] | None] | ValueError]:
+    """`sample` of `is_single_draw` rows by the backend that holds their logits [R, V]: per row its token (and its
+    logprobs when asked), or a ValueError when the row has no usable token. Only token ids and the logprobs
+    asked for leave the backend. Every sampled row's draw is spent, whatever the outcome."""
+    ids = backend.sample_rows(logits, draw_table(rows))
+    want = [j for j, r in enumerate(rows) if r.params.logprobs is not None and ids[j] >= 0]
+    found: dict[int, TokenLogprob] = {}
+    if want:
+        ks = [rows[j].params.logprobs for j in want]
+        lps = token_logprobs(ids[want], ks, *backend.logprob_rows(logits, np.asarray(want, dtype=np.int64), ids[want], max(ks)))
+        found = dict(zip(want, lps))
+    return [([t], [found[j]] if j in found else None) if t >= 0
+            else ValueError(f"sampling failed: logits row {j} has no usable token (NaN, +inf, or every token at -inf)")
+            for j, t in enumerate(ids.tolist())]
+
+
+def token_logprobs(tokens: np.ndarray, ks: list[int], chosen: np.ndarray, ids: np.ndarray, values: np.ndarray) -> list[TokenLogprob]:
+    """TokenLogprobs from what logprob_rows (a backend's, or kernels/row_sampling.py's) found for rows asking
+    for ks[j] alternatives."""
+    return [TokenLogprob(token_id=int(t), logprob=float(c), top=list(zip(i[:k].tolist(), v[:k].tolist())))
+            for t, k, c, i, v in zip(tokens.tolist(), ks, chosen, ids, values)]
 
 
 def _verify_greedy(picks: list[int], draft: Sequence[int]) -> list[int]:
@@ -281,13 +296,3 @@ def _adjust_rows(x: np.ndarray, row: SamplerRow) -> None:
 
 def _raise_bad_row(i: int, value: float) -> None:
     raise ValueError(f"logits row {i} has no usable token (best logit is {value}: NaN, +inf, or every token at -inf)")
-
-
-def _best(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ids and values of the k largest raw logits, best first, ties by lower id."""
-    k = min(k, raw.shape[0])
-    if k == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=raw.dtype)
-    cand = np.flatnonzero(raw >= _kth_largest(raw, k))
-    cand = cand[np.lexsort((cand, -raw[cand]))[:k]]
-    return cand, raw[cand]

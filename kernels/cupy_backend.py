@@ -42,7 +42,7 @@ KERNELS = {
     "gemv_q4": "gemv.cu", "gemv_q8": "gemv.cu",
     "paged_attention_decode_f16": "paged_attention.cu", "paged_attention_prefill_f16": "paged_attention.cu",
     "apply_token_bitmask_f32": "token_bitmask.cu",
-    "sample_rows_f32": "sample.cu",
+    "sample_rows_f32": "sample.cu", "logprobs_f32": "logprobs.cu",
 }
 # float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
 PANEL_VALUES = 1 << 24
@@ -358,6 +358,22 @@ class CupyBackend:
             self._kernel("sample_rows_f32")(
                 (R,), (SAMPLE_THREADS,), (logits, self.asarray(table), out, np.int32(V), np.int64(logits.strides[0] // 4)))
         return self.to_numpy(out)
+
+    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Log-softmax of device logits rows `rows` (host int64 [W]) at `tokens` (int64 [W]) and at their min(n, V)
+        best tokens (logprobs.cu), on the host: float64 [W], ids int64 [W, n], float64 [W, n]."""
+        if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
+            raise ValueError(f"logprob_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+        W, V = rows.shape[0], logits.shape[1]
+        if tokens.shape != (W,):
+            raise ValueError(f"logprob_rows: {tokens.shape} tokens for {W} rows")
+        n, cp = min(n, V), self._cp
+        chosen, ids, values = cp.empty(W, np.float64), cp.empty((W, n), np.int64), cp.empty((W, n), np.float64)
+        if W:
+            self._kernel("logprobs_f32")(
+                (W,), (ROW_THREADS,), (logits, self.asarray(rows, np.int64), self.asarray(tokens, np.int64), chosen, ids, values,
+                                       np.int32(n), np.int32(V), np.int64(logits.strides[0] // 4)))
+        return self.to_numpy(chosen), self.to_numpy(ids), self.to_numpy(values)
 
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
         """Set device logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W], host or

@@ -34,6 +34,22 @@ def sample_rows(logits: np.ndarray, table: np.ndarray) -> np.ndarray:
     return out
 
 
+def logprob_rows(logits: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The log-softmax of each row of logits (float32 [W, V]) at its token (float64 [W]) and at its min(n, V)
+    best tokens: ids (int64 [W, n], best first, ties by lower id) and their values (float64 [W, n])."""
+    raw = np.array(logits, dtype=np.float32)  # a copy, turned into exp(raw - max) in place below
+    W = raw.shape[0]
+    chosen = raw[np.arange(W), tokens].astype(np.float64)
+    best = [_best(row, n) for row in raw]
+    ids = np.array([b[0] for b in best], dtype=np.int64).reshape(W, -1)
+    values = np.array([b[1] for b in best], dtype=np.float64).reshape(W, -1)
+    top = raw.max(axis=1)
+    raw -= top[:, None]
+    np.exp(raw, out=raw)
+    lse = top.astype(np.float64) + np.log(raw.sum(axis=1).astype(np.float64))
+    return chosen - lse, ids, values - lse[:, None]
+
+
 def draw(z: np.ndarray, top_k: int, top_p: float, min_p: float, u: float) -> int:
     """One token from scaled logits z (float32, max exactly 0) after top-k, top-p and min-p, by inverse CDF at u in [0, 1).
 
@@ -130,3 +146,13 @@ def _search(cs: np.ndarray, target: float) -> int:
     if j >= cs.shape[0]:  # target reached the total through rounding: last position with mass
         j = int(np.searchsorted(cs, cs[-1], side="left"))
     return j
+
+
+def _best(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and values of the k largest raw logits, best first, ties by lower id."""
+    k = min(k, raw.shape[0])
+    if k == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=raw.dtype)
+    cand = np.flatnonzero(raw >= kth_largest(raw, k))
+    cand = cand[np.lexsort((cand, -raw[cand]))[:k]]
+    return cand, raw[cand]

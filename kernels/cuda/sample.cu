@@ -24,23 +24,6 @@
 #define SAMPLE_THREADS 512
 #define SAMPLE_COLUMNS 5  // per row of params: temperature, top_k, top_p, min_p, u
 
-template <typename T> struct Add { __device__ T operator()(T a, T b) const { return a + b; } };
-template <typename T> struct Max { __device__ T operator()(T a, T b) const { return a < b ? b : a; } };
-template <typename T> struct Min { __device__ T operator()(T a, T b) const { return b < a ? b : a; } };
-
-// op over v of every thread of the block; every thread gets the result.
-template <typename T, typename Op>
-__device__ T block_reduce(T v, Op op) {
-    __shared__ T partial[SAMPLE_THREADS / 32];
-    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(FORGE_FULL_MASK, v, offset));
-    __syncthreads();  // the previous call's readers are done with `partial`
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = partial[0];
-    for (int w = 1; w < SAMPLE_THREADS / 32; ++w) v = op(v, partial[w]);
-    return v;
-}
-
 // Sum of v over this thread and those before it (in thread order); *before gets the sum without this
 // thread's v (exactly the previous thread's result) and *total the sum over all.
 template <typename T>

@@ -238,6 +238,23 @@ def test_sample_rows_over_a_full_vocabulary_of_strided_rows(gpu, cpu, rng):
     np.testing.assert_array_equal(got, cpu.sample_rows(logits[:, :V], table))
 
 
+@pytest.mark.parametrize("n", [0, 5, 20])
+def test_logprob_rows_match_the_host(gpu, cpu, rng, n):
+    """Chosen and top-n logprobs of some rows of a wider matrix: ids equal (ties to the lower id, -inf entries
+    ranked last), values to float64 rounding of float32 sums."""
+    V = 3001
+    logits = (rng.standard_normal((6, V + 7)) * 3).astype(np.float32)
+    logits[1, [10, 400, 2000]] = 9.0  # a tie at the top
+    logits[3] = np.round(logits[3])  # ties everywhere
+    logits[4, 5:] = -np.inf  # fewer usable tokens than n
+    rows, tokens = np.array([5, 1, 3, 4, 0]), np.array([0, 400, 17, 2, V - 1])
+    got = gpu.logprob_rows(gpu.asarray(logits)[:, :V], rows, tokens, n)
+    want = cpu.logprob_rows(logits[:, :V], rows, tokens, n)
+    np.testing.assert_array_equal(got[1], want[1])
+    for g, w in ((got[0], want[0]), (got[2], want[2])):
+        np.testing.assert_allclose(g, w, rtol=RTOL_SUM, atol=ATOL_SUM)
+
+
 # ---- weights: embedding and linear -----------------------------------------------------
 
 @pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
