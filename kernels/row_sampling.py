@@ -16,12 +16,12 @@ _SELECT_GROUP = 64  # k-th largest value: only the groups holding the top k are 
 
 def sample_rows(logits: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Each row's token (int64 [R]) from logits float32 [R, V] and a sampling table float64 [R, len(TABLE)];
-    -1 for a row with no usable token (a NaN, or a best logit of +inf or -inf)."""
+    -1 for a row with no usable token: a NaN, every logit at -inf, or (when sampling) a logit of +inf."""
     out = np.full(logits.shape[0], -1, dtype=np.int64)
     for r, (temperature, top_k, top_p, min_p, u) in enumerate(table.tolist()):
         x = logits[r]
-        top = x.max()
-        if not np.isfinite(top):  # np.max propagates NaN
+        top = x.max()  # NaN if any x is
+        if np.isnan(top) or top == -np.inf or (top == np.inf and temperature != 0.0):
             continue
         if temperature == 0.0:
             out[r] = int(x.argmax())

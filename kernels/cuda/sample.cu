@@ -2,8 +2,9 @@
 //
 // The semantics are the host sampler's (kernels/row_sampling.py `draw`), row by row, with the uniform u drawn
 // on the host from the sequence's own generator:
-//   x = logits row (structured-output mask already applied). Any NaN, or a best logit of +inf or -inf: -1.
-//   temperature 0: the first maximum. Otherwise z = (x - max) / temperature, w = exp(z) (max 1), then
+//   x = logits row (structured-output mask already applied). Any NaN, every x at -inf, or (when sampling) a
+//   best logit of +inf: -1. Temperature 0: the first maximum. Otherwise z = (x - max) / temperature and
+//   w = exp(z) (max 1), then
 //   top-k   (0 < k < V): keep z >= the k-th largest z (ties with it kept);
 //   top-p   (< 1): keep the smallest set of largest w whose sum reaches top_p * (sum of the w left), ties at
 //           the cut going to lower ids;
@@ -158,7 +159,7 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, con
     row.max = block_reduce(best, Max<float>());
     nans = block_reduce(nans, Add<int>());
     finite = block_reduce(finite, Add<int>());
-    if (nans || !(row.max > -inf && row.max < inf)) {
+    if (nans || row.max == -inf || (row.max == inf && row.temperature != 0.0f)) {
         if (t == 0) out[r] = -1;
         return;
     }

@@ -211,6 +211,9 @@ def _sampling_rows(rng: np.random.Generator, V: int) -> tuple[np.ndarray, np.nda
     greedy = rng.standard_normal(V)
     greedy[[5, V - 2]] = 9.0
     add(greedy, 0.0, 0, 1.0)
+    greedy = greedy.copy()
+    greedy[[7, 9]] = np.inf  # greedy takes the first +inf, as the host's argmax does; sampling cannot
+    add(greedy, 0.0, 0, 1.0)
     for bad in (np.nan, np.inf):
         x = rng.standard_normal(V)
         x[V // 2] = bad
