@@ -15,7 +15,8 @@
 // selects over 32-bit keys that order like the values: 4 passes of 8 bits, each a histogram (counts and
 // float64 weights) of the values still matching the chosen prefix, walked from the top bin down until the
 // weight above plus the bin's reaches the goal (k for top-k, counting 1 a value; top_p * total for top-p,
-// weighing w). Tokens with z = -inf (masked) or w = 0 take no part: they carry no mass. Ties at the nucleus
+// weighing w). Tokens with z = -inf (masked) or w = 0 take no part: they carry no mass; nor do those below the
+// host's bound for the nucleus (`Nucleus`), which sit under the cut whatever it is. Ties at the nucleus
 // cut are kept up to the lowest ids that reach the goal, found by a prefix count over contiguous chunks of
 // the row (a chunk per thread); the pick walks the same chunks after a float64 prefix sum of their mass.
 // Sums are float64 like the host's cumulative sums, in another order: picks can differ from the host's only
@@ -128,14 +129,18 @@ struct Filter {
     }
 };
 
-struct Nucleus {  // the candidates of the top-p cut: what top-k keeps with w > 0, weighing w
+// The candidates of the top-p cut: what top-k keeps with w >= floor (and w > 0), weighing w. Every w below
+// floor = (1 - top_p) * total / n (n: the tokens top-k keeps) together holds less than (1 - top_p) of the mass,
+// so the cut lies among the rest (the host's bound): fewer histogram atomics.
+struct Nucleus {
     Filter f;
+    float floor;
     __device__ bool operator()(int i, unsigned* key, double* weight) const {
         float w;
         const bool kept = f.keeps(i, &w);
         *key = __float_as_uint(w);  // w >= 0: the bits order like the values
         *weight = w;
-        return kept && w > 0.0f;
+        return kept && w > 0.0f && w >= floor;
     }
 };
 
@@ -175,9 +180,12 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, con
     const int chunk = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS, begin = t * chunk, end = min(V, begin + chunk);
     const int k = (int)p[1];
     Filter f{row, false, false, 0u, 0.0f, V, -1.0f};
+    double kept = V;  // tokens top-k keeps
     if (0 < k && k < finite) {  // with k >= the finite z, top-k keeps every token with mass
-        f.kth = radix_select(TopK{row}, V, (double)k).key;
+        const Cut c = radix_select(TopK{row}, V, (double)k);
+        f.kth = c.key;
         f.top_k = true;
+        kept = c.above + c.ties;
     }
     const double top_p = p[2];
     if (top_p < 1.0) {
@@ -186,8 +194,9 @@ extern "C" __global__ void sample_rows_f32(const float* __restrict__ logits, con
             float w;
             mass += f.keeps(i, &w) ? w : 0.0f;
         }
-        const double goal = top_p * (double)(float)block_reduce(mass, Add<double>());  // the host's total is float32
-        const Cut c = radix_select(Nucleus{f}, V, goal);
+        const double total = (float)block_reduce(mass, Add<double>());  // the host's total is float32
+        const double goal = top_p * total;
+        const Cut c = radix_select(Nucleus{f, (float)((1.0 - top_p) * total / kept)}, V, goal);
         f.cut = __uint_as_float(c.key);
         const double need = ceil((goal - c.above) / (double)f.cut);  // ties at the cut that reach the goal
         const int keep_ties = need < 1.0 ? 1 : need > (double)c.ties ? c.ties : (int)need;
