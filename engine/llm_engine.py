@@ -19,7 +19,9 @@ from engine.loader import LoadedModel
 from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
 from engine.model_runner import ModelRunner, SeqInput, kv_bytes_per_block
-from engine.sampling import SampleOutput, SamplerRow, is_plain_greedy, make_rng, sample, sample_greedy
+from engine.sampling import (
+    SampleOutput, SamplerRow, is_plain_greedy, is_single_draw, make_rng, sample, sample_greedy, sample_on_backend,
+)
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.speculative import Drafter, SpecConfig
@@ -206,7 +208,9 @@ class LLMEngine:
         """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error.
 
         `logits` are the runner's, on the backend: masked there; when every sequence is plain greedy only
-        each row's argmax and its logit come back to the host, otherwise the logits do."""
+        each row's argmax and its logit come back to the host; when every sequence takes one token without
+        penalties or bias the backend samples (one uniform a row drawn here) and returns token ids and the
+        logprobs asked for; otherwise the logits come back and are sampled on the host."""
         if not seqs:
             return []
         try:
@@ -220,6 +224,12 @@ class LLMEngine:
                 return _split(sample_greedy(*self.backend.argmax_rows(logits), rows))
             except ValueError:
                 pass  # a row with no usable token: the host path below singles its sequence out
+        elif all(is_single_draw(r) for r in rows):  # sampled on the backend: ids and asked-for logprobs leave it
+            try:
+                return sample_on_backend(self.backend, logits, rows)
+            except Exception as exc:  # the rows' draws are spent: they fail rather than draw again
+                log.exception("sampling failed")
+                return [RuntimeError(f"sampling failed: {exc}")] * len(seqs)
         logits = self.backend.to_numpy(logits)
         try:
             return _split(sample(logits, rows))

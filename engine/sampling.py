@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from engine.types import InvalidRequest, SamplingParams, TokenLogprob
-
-_PICK_BLOCK = 1024  # inverse-CDF search: block sums first, then a cumsum inside one block
-_NUCLEUS_CANDIDATES = 1024  # top-p: first try sorting only this many candidates
-_SELECT_GROUP = 64  # k-th largest value: only the groups holding the top k are partitioned
+from kernels import Backend
+from kernels.row_sampling import _NUCLEUS_CANDIDATES, draw, logprob_rows  # noqa: F401  (test_sampling reads the constant)
+from kernels.row_sampling import kth_largest as _kth_largest  # noqa: F401  (test_sampling reads it here)
 
 
 @dataclass(slots=True)
@@ -164,7 +164,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             p, rng = row.params, row.rng
             tokens = []
             for j in range(counts[i]):
-                t = _draw(scaled[off + j], p, rng)
+                t = draw(scaled[off + j], p.top_k, p.top_p, p.min_p, rng.random())
                 tokens.append(t)
                 if j == len(draft) or t != draft[j]:
                     break
@@ -178,20 +178,10 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
     owners = [i for i, n in enumerate(num_tokens) for _ in range(n)]  # emitted token -> its sequence
     want = [e for e, i in enumerate(owners) if rows[i].params.logprobs is not None]
     if want:
-        raw = logits[[emitted_rows[e] for e in want]]  # a copy, turned into exp(raw - max) in place below
-        chosen = raw[np.arange(len(want)), token_ids[want]].astype(np.float64)
-        alts = [_best(raw[j], rows[owners[e]].params.logprobs) for j, e in enumerate(want)]
-        top = raw.max(axis=1)
-        raw -= top[:, None]
-        np.exp(raw, out=raw)
-        lse = top.astype(np.float64) + np.log(raw.sum(axis=1).astype(np.float64))
-        for j, e in enumerate(want):
-            ids, vals = alts[j]
-            logprobs[e] = TokenLogprob(
-                token_id=int(token_ids[e]),
-                logprob=float(chosen[j] - lse[j]),
-                top=[(int(t), float(v - lse[j])) for t, v in zip(ids, vals.astype(np.float64))],
-            )
+        ks = [rows[owners[e]].params.logprobs for e in want]
+        found = logprob_rows(logits[[emitted_rows[e] for e in want]], token_ids[want], max(ks))
+        for e, lp in zip(want, token_logprobs(token_ids[want], ks, *found)):
+            logprobs[e] = lp
     return SampleOutput(token_ids=token_ids, num_tokens=num_tokens, logprobs=logprobs)
 
 
@@ -220,6 +210,42 @@ def sample_greedy(top: np.ndarray, best: np.ndarray, rows: Sequence[SamplerRow])
         emitted += tokens
         num_tokens.append(len(tokens))
     return SampleOutput(np.asarray(emitted, dtype=np.int64), num_tokens, [None] * len(emitted))
+
+
+def is_single_draw(row: SamplerRow) -> bool:
+    """Whether a row's token depends only on its logits, temperature, top-k/p and min-p, and one uniform when it
+    samples: what a backend's sample_rows computes (no penalties, bias or draft; logprobs come from logprob_rows)."""
+    return not row.draft and not _adjusts(row.params)
+
+
+def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
+    """The sampling table (kernels/row_sampling.py) of `is_single_draw` rows: one draw from the rng of each
+    row with temperature > 0, the draw `sample` would make for it."""
+    return np.array([(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p,
+                      r.rng.random() if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
+
+
+def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow]) -> list[tuple[list[int], list[TokenLogprob] | None] | ValueError]:
+    """`sample` of `is_single_draw` rows by the backend that holds their logits [R, V]: per row its token (and its
+    logprobs when asked), or a ValueError when the row has no usable token. Only token ids and the logprobs
+    asked for leave the backend. Every sampled row's draw is spent, whatever the outcome."""
+    ids = backend.sample_rows(logits, draw_table(rows))
+    want = [j for j, r in enumerate(rows) if r.params.logprobs is not None and ids[j] >= 0]
+    found: dict[int, TokenLogprob] = {}
+    if want:
+        ks = [rows[j].params.logprobs for j in want]
+        lps = token_logprobs(ids[want], ks, *backend.logprob_rows(logits, np.asarray(want, dtype=np.int64), ids[want], max(ks)))
+        found = dict(zip(want, lps))
+    return [([t], [found[j]] if j in found else None) if t >= 0
+            else ValueError(f"sampling failed: logits row {j} has no usable token (NaN, +inf, or every token at -inf)")
+            for j, t in enumerate(ids.tolist())]
+
+
+def token_logprobs(tokens: np.ndarray, ks: list[int], chosen: np.ndarray, ids: np.ndarray, values: np.ndarray) -> list[TokenLogprob]:
+    """TokenLogprobs from what logprob_rows (a backend's, or kernels/row_sampling.py's) found for rows asking
+    for ks[j] alternatives."""
+    return [TokenLogprob(token_id=int(t), logprob=float(c), top=list(zip(i[:k].tolist(), v[:k].tolist())))
+            for t, k, c, i, v in zip(tokens.tolist(), ks, chosen, ids, values)]
 
 
 def _verify_greedy(picks: list[int], draft: Sequence[int]) -> list[int]:
@@ -270,111 +296,3 @@ def _adjust_rows(x: np.ndarray, row: SamplerRow) -> None:
 
 def _raise_bad_row(i: int, value: float) -> None:
     raise ValueError(f"logits row {i} has no usable token (best logit is {value}: NaN, +inf, or every token at -inf)")
-
-
-def _draw(z: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
-    """One token from scaled logits z (max exactly 0) after top-k, top-p and min-p.
-
-    `ids` maps positions in `w` (unnormalized probabilities, max 1) back to token ids;
-    None means w covers the whole vocabulary.
-    """
-    V = z.shape[0]
-    ids: np.ndarray | None = None
-    if 0 < p.top_k < V:
-        # Ties with the k-th value are kept (HF/vLLM semantics), so the set is well defined.
-        ids = np.flatnonzero(z >= _kth_largest(z, p.top_k))
-        w = np.exp(z[ids])
-    else:
-        w = np.exp(z)
-    if p.top_p < 1.0:
-        keep = _nucleus(w, p.top_p)
-        ids = keep if ids is None else ids[keep]
-        w = w[keep]
-    if p.min_p > 0.0:
-        keep = np.flatnonzero(w >= np.float32(p.min_p))  # w is prob / max prob; the top token has w == 1
-        ids = keep if ids is None else ids[keep]
-        w = w[keep]
-    j = _pick(w, rng.random())
-    return j if ids is None else int(ids[j])
-
-
-def _nucleus(w: np.ndarray, top_p: float) -> np.ndarray:
-    """Positions (ascending) of the smallest set of largest w holding >= top_p of the mass.
-
-    Only the cut-off value is needed, so this sorts values (not indices) of a candidate set:
-    every w below (1 - top_p) * total / n together holds less than (1 - top_p) of the mass,
-    so the nucleus lies among the rest. Ties at the cut-off go to the lower positions.
-    """
-    n = w.shape[0]
-    total = float(w.sum())  # float32 pairwise summation: ~1e-7 relative, and twice as fast
-    target = top_p * total
-    cand = np.flatnonzero(w >= np.float32((1.0 - top_p) * total / n))
-    wc = w[cand]
-    if cand.shape[0] > _NUCLEUS_CANDIDATES:  # often the nucleus is far smaller: try the top ones
-        kth = np.partition(wc, wc.shape[0] - _NUCLEUS_CANDIDATES)[wc.shape[0] - _NUCLEUS_CANDIDATES]
-        top = wc >= kth
-        if wc[top].sum(dtype=np.float64) >= target:
-            cand, wc = cand[top], wc[top]
-    desc = np.sort(wc)[::-1]
-    cs = np.cumsum(desc, dtype=np.float64)
-    count = min(int(np.searchsorted(cs, target, side="left")) + 1, desc.shape[0])
-    cut = desc[count - 1]
-    at_cut = wc == cut
-    keep = (wc > cut) | (at_cut & (np.cumsum(at_cut) <= count - int(np.count_nonzero(wc > cut))))
-    return cand[keep]
-
-
-def _kth_largest(x: np.ndarray, k: int) -> np.float32:
-    """The k-th largest value of x (1 <= k <= len(x)) without partitioning all of x.
-
-    x is split into column groups (x[j], x[j + m], x[j + 2m], ...). The k largest group
-    maxima are k elements of x, so the k-th largest value v is at least the k-th largest
-    group maximum b, and every element >= v lies in a group whose maximum is >= b.
-    """
-    n = x.shape[0]
-    m = n // _SELECT_GROUP  # number of groups; reducing over axis 0 keeps the max vectorized
-    if m < 4 * k:
-        return np.partition(x, n - k)[n - k]
-    cols = x[: m * _SELECT_GROUP].reshape(_SELECT_GROUP, m)
-    gmax = cols.max(axis=0)
-    cand = cols[:, gmax >= np.partition(gmax, m - k)[m - k]].ravel()
-    if n > m * _SELECT_GROUP:
-        cand = np.concatenate([cand, x[m * _SELECT_GROUP :]])
-    return np.partition(cand, cand.shape[0] - k)[cand.shape[0] - k]
-
-
-def _pick(w: np.ndarray, u: float) -> int:
-    """Position j with probability w[j] / sum(w), by inverse CDF at u in [0, 1)."""
-    n = w.shape[0]
-    if n <= _PICK_BLOCK:
-        cs = np.cumsum(w, dtype=np.float64)
-        return _search(cs, u * cs[-1])
-    # Two levels, so no cumsum over the whole vocabulary: find the block, then the token.
-    nb = n // _PICK_BLOCK
-    sums = w[: nb * _PICK_BLOCK].reshape(nb, _PICK_BLOCK).sum(axis=1)
-    if n > nb * _PICK_BLOCK:
-        sums = np.append(sums, w[nb * _PICK_BLOCK :].sum())
-    cs = np.cumsum(sums, dtype=np.float64)
-    target = u * cs[-1]
-    b = _search(cs, target)
-    start = b * _PICK_BLOCK
-    inner = np.cumsum(w[start : start + _PICK_BLOCK], dtype=np.float64)
-    return start + _search(inner, max(target - (cs[b - 1] if b else 0.0), 0.0))
-
-
-def _search(cs: np.ndarray, target: float) -> int:
-    """Index j with cs[j-1] <= target < cs[j] in a cumulative sum; never a zero-mass j."""
-    j = int(np.searchsorted(cs, target, side="right"))
-    if j >= cs.shape[0]:  # target reached the total through rounding: last position with mass
-        j = int(np.searchsorted(cs, cs[-1], side="left"))
-    return j
-
-
-def _best(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ids and values of the k largest raw logits, best first, ties by lower id."""
-    k = min(k, raw.shape[0])
-    if k == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=raw.dtype)
-    cand = np.flatnonzero(raw >= _kth_largest(raw, k))
-    cand = cand[np.lexsort((cand, -raw[cand]))[:k]]
-    return cand, raw[cand]

@@ -16,6 +16,8 @@ GEMV_MAX_ROWS = 32
 PA_WARPS = 4
 PA_ROWS = 4
 PA_MAX_DH = 256
+# sample.cu: threads of the one block that samples a row.
+SAMPLE_THREADS = 512
 # Threads per block of the row-wise and elementwise kernels.
 ROW_THREADS = 256
 # Grid-stride kernels never need more blocks than this to fill a GPU.

@@ -25,9 +25,10 @@ import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
 from kernels.cuda_launch import (
-    GEMV_MAX_ROWS, PA_MAX_DH, PA_WARPS, ROW_THREADS, attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads,
+    GEMV_MAX_ROWS, PA_MAX_DH, PA_WARPS, ROW_THREADS, SAMPLE_THREADS, attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads,
 )
 from kernels.device_weight import QUANTIZED, DeviceWeight, device_layout
+from kernels.row_sampling import TABLE
 from kernels.weight import Weight
 
 CUDA_DIR = Path(__file__).with_name("cuda")
@@ -41,6 +42,7 @@ KERNELS = {
     "gemv_q4": "gemv.cu", "gemv_q8": "gemv.cu",
     "paged_attention_decode_f16": "paged_attention.cu", "paged_attention_prefill_f16": "paged_attention.cu",
     "apply_token_bitmask_f32": "token_bitmask.cu",
+    "sample_rows_f32": "sample.cu", "logprobs_f32": "logprobs.cu",
 }
 # float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
 PANEL_VALUES = 1 << 24
@@ -341,6 +343,37 @@ class CupyBackend:
         """[T, V] -> host (int64 [T] first maximum per row, float32 [T] its logit): all that greedy
         sampling copies back."""
         return self.to_numpy(self._cp.argmax(logits, axis=-1)), self.to_numpy(logits.max(axis=-1))
+
+    def sample_rows(self, logits: Any, table: np.ndarray) -> np.ndarray:
+        """Each row's token (host int64 [R], -1 where a row has no usable token) from device logits [R, V] and a
+        host sampling table (kernels/row_sampling.py), sampled on the device (sample.cu): the table goes up and
+        the ids come back, the logits stay."""
+        if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
+            raise ValueError(f"sample_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+        R, V = logits.shape
+        if table.shape != (R, len(TABLE)) or table.dtype != np.float64:
+            raise ValueError(f"sample_rows: table must be float64 [{R}, {len(TABLE)}], got {table.dtype} {table.shape}")
+        out = self._cp.empty(R, dtype=np.int64)
+        if R:
+            self._kernel("sample_rows_f32")(
+                (R,), (SAMPLE_THREADS,), (logits, self.asarray(table), out, np.int32(V), np.int64(logits.strides[0] // 4)))
+        return self.to_numpy(out)
+
+    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Log-softmax of device logits rows `rows` (host int64 [W]) at `tokens` (int64 [W]) and at their min(n, V)
+        best tokens (logprobs.cu), on the host: float64 [W], ids int64 [W, n], float64 [W, n]."""
+        if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
+            raise ValueError(f"logprob_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+        W, V = rows.shape[0], logits.shape[1]
+        if tokens.shape != (W,):
+            raise ValueError(f"logprob_rows: {tokens.shape} tokens for {W} rows")
+        n, cp = min(n, V), self._cp
+        chosen, ids, values = cp.empty(W, np.float64), cp.empty((W, n), np.int64), cp.empty((W, n), np.float64)
+        if W:
+            self._kernel("logprobs_f32")(
+                (W,), (ROW_THREADS,), (logits, self.asarray(rows, np.int64), self.asarray(tokens, np.int64), chosen, ids, values,
+                                       np.int32(n), np.int32(V), np.int64(logits.strides[0] // 4)))
+        return self.to_numpy(chosen), self.to_numpy(ids), self.to_numpy(values)
 
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
         """Set device logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W], host or

@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
+from kernels.row_sampling import logprob_rows, sample_rows
 from kernels.weight import Weight
 
 # Softmax scratch per prefill tile is bounded to about this many float32 scores.
@@ -168,6 +169,15 @@ class NumpyBackend:
         """[T, V] -> (int64 [T] first maximum per row, [T] its logit; NaN where the row has one)."""
         ids = np.argmax(logits, axis=-1)
         return ids, logits[np.arange(logits.shape[0]), ids]
+
+    def sample_rows(self, logits: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """Each row's token (int64 [R], -1 where a row has no usable token) from logits [R, V] and a sampling
+        table (kernels/row_sampling.py: temperature, top-k, top-p, min-p and the row's uniform)."""
+        return sample_rows(np.asarray(logits, dtype=np.float32), table)
+
+    def logprob_rows(self, logits: np.ndarray, rows: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Log-softmax of logits rows `rows` at `tokens` and at their n best tokens (kernels/row_sampling.py)."""
+        return logprob_rows(np.asarray(logits, dtype=np.float32)[rows], tokens, n)
 
     def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray) -> None:
         """Set logits [R, V] to -inf where bit (v % 32) of bitmask[r, v // 32] (int32 [R, W]) is 0, in place."""

@@ -2,24 +2,6 @@
 // One thread block per row; blockDim.x must be a multiple of 32 (at most 1024).
 #include "common.cuh"
 
-// Sum of v over the whole block; every thread gets the result.
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        const int num_warps = (blockDim.x + 31) >> 5;
-        float s = lane < num_warps ? partial[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
-
 // out = x / sqrt(mean(x^2) + eps) * weight
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ weight,
                                         float* __restrict__ out, int D, float eps) {
@@ -31,7 +13,7 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
         const float v = xr[i];
         ss += v * v;
     }
-    ss = block_sum(ss);
+    ss = block_reduce(ss, Add<float>());
     const float denom = sqrtf(ss * (1.0f / (float)D) + eps);
     for (int i = threadIdx.x; i < D; i += blockDim.x) outr[i] = xr[i] / denom * weight[i];
 }
@@ -49,7 +31,7 @@ extern "C" __global__ void add_rms_norm_f32(const float* __restrict__ x, float* 
         rr[i] = v;
         ss += v * v;
     }
-    ss = block_sum(ss);
+    ss = block_reduce(ss, Add<float>());
     const float denom = sqrtf(ss * (1.0f / (float)D) + eps);
     for (int i = threadIdx.x; i < D; i += blockDim.x) outr[i] = rr[i] / denom * weight[i];
 }

@@ -22,7 +22,7 @@ import numpy as np
 
 import _cuda_on_cpu
 
-POINTEE = {"float": np.float32, "__half": np.float16, "int": np.int32, "long long": np.int64,
+POINTEE = {"float": np.float32, "double": np.float64, "__half": np.float16, "int": np.int32, "long long": np.int64,
            "unsigned char": np.uint8, "signed char": np.int8}
 SCALAR = {"int": np.int32, "long long": np.int64, "float": np.float32}
 

@@ -21,12 +21,15 @@ from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CP
     test_embedding_rows_are_bit_equal_to_gguf_py,
     test_linear_over_every_block_type,
     test_linear_over_float_weights,
+    test_logprob_rows_match_the_host,
     test_paged_attention,
     test_panels_cover_a_weight_larger_than_one,
     test_rms_norm,
     test_rope_contiguous_and_strided_view,
     test_rope_cos_sin_with_llama3_scaling,
     test_rope_write_kv_rotates_q_and_writes_float16_k_v,
+    test_sample_rows_over_a_full_vocabulary_of_strided_rows,
+    test_sample_rows_picks_what_the_host_sampler_picks,
     test_silu_mul,
     test_tiny_model_logits_match_numpy,
     test_write_kv_float16,
@@ -94,3 +97,47 @@ def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(gpu, 
         diverged = greedy_divergence(models[1], prompt, got, want)
         assert diverged is None or diverged[1] < 0.01, diverged
     assert "CUDA graph capture failed" in caplog.text
+
+
+def test_the_engine_samples_on_the_device_what_the_host_path_samples(gpu, tmp_path, monkeypatch):
+    """Seeded sampled requests (temperature, top-k, top-p, min-p, logprobs; one greedy beside them; no drafts) on a
+    tiny model: through the backend's sample_rows and logprob_rows only token ids and logprobs leave the device,
+    and they equal what the same engine samples on the host from copied logits (is_single_draw forced off), so
+    each sequence's rng is used the same way."""
+    from _gguf_helpers import write_tiny_pair
+    from engine import llm_engine
+    from engine.llm_engine import EngineConfig, LLMEngine
+    from engine.loader import load_model
+    from engine.model.llama import LlamaModel
+    from engine.types import GenerationRequest, SamplingParams
+    from engine_helpers import run_all
+
+    loaded = load_model(write_tiny_pair(tmp_path, "llama", dtype="F16")[1])
+    model = LlamaModel(loaded.config, loaded.weights, gpu)
+    settings = [dict(temperature=1.3), dict(temperature=0.8, top_k=20, logprobs=3), dict(temperature=1.0, top_p=0.9),
+                dict(temperature=1.7, top_k=40, top_p=0.8, min_p=0.05), dict(temperature=0.0, logprobs=0)]
+    copied = []
+
+    def run() -> list:
+        reqs = [GenerationRequest([5, 17, 42 + i, 8], SamplingParams(max_tokens=6, seed=100 + i, ignore_eos=True,
+                                                                     speculative="off", **s),
+                                  request_id=f"r{i}") for i, s in enumerate(settings)]
+        core = LLMEngine(loaded, model, EngineConfig(kv_memory=1 << 20, cuda_graphs=False))
+        out = run_all(core, reqs)
+        return [(out[f"r{i}"].token_ids, [(lp.token_id, lp.logprob, [t for t, _ in lp.top]) for lp in out[f"r{i}"].logprobs])
+                for i in range(len(settings))]
+
+    real_to_numpy = gpu.to_numpy
+    monkeypatch.setattr(gpu, "to_numpy", lambda a: copied.append(a.shape) or real_to_numpy(a))
+    before = len(gpu.xp.launches)
+    on_device = run()
+    assert "sample_rows_f32" in [launch.kernel for launch in gpu.xp.launches[before:]]
+    assert copied and all(shape[-1:] != (loaded.config.vocab_size,) for shape in copied)  # ids, never logits
+    monkeypatch.setattr(llm_engine, "is_single_draw", lambda row: False)
+    on_host = run()
+    assert [ids for ids, _ in on_host] == [ids for ids, _ in on_device]
+    assert [len(lps) for _, lps in on_device] == [0, 6, 0, 0, 6]
+    for (_, host_lps), (_, device_lps) in zip(on_host, on_device):
+        for (token, lp, top), (d_token, d_lp, d_top) in zip(host_lps, device_lps):
+            assert (token, top) == (d_token, d_top) and lp == pytest.approx(d_lp, abs=1e-5)
+    assert any(shape[-1:] == (loaded.config.vocab_size,) for shape in copied)

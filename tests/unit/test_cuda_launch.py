@@ -12,15 +12,22 @@ from kernels import cuda_launch
 from kernels.cuda_launch import attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads
 from kernels.device_weight import F16_MAX, device_layout
 from kernels.nvrtc import CUDA_DIR
+from kernels.row_sampling import TABLE
 from kernels.weight import Weight
 
 
 @pytest.mark.parametrize("file,names", [("gemv.cu", ["GEMV_WARPS", "GEMV_ROWS"]),
-                                        ("paged_attention.cu", ["PA_WARPS", "PA_ROWS", "PA_MAX_DH"])])
+                                        ("paged_attention.cu", ["PA_WARPS", "PA_ROWS", "PA_MAX_DH"]),
+                                        ("sample.cu", ["SAMPLE_THREADS"])])
 def test_host_constants_match_the_kernel_sources(file, names):
     defines = dict(re.findall(r"^#define (\w+) (\d+)", (CUDA_DIR / file).read_text(), re.M))
     for name in names:
         assert int(defines[name]) == getattr(cuda_launch, name), name
+
+
+def test_the_sampling_table_has_the_columns_the_kernel_reads():
+    defines = dict(re.findall(r"^#define (\w+) (\d+)", (CUDA_DIR / "sample.cu").read_text(), re.M))
+    assert int(defines["SAMPLE_COLUMNS"]) == len(TABLE)
 
 
 @pytest.mark.parametrize("n_out,n_rows", [(1, 1), (70, 1), (576, 8), (49152, 9), (3, 32)])

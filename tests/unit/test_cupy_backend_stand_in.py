@@ -65,6 +65,10 @@ def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
     ids, values = gpu.argmax_rows(f32(3, 10))
     assert ids.shape == values.shape == (3,) and isinstance(ids, np.ndarray)
     gpu.apply_token_bitmask(f32(3, 10), np.zeros((3, 1), np.int32))
+    ids = gpu.sample_rows(f32(3, 10), np.array([[1.0, 0, 1.0, 0.0, 0.5]] * 3))
+    assert ids.shape == (3,) and isinstance(ids, np.ndarray) and ids.dtype == np.int64
+    chosen, top_ids, top = gpu.logprob_rows(f32(3, 10), np.array([0, 2]), np.array([4, 9]), 20)
+    assert chosen.shape == (2,) and top_ids.shape == top.shape == (2, 10) and isinstance(top, np.ndarray)
     assert set(launched(cp)) == set(KERNELS)
 
 

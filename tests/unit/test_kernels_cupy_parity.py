@@ -178,6 +178,86 @@ def test_argmax_takes_the_first_maximum(gpu, cpu, rng):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def _sampling_rows(rng: np.random.Generator, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logits [R, V] and their sampling table: every top_k (1, 40, V) x top_p (0.1, 0.9, 1.0) x temperature
+    (0.3, 1, 1.7) on fresh random logits, min-p on some, then rows the selects find hard: ties at the k-th
+    value and at the nucleus cut, a vocabulary masked to a few tokens, all mass in one token, a tiny
+    temperature, greedy with a tied maximum, u at the ends of [0, 1), and rows with no usable token."""
+    rows, table = [], []
+
+    def add(x, temperature, top_k, top_p, min_p=0.0, u=None):
+        rows.append(np.asarray(x, dtype=np.float32))
+        table.append((temperature, top_k, top_p, min_p, rng.random() if u is None else u))
+
+    for k in (1, 40, V):
+        for p in (0.1, 0.9, 1.0):
+            for t in (0.3, 1.0, 1.7):
+                add(rng.standard_normal(V) * 3, t, k, p, min_p=float(rng.choice([0.0, 0.05])))
+    ties = rng.integers(-4, 2, V).astype(np.float32)  # thousands of equal values at every level
+    for k, p in ((40, 1.0), (0, 0.9), (0, 0.5), (40, 0.3), (V // 2, 0.95)):
+        add(ties, 1.0, k, p)
+    masked = rng.standard_normal(V) * 2
+    masked[rng.random(V) < 0.98] = -np.inf  # as apply_token_bitmask leaves a constrained row
+    add(masked, 1.0, 40, 0.9)
+    add(masked, 0.7, 0, 1.0, min_p=0.1)
+    add(masked, 1.0, V - 1, 0.99)
+    one = np.full(V, -1e4)
+    one[V // 3] = 5.0  # exp underflows to 0 for every other token
+    add(one, 1.0, 0, 0.5)
+    add(one, 1.0, 40, 1.0)
+    add(rng.standard_normal(V), 1e-6, 0, 1.0)  # a tiny temperature: z is -inf but at the maximum
+    add(rng.standard_normal(V), 1.3, 0, 0.8, u=0.0)
+    add(rng.standard_normal(V), 1.3, 7, 1.0, u=float(np.nextafter(1.0, 0.0)))
+    greedy = rng.standard_normal(V)
+    greedy[[5, V - 2]] = 9.0
+    add(greedy, 0.0, 0, 1.0)
+    greedy = greedy.copy()
+    greedy[[7, 9]] = np.inf  # greedy takes the first +inf, as the host's argmax does; sampling cannot
+    add(greedy, 0.0, 0, 1.0)
+    for bad in (np.nan, np.inf):
+        x = rng.standard_normal(V)
+        x[V // 2] = bad
+        add(x, 1.0, 0, 1.0)
+    add(np.full(V, -np.inf), 1.0, 0, 1.0)
+    return np.stack(rows), np.asarray(table, dtype=np.float64)
+
+
+@pytest.mark.parametrize("V", [1000, 4099])  # 2 and 9 values a thread, the last chunk ragged
+def test_sample_rows_picks_what_the_host_sampler_picks(gpu, cpu, rng, V):
+    """Same logits, params and uniforms: the same token ids as the host (kernels/row_sampling.py, which
+    engine/sampling.py draws with), -1 where a row has no usable token."""
+    for _ in range(3):
+        logits, table = _sampling_rows(rng, V)
+        want = cpu.sample_rows(logits, table)
+        assert want[-3:].tolist() == [-1, -1, -1] and (want[:-3] >= 0).all()
+        np.testing.assert_array_equal(gpu.sample_rows(gpu.asarray(logits), table), want)
+
+
+def test_sample_rows_over_a_full_vocabulary_of_strided_rows(gpu, cpu, rng):
+    V = 49152
+    logits = (rng.standard_normal((3, V + 16)) * 4).astype(np.float32)
+    table = np.array([(0.8, 0, 0.9, 0.0, 0.3), (1.0, 50, 0.95, 0.05, 0.7), (1.5, 0, 1.0, 0.0, 0.99)])
+    got = gpu.sample_rows(gpu.asarray(logits)[:, :V], table)  # rows of a wider matrix
+    np.testing.assert_array_equal(got, cpu.sample_rows(logits[:, :V], table))
+
+
+@pytest.mark.parametrize("n", [0, 5, 20])
+def test_logprob_rows_match_the_host(gpu, cpu, rng, n):
+    """Chosen and top-n logprobs of some rows of a wider matrix: ids equal (ties to the lower id, -inf entries
+    ranked last), values to float64 rounding of float32 sums."""
+    V = 3001
+    logits = (rng.standard_normal((6, V + 7)) * 3).astype(np.float32)
+    logits[1, [10, 400, 2000]] = 9.0  # a tie at the top
+    logits[3] = np.round(logits[3])  # ties everywhere
+    logits[4, 5:] = -np.inf  # fewer usable tokens than n
+    rows, tokens = np.array([5, 1, 3, 4, 0]), np.array([0, 400, 17, 2, V - 1])
+    got = gpu.logprob_rows(gpu.asarray(logits)[:, :V], rows, tokens, n)
+    want = cpu.logprob_rows(logits[:, :V], rows, tokens, n)
+    np.testing.assert_array_equal(got[1], want[1])
+    for g, w in ((got[0], want[0]), (got[2], want[2])):
+        np.testing.assert_allclose(g, w, rtol=RTOL_SUM, atol=ATOL_SUM)
+
+
 # ---- weights: embedding and linear -----------------------------------------------------
 
 @pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)

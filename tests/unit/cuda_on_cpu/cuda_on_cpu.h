@@ -193,3 +193,8 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) { return emu::shuffle(v, (emu::l
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+// One thread runs at a time and none yields inside: a plain read-modify-write is atomic.
+template <typename T>
+T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
