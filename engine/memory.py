@@ -26,8 +26,9 @@ def share_one_arena() -> None:
     glibc gives each thread that allocates an arena of its own, and memory freed in one arena is
     only reused by the threads of that arena: the step thread, the GEMM workers and the threads
     that compile structured-output grammars would each grow a heap beside the main thread's, which
-    holds what loading freed (measured: 30 MB more at the peak of `forge bench --quick`). Almost every
-    allocation here (NumPy's) happens under the GIL, so one arena adds no lock contention.
+    holds what loading freed (measured: 30 MB more at the peak of `forge bench --quick`). NumPy
+    allocates under the GIL anyway; the only allocations from parallel threads, the attention
+    kernels' scratch per work item, now share the arena's lock.
     """
     if (libc := _libc()) is not None:
         libc.mallopt(_M_ARENA_MAX, 1)

@@ -110,7 +110,7 @@ def main() -> None:
             run_bench(state["engine"], as_json=True, quick=True)
 
     stages = [("start", lambda: None), ("imports (engine, numba)", imports), ("GGUF read + split", read),
-              ("backend", backend), ("kernels (cached)", kernels), ("weights prepared", prepare),
+              ("backend", backend), ("kernels ready", kernels), ("weights prepared", prepare),
               (f"KV cache ({args.kv_memory})", kv)]
     if not args.no_workload:
         stages.append(("bench --quick workload", workload))
