@@ -75,8 +75,7 @@ def main() -> None:
         from engine.loader import load_model
         from engine.memory import share_one_arena
 
-        share_one_arena()
-
+        share_one_arena()  # as Engine.load does first
         state["loaded"] = load_model(args.model)
 
     def backend() -> None:
