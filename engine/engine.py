@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import logging
 import os
 import queue
@@ -24,6 +23,7 @@ from threadpoolctl import threadpool_limits
 from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
+from engine.memory import share_one_arena
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
@@ -43,14 +43,6 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise ValueError(f"cannot read {text!r} as a size (e.g. 512MiB, 1GiB)")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-
-
-def _return_freed_memory() -> None:
-    """Give the heap freed by loading (unfused weight parts, temporaries) back to the OS (glibc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 @dataclass(slots=True)
@@ -152,6 +144,7 @@ class Engine:
 
         # an unusable choice fails here, before the weights load
         check_activations(activations, resolve_backend(backend)[0])
+        share_one_arena()
         loaded = load_model(model, quantize=quantize)
         be = get_backend(backend, threads, activations)
         if progress:
@@ -166,7 +159,6 @@ class Engine:
             be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
             say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
-        _return_freed_memory()
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
                               SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
+from engine.memory import return_freed_memory
 from engine.model.rope import rope_inv_freq
 from kernels.attention_meta import AttentionMetadata
 from kernels.weight import Weight, concat_rows
@@ -36,8 +37,9 @@ class LlamaModel:
 
     def __init__(self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False) -> None:
         """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32
-        vectors otherwise. `take=True` pops each one from the dict once prepared, so that the
-        unfused parts can be freed while the rest is still being prepared (lower peak memory)."""
+        vectors otherwise. `take=True` pops each one from the dict once prepared and gives the memory
+        it held back to the OS after each layer, so that the loader's arrays and the backend's
+        copies are never all resident together (lower peak memory)."""
         self.config, self.backend = config, backend
         be = backend
         self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
@@ -60,12 +62,17 @@ class LlamaModel:
                     down=be.prepare_linear(w("down")),
                 )
             )
+            if take:
+                return_freed_memory()
         embed = get("embed")
         self.embed = be.prepare_embedding(embed)
         self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else get("lm_head"))
+        del embed
         self.final_norm = be.asarray(get("final_norm"))
         self.inv_freq = be.asarray(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
+        if take:
+            return_freed_memory()
 
     def forward(
         self,

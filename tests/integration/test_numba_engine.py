@@ -121,13 +121,15 @@ def test_thread_count_is_honoured_and_capped(threads):
     assert be.threads == min(threads, numba.config.NUMBA_NUM_THREADS)
 
 
-def test_the_loaded_model_keeps_no_original_quantized_arrays():
-    """With take=True the backend's blocked copies replace the loader's arrays, which are freed."""
+def test_the_loaded_model_keeps_no_original_quantized_arrays(monkeypatch):
+    """With take=True the backend's blocked copies replace the loader's arrays, which are freed layer
+    by layer: each time the model gives freed memory back to the OS, the layers prepared so far hold
+    none of the loader's arrays any more (so they are never all resident beside the copies)."""
     import gc
     import weakref
 
     from engine.loader import load_model
-    from engine.model.llama import LlamaModel
+    from engine.model import llama
     from kernels.weight import Weight
 
     loaded = load_model("default")  # a fresh copy: the session's one is shared
@@ -135,9 +137,15 @@ def test_the_loaded_model_keeps_no_original_quantized_arrays():
     quantized = [w for w in weights.values() if isinstance(w, Weight) and w.kind in ("q4", "q8")]
     loaded_bytes = sum(w.nbytes for w in quantized)
     refs = [weakref.ref(w.data) for w in quantized]
+    layer_refs = [[weakref.ref(weights[f"layers.{i}.{name}"].data) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+                  for i in range(config.num_layers)]
     del quantized
-    model = LlamaModel(config, weights, NumbaBackend(threads=1), take=True)
+    alive_at_trims = []  # per trim: how many of the layers before it still hold a loader array
+    monkeypatch.setattr(llama, "return_freed_memory", lambda: alive_at_trims.append(
+        sum(any(r() is not None for r in layer) for layer in layer_refs[: len(alive_at_trims) + 1])))
+    model = llama.LlamaModel(config, weights, NumbaBackend(threads=1), take=True)
     gc.collect()
+    assert alive_at_trims == [0] * (config.num_layers + 1)  # one trim a layer, one after the embedding
     assert len(refs) > 200 and not weights
     assert sum(r() is not None for r in refs) == 0
     held = sum(lin.blocked.nbytes for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
