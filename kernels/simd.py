@@ -169,6 +169,126 @@ def _q8_i8(builder, qp):
     return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf)
 
 
+def _q4_pair_i8(builder, qp, xb):
+    """Two rows' packed 4-bit groups (32 bytes at qp, row A then row B) times 64 int8 activations
+    laid out [x0..15, x0..15, x16..31, x16..31] -> <8 x i32>: lanes 0-3 row A's sums, 4-7 row B's.
+    The two vpmaddubsw results are added as int16 before vpmaddwd: |sum| <= 4 * 15 * 127 < 2^15."""
+    v32 = ir.VectorType(_i8, 32)
+    b = _load(builder, builder.bitcast(qp, v32.as_pointer()))
+    lo = builder.and_(b, ir.Constant(v32, [15] * 32))
+    hi = builder.lshr(b, ir.Constant(v32, [4] * 32))
+    xa = _load_x8(builder, xb)
+    xh = _load_x8(builder, builder.gep(xb, [ir.Constant(_i32, 32)]))
+    if target_has("avx2"):
+        v16 = ir.VectorType(_i16, 16)
+        p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
+                        _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p, ir.Constant(v16, [1] * 16)])
+    wide = ir.VectorType(_i32, 32)
+    prod = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
+                       builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)))
+    return _sum4(builder, prod)
+
+
+def _flat_ptr(context, builder, aryty, ary, idx):
+    return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
+
+
+@intrinsic
+def q4_pair_i8(typingctx, q, qi, x2, xi):
+    """Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 activations in pair layout
+    (64 bytes at x2[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of exact int sums, lanes 0-3
+    row A's, lanes 4-7 row B's (not yet reduced, not yet scaled)."""
+    _check_flat(q, x2)
+
+    def codegen(context, builder, sig, args):
+        qa, qi_, xa, xi_ = args
+        sums = _q4_pair_i8(builder, _flat_ptr(context, builder, q, qa, qi_), _flat_ptr(context, builder, x2, xa, xi_))
+        return builder.sitofp(sums, _vf)
+
+    return F32x8(q, qi, x2, xi), codegen
+
+
+@intrinsic
+def pair_scales(typingctx, scale, si, d):
+    """scale[si : si + 4] times d as two F32x8: (s0 x4, s1 x4) and (s2 x4, s3 x4), the per-lane
+    scales of `q4_pair_i8`'s results for rows 0|1 and 2|3 of a block."""
+    _check_flat(scale)
+    if scale.dtype != types.float32 or d != types.float32:
+        return None
+    ret = types.UniTuple(F32x8, 2)
+
+    def codegen(context, builder, sig, args):
+        sa, si_, d_ = args
+        v4 = ir.VectorType(_f32, 4)
+        s4 = _load(builder, builder.bitcast(_flat_ptr(context, builder, scale, sa, si_), v4.as_pointer()))
+        s4 = builder.fmul(s4, _splat(builder, d_, v4))
+        outs = [builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 8), [a] * 4 + [a + 1] * 4)) for a in (0, 2)]
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(scale, si, d), codegen
+
+
+@intrinsic
+def vload(typingctx, a, i):
+    """a[i : i + 8] (float32) as F32x8."""
+    _check_flat(a)
+    if a.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        return _load(builder, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), _vf.as_pointer()))
+
+    return F32x8(a, i), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, acc):
+    """acc + a * b, lane by lane (F32x8)."""
+    if not (a == b == acc == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _fmuladd(builder, *args)
+
+    return F32x8(a, b, acc), codegen
+
+
+@intrinsic
+def hsum_halves(typingctx, v):
+    """(sum of lanes 0-3, sum of lanes 4-7) of an F32x8 (float32)."""
+    if v != F32x8:
+        return None
+    ret = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        (x,) = args
+        outs = []
+        for h in (0, 4):
+            q = _slice(builder, x, h, 4)
+            q = builder.fadd(_slice(builder, q, 0, 2), _slice(builder, q, 2, 2))
+            outs.append(builder.fadd(builder.extract_element(q, ir.Constant(_i32, 0)), builder.extract_element(q, ir.Constant(_i32, 1))))
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(v), codegen
+
+
+@intrinsic
+def fold4(typingctx, v):
+    """(lane k + lane k + 4 for k = 0..3) of an F32x8 (float32)."""
+    if v != F32x8:
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        (x,) = args
+        s = builder.fadd(_slice(builder, x, 0, 4), _slice(builder, x, 4, 4))
+        return context.make_tuple(builder, ret, [builder.extract_element(s, ir.Constant(_i32, k)) for k in range(4)])
+
+    return ret(v), codegen
+
+
 def _blocks(name, unpack, doc):
     """A group block for one activation row and its tile form for several: the weight group is
     unpacked once and dotted with every row of the tile.
