@@ -36,16 +36,18 @@ from kernels.simd import (fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_do
                           q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, vfma, vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
-# Work per parallel item, in (4-row block, group, activation row) units: ~40 blocks of a 576-wide
-# matrix for one row. Each item costs ~0.4 us to hand out (measured single-thread: 8 blocks an
-# item spent up to half a q8 product's time there); fewer, larger items balance less finely.
-CHUNK_WORK = 768
+# Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
+# number of activation rows. An item costs ~0.4 us to hand out and a few calls per row or tile:
+# at 8 blocks an item (the former size) that was up to half a one-row int8 product's time, and
+# items sized down for many rows made 32-row products ~1.4x slower per row. Fewer, larger items
+# balance less finely between threads.
+CHUNK_GROUPS = 768
 
 
 @njit(**JIT)
-def _chunk_blocks(ng, T):
+def _chunk_blocks(ng):
     """Row blocks per parallel work item."""
-    return max(1, CHUNK_WORK // (ng * T))
+    return max(1, CHUNK_GROUPS // ng)
 
 
 @njit(**JIT)
@@ -318,7 +320,7 @@ def matvec_q4(q, scale, minv, x, out):
     group_sums(x, 32, xsum)
     xs4, xf = spread4(xsum), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, T)
+    cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
@@ -334,7 +336,7 @@ def matvec_q8(q, scale, minv, G, x, out):
         group_sums(x, G, xsum)
     xs4, xf = spread4(xsum), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, T)
+    cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
@@ -353,7 +355,7 @@ def matvec_i8(q, scale, minv, is_q4, x, out):
     xs4, xdf = spread4(xsum), xd.reshape(T * ng)
     xqf = pair_layout(xq) if is_q4 else xq.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, T)
+    cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
         _i8_chunk(q, scale, minv, is_q4, xqf, T, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
