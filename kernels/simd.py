@@ -10,15 +10,21 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32(q, qi, x, xi)`: 16 bytes of packed nibbles (value j low, value j + 16 high) times
   32 float32 activations -> F32x8 partial sums (not yet reduced, not yet scaled)
 - `q8_dot16`, `q8_dot32`: 16 / 32 int8 values times float32 activations -> F32x8
-- `q4_dot32_i8(q, qi, xq, xi)`, `q8_dot32_i8`: the same groups times 32 int8-quantized
-  activations, as exact int32 sums per lane converted to F32x8; AVX2 `vpmaddubsw`/`vpmaddwd`
-  where the compile target has AVX2, plain vector IR (LLVM lowers it for any x86-64) otherwise.
-  Neither saturates: |weight| <= 128, |activation| <= 127, so a pair sum stays below 2^15.
+- `q8_dot32_i8(q, qi, xq, xi)`: the same group times 32 int8-quantized activations, as exact
+  int32 sums per lane converted to F32x8.
+- `q4_pair_i8(q, qi, x2, xi)`: two rows' packed 4-bit groups (32 bytes: the layout's rows 0|1 or
+  2|3 of a block) times int8 activations in pair layout ([x0..15, x0..15, x16..31, x16..31]), one
+  vector for both rows: lanes 0-3 row A's exact sums, 4-7 row B's. Half the instructions of one
+  row at a time; `pair_scales(scale, si, d)` gives the matching per-lane scales.
+  The int8 blocks use AVX2 `vpmaddubsw`/`vpmaddwd` where the compile target has AVX2, plain vector
+  IR (LLVM lowers it for any x86-64) otherwise. Neither saturates: |weight| <= 128,
+  |activation| <= 127, so a pair sum stays below 2^15 (the q4 pair adds two: 4 * 15 * 127).
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
-- `vzero()`, `vzero_tile(rows)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples),
-  `hsum(v)`.
+- `vzero()`, `vzero_tile(rows)`, `vload(a, i)` (8 float32), `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
+  (acc + v * s, also element-wise over tuples), `hsum(v)`, `hsum_halves(v)` (lanes 0-3, 4-7),
+  `fold4(v)` (lane k + lane k + 4).
 """
 from __future__ import annotations
 
@@ -64,10 +70,6 @@ def _load(builder, ptr):
 
 def _slice(builder, v, start, n):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, n), list(range(start, start + n))))
-
-
-def _concat(builder, a, b, n):
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
 
 
 def _call(builder, name, ret, args):
@@ -146,14 +148,6 @@ def _sum4(builder, prod):
 
 def _load_x8(builder, xb):
     return _load(builder, builder.bitcast(xb, ir.VectorType(_i8, 32).as_pointer()))
-
-
-def _q4_i8(builder, qp):
-    """A packed 4-bit group (16 bytes) -> dot(int8 x pointer) of exact int sums."""
-    v16 = ir.VectorType(_i8, 16)
-    b = _load(builder, builder.bitcast(qp, v16.as_pointer()))
-    u = _concat(builder, builder.and_(b, ir.Constant(v16, [15] * 16)), builder.lshr(b, ir.Constant(v16, [4] * 16)), 16)
-    return lambda xb: builder.sitofp(_madd_u8s8(builder, u, _load_x8(builder, xb)), _vf)
 
 
 def _q8_i8(builder, qp):
@@ -337,7 +331,6 @@ _I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
 q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _q4_f32, "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
 q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _q8_f32(16), "16 int8 weights at q[qi]" + _F32_DOC)
 q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _q8_f32(32), "32 int8 weights at q[qi]" + _F32_DOC)
-q4_dot32_i8 = _blocks("q4_dot32_i8", _q4_i8, "Packed 4-bit group (16 bytes at q[qi])" + _I8_DOC)[0]
 q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
 
 
@@ -402,5 +395,6 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "hsum", "q4_dot32", "q4_dot32_i8", "q4_dot32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32",
-           "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma_s", "vzero", "vzero_tile"]
+__all__ = ["F32x8", "LANES", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+           "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma", "vfma_s", "vload",
+           "vzero", "vzero_tile"]
