@@ -6,7 +6,8 @@ Each block of four rows is read group by group, and every row keeps an 8-lane fl
 accumulator (kernels/simd.py) across all groups: a group's 32 products stay in the vector,
 which is scaled by the group's scale as a whole (no reduction per group), and the row is
 reduced once at its end. The group sums of x (xsum) are computed once per call and shared by
-all rows, so a min costs one FMA per group and row.
+all rows; spread four times (`spread4`) they line up with a block's mins, so a block's min
+terms are one 8-lane FMA per two groups.
 
 Several activation rows (batched decode) go through a block in tiles of 4 (then 2, then 1): a
 weight group is unpacked and converted to float32 once per tile instead of once per row
@@ -18,11 +19,14 @@ Two activation paths:
 - int8 ("q8" activations, as llama.cpp does): each activation row is quantized once per call
   to int8 per 32-value block with a float32 scale (round(x * 127 / max|x|)), and each group's
   dot product is an exact integer sum (AVX2 vpmaddubsw/vpmaddwd), scaled by weight scale times
-  activation scale. The min term still uses the exact float32 sums of x. Weights with groups
-  of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
+  activation scale. q4 weights go two rows to a vector (`simd.q4_pair_i8`, the activations in
+  `pair_layout`): half the instructions of one row at a time. The min term still uses the exact
+  float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
-another process does not hold the step back.
+another process does not hold the step back. The row kernels loop over a chunk's blocks
+themselves and take flat arrays with offsets: a call or an array view per block cost as much
+as the block's work.
 """
 from __future__ import annotations
 
