@@ -163,44 +163,35 @@ def _q8_i8(builder, qp):
     return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf)
 
 
-def _q4_pair_i8(builder, qp, xb):
-    """Two rows' packed 4-bit groups (32 bytes at qp, row A then row B) times 64 int8 activations
-    laid out [x0..15, x0..15, x16..31, x16..31] -> <8 x i32>: lanes 0-3 row A's sums, 4-7 row B's.
-    The two vpmaddubsw results are added as int16 before vpmaddwd: |sum| <= 4 * 15 * 127 < 2^15."""
+def _q4_pair_i8(builder, qp):
+    """Two rows' packed 4-bit groups (32 bytes, row A then row B) -> dot(int8 x pointer, pair layout)
+    of exact int sums, lanes 0-3 row A's, 4-7 row B's. The two vpmaddubsw results are added as
+    int16 before one vpmaddwd (not `_madd_u8s8` twice): |sum| <= 4 * 15 * 127 < 2^15."""
     v32 = ir.VectorType(_i8, 32)
     b = _load(builder, builder.bitcast(qp, v32.as_pointer()))
     lo = builder.and_(b, ir.Constant(v32, [15] * 32))
     hi = builder.lshr(b, ir.Constant(v32, [4] * 32))
-    xa = _load_x8(builder, xb)
-    xh = _load_x8(builder, builder.gep(xb, [ir.Constant(_i32, 32)]))
-    if target_has("avx2"):
-        v16 = ir.VectorType(_i16, 16)
-        p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
-                        _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
-        return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p, ir.Constant(v16, [1] * 16)])
-    wide = ir.VectorType(_i32, 32)
-    prod = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
-                       builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)))
-    return _sum4(builder, prod)
+
+    def dot(xb):
+        xa = _load_x8(builder, xb)
+        xh = _load_x8(builder, builder.gep(xb, [ir.Constant(_i32, 32)]))
+        if target_has("avx2"):
+            v16 = ir.VectorType(_i16, 16)
+            p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
+                            _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
+            sums = _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p, ir.Constant(v16, [1] * 16)])
+        else:
+            wide = ir.VectorType(_i32, 32)
+            sums = _sum4(builder, builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
+                                              builder.mul(builder.zext(hi, wide), builder.sext(xh, wide))))
+        return builder.sitofp(sums, _vf)
+
+    return dot
 
 
 def _flat_ptr(context, builder, aryty, ary, idx):
+    """The address of element idx of a 1-D C-contiguous array."""
     return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
-
-
-@intrinsic
-def q4_pair_i8(typingctx, q, qi, x2, xi):
-    """Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 activations in pair layout
-    (64 bytes at x2[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of exact int sums, lanes 0-3
-    row A's, lanes 4-7 row B's (not yet reduced, not yet scaled)."""
-    _check_flat(q, x2)
-
-    def codegen(context, builder, sig, args):
-        qa, qi_, xa, xi_ = args
-        sums = _q4_pair_i8(builder, _flat_ptr(context, builder, q, qa, qi_), _flat_ptr(context, builder, x2, xa, xi_))
-        return builder.sitofp(sums, _vf)
-
-    return F32x8(q, qi, x2, xi), codegen
 
 
 @intrinsic
@@ -291,15 +282,12 @@ def _blocks(name, unpack, doc):
     - `tile(q, qi, x, xi, rows)` -> UniTuple(F32x8, len(rows)): row i's group at x[rows[i] + xi]
     """
 
-    def ptr(context, builder, aryty, ary, idx):
-        return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
-
     def one(typingctx, q, qi, x, xi):
         _check_flat(q, x)
 
         def codegen(context, builder, sig, args):
             qa, qi_, xa, xi_ = args
-            return unpack(builder, ptr(context, builder, q, qa, qi_))(ptr(context, builder, x, xa, xi_))
+            return unpack(builder, _flat_ptr(context, builder, q, qa, qi_))(_flat_ptr(context, builder, x, xa, xi_))
 
         return F32x8(q, qi, x, xi), codegen
 
@@ -310,11 +298,11 @@ def _blocks(name, unpack, doc):
 
         def codegen(context, builder, sig, args):
             qa, qi_, xa, xi_, rows_ = args
-            dot = unpack(builder, ptr(context, builder, q, qa, qi_))
+            dot = unpack(builder, _flat_ptr(context, builder, q, qa, qi_))
             outs = []
             for i in range(rows.count):
                 r = context.cast(builder, builder.extract_value(rows_, i), rows.dtype, xi)
-                outs.append(dot(ptr(context, builder, x, xa, builder.add(xi_, r))))
+                outs.append(dot(_flat_ptr(context, builder, x, xa, builder.add(xi_, r))))
             return context.make_tuple(builder, sig.return_type, outs)
 
         return types.UniTuple(F32x8, rows.count)(q, qi, x, xi, rows), codegen
@@ -332,6 +320,9 @@ q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _q4_f32, "Packed 4-bit group (16 b
 q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _q8_f32(16), "16 int8 weights at q[qi]" + _F32_DOC)
 q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _q8_f32(32), "32 int8 weights at q[qi]" + _F32_DOC)
 q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
+q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
+                     "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
+                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).")[0]
 
 
 @intrinsic
