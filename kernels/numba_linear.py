@@ -6,7 +6,8 @@ Each block of four rows is read group by group, and every row keeps an 8-lane fl
 accumulator (kernels/simd.py) across all groups: a group's 32 products stay in the vector,
 which is scaled by the group's scale as a whole (no reduction per group), and the row is
 reduced once at its end. The group sums of x (xsum) are computed once per call and shared by
-all rows, so a min costs one FMA per group and row.
+all rows; spread four times (`spread4`) they line up with a block's mins, so a block's min
+terms are one 8-lane FMA per two groups.
 
 Several activation rows (batched decode) go through a block in tiles of 4 (then 2, then 1): a
 weight group is unpacked and converted to float32 once per tile instead of once per row
@@ -18,11 +19,14 @@ Two activation paths:
 - int8 ("q8" activations, as llama.cpp does): each activation row is quantized once per call
   to int8 per 32-value block with a float32 scale (round(x * 127 / max|x|)), and each group's
   dot product is an exact integer sum (AVX2 vpmaddubsw/vpmaddwd), scaled by weight scale times
-  activation scale. The min term still uses the exact float32 sums of x. Weights with groups
-  of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
+  activation scale. q4 weights go two rows to a vector (`simd.q4_pair_i8`, the activations in
+  `pair_layout`): half the instructions of one row at a time. The min term still uses the exact
+  float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
-another process does not hold the step back.
+another process does not hold the step back. The row kernels loop over a chunk's blocks
+themselves and take flat arrays with offsets: a call or an array view per block cost as much
+as the block's work.
 """
 from __future__ import annotations
 
@@ -32,11 +36,22 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (hsum, q4_dot32, q4_dot32_i8, q4_dot32_tile, q8_dot16, q8_dot16_tile, q8_dot32,
-                          q8_dot32_i8, q8_dot32_tile, vfma_s, vzero, vzero_tile)
+from kernels.simd import (fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_dot16,
+                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, vfma, vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
-CHUNK_BLOCKS = 8  # row blocks (of 4 rows) per parallel work item
+# Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
+# number of activation rows. An item costs ~0.4 us to hand out and a few calls per row or tile:
+# at 8 blocks an item (the former size) that was up to half a one-row int8 product's time, and
+# items sized down for many rows made 32-row products ~1.4x slower per row. Fewer, larger items
+# balance less finely between threads.
+CHUNK_GROUPS = 768
+
+
+@njit(**JIT)
+def _chunk_blocks(ng):
+    """Row blocks per parallel work item."""
+    return max(1, CHUNK_GROUPS // ng)
 
 
 @njit(**JIT)
@@ -72,15 +87,65 @@ def quantize_rows(x, xq, xd, xsum):
 
 
 @njit(**JIT)
-def _store4(out, r, N, a0, a1, a2, a3, m0, m1, m2, m3):
+def pair_layout(xq):
+    """int8 xq [T, K] -> flat [T * 2K]: each 32-block as [x0..15, x0..15, x16..31, x16..31], the
+    activation layout of `q4_pair_i8` (two weight rows' nibbles in one 32-byte vector)."""
+    T, K = xq.shape
+    x2 = np.empty(T * 2 * K, dtype=np.int8)
+    for t in range(T):
+        for g in range(K // 32):
+            for h in range(2):
+                for j in range(16):
+                    v = xq[t, g * 32 + h * 16 + j]
+                    x2[(t * K + g * 32 + h * 16) * 2 + j] = v
+                    x2[(t * K + g * 32 + h * 16) * 2 + 16 + j] = v
+    return x2
+
+
+@njit(**JIT)
+def spread4(xsum):
+    """xsum [T, ng] -> flat [T * 4 ng]: each group sum four times, beside a block's four mins of that group."""
+    T, ng = xsum.shape
+    xs4 = np.empty(T * 4 * ng, dtype=np.float32)
+    for t in range(T):
+        for i in range(4 * ng):
+            xs4[t * 4 * ng + i] = xsum[t, i // 4]
+    return xs4
+
+
+@njit(**JIT)
+def _block_mins(minv, xs4, xo, base, ng):
+    """sum_g min[row, g] * xsum[g] for the four rows of the block whose mins start at minv[base]
+    (xs4[xo:]: `spread4` of one activation row), eight lanes (two groups) per FMA."""
+    if minv.shape[0] == 0:
+        return f32(0.0), f32(0.0), f32(0.0), f32(0.0)
+    n = ng * 4
+    acc = vzero()
+    i = 0
+    while i + 8 <= n:
+        acc = vfma(vload(minv, base + i), vload(xs4, xo + i), acc)
+        i += 8
+    m0, m1, m2, m3 = fold4(acc)
+    if i < n:  # an odd number of groups
+        xs = xs4[xo + i]
+        m0 += minv[base + i] * xs
+        m1 += minv[base + i + 1] * xs
+        m2 += minv[base + i + 2] * xs
+        m3 += minv[base + i + 3] * xs
+    return m0, m1, m2, m3
+
+
+@njit(**JIT)
+def _store4(out, t, r, N, y0, y1, y2, y3):
+    """out[t, r .. r + 3] = y0 .. y3, up to column N (a ragged last block's padding rows are dropped)."""
     if r < N:
-        out[r] = hsum(a0) + m0
+        out[t, r] = y0
     if r + 1 < N:
-        out[r + 1] = hsum(a1) + m1
+        out[t, r + 1] = y1
     if r + 2 < N:
-        out[r + 2] = hsum(a2) + m2
+        out[t, r + 2] = y2
     if r + 3 < N:
-        out[r + 3] = hsum(a3) + m3
+        out[t, r + 3] = y3
 
 
 # ---- tiles: a weight group is unpacked once for 4 (or 2) activation rows ----------------------
@@ -108,19 +173,12 @@ def _store_tile(out, ts, r, N, a):
 
 
 @njit(**JIT)
-def _add_mins(out, minv, xsum, ts, blk, ng, N):
+def _add_mins(out, minv, xs4, ts, blk, ng, N):
     """out[t, block rows] += sum_g min[row, g] * xsum[t, g] for the rows t of a tile."""
     if minv.shape[0] == 0:
         return
     for t in ts:
-        m0 = m1 = m2 = m3 = f32(0.0)
-        for g in range(ng):
-            s = (blk * ng + g) * 4
-            xs = xsum[t, g]
-            m0 += minv[s] * xs
-            m1 += minv[s + 1] * xs
-            m2 += minv[s + 2] * xs
-            m3 += minv[s + 3] * xs
+        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
         r = blk * 4
         for k, m in ((0, m0), (1, m1), (2, m2), (3, m3)):
             if r + k < N:
@@ -128,150 +186,132 @@ def _add_mins(out, minv, xsum, ts, blk, ng, N):
 
 
 @njit(**JIT)
-def _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N):
-    """Rows ts of x (at offsets rows in xf) times block blk's four weight rows, float32 activations."""
-    for j in range(4):
-        a = vzero_tile(rows)
-        for g in range(ng):
-            s = (blk * ng + g) * 4 + j
-            if packed:
-                d = q4_dot32_tile(q, s * 16, xf, g * 32, rows)
-            elif G == 32:
-                d = q8_dot32_tile(q, s * 32, xf, g * 32, rows)
-            else:
-                d = q8_dot16_tile(q, s * 16, xf, g * 16, rows)
-            a = vfma_s(d, scale[s], a)
-        _store_tile(out, ts, blk * 4 + j, N, a)
-    _add_mins(out, minv, xsum, ts, blk, ng, N)
+def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
+    """Rows ts of x (at offsets rows in xf) times blocks b0 .. b1 - 1, float32 activations."""
+    for blk in range(b0, b1):
+        for j in range(4):
+            a = vzero_tile(rows)
+            for g in range(ng):
+                s = (blk * ng + g) * 4 + j
+                if packed:
+                    d = q4_dot32_tile(q, s * 16, xf, g * 32, rows)
+                elif G == 32:
+                    d = q8_dot32_tile(q, s * 32, xf, g * 32, rows)
+                else:
+                    d = q8_dot16_tile(q, s * 16, xf, g * 16, rows)
+                a = vfma_s(d, scale[s], a)
+            _store_tile(out, ts, blk * 4 + j, N, a)
+        _add_mins(out, minv, xs4, ts, blk, ng, N)
 
 
 # ---- single rows (T = 1, and a tile's odd row left over) --------------------------------------
+# Each takes activation row t of flat arrays (x.ravel() ...) and blocks b0 .. b1 - 1: a row view
+# (x[t]) or a call per block cost reference counting and argument passing beside ~20 groups' work.
 
 @njit(**JIT)
-def _q4_row(q, scale, minv, x, xsum, out, blk, ng, N):
-    a0 = a1 = a2 = a3 = vzero()
-    m0 = m1 = m2 = m3 = f32(0.0)
-    for g in range(ng):
-        xi = g * 32
-        s = (blk * ng + g) * 4
-        b = s * 16
-        a0 = vfma_s(q4_dot32(q, b, x, xi), scale[s], a0)
-        a1 = vfma_s(q4_dot32(q, b + 16, x, xi), scale[s + 1], a1)
-        a2 = vfma_s(q4_dot32(q, b + 32, x, xi), scale[s + 2], a2)
-        a3 = vfma_s(q4_dot32(q, b + 48, x, xi), scale[s + 3], a3)
-        xs = xsum[g]
-        m0 += minv[s] * xs
-        m1 += minv[s + 1] * xs
-        m2 += minv[s + 2] * xs
-        m3 += minv[s + 3] * xs
-    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
+    for blk in range(b0, b1):
+        a0 = a1 = a2 = a3 = vzero()
+        for g in range(ng):
+            xi = (t * ng + g) * 32
+            s = (blk * ng + g) * 4
+            b = s * 16
+            a0 = vfma_s(q4_dot32(q, b, x, xi), scale[s], a0)
+            a1 = vfma_s(q4_dot32(q, b + 16, x, xi), scale[s + 1], a1)
+            a2 = vfma_s(q4_dot32(q, b + 32, x, xi), scale[s + 2], a2)
+            a3 = vfma_s(q4_dot32(q, b + 48, x, xi), scale[s + 3], a3)
+        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
+        _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 
 
 @njit(**JIT)
-def _q8_row(q, scale, minv, G, x, xsum, out, blk, ng, N):
-    a0 = a1 = a2 = a3 = vzero()
-    m0 = m1 = m2 = m3 = f32(0.0)
-    has_min = minv.shape[0] > 0
-    for g in range(ng):
-        xi = g * G
-        s = (blk * ng + g) * 4
-        b = s * G
-        if G == 32:
-            a0 = vfma_s(q8_dot32(q, b, x, xi), scale[s], a0)
-            a1 = vfma_s(q8_dot32(q, b + 32, x, xi), scale[s + 1], a1)
-            a2 = vfma_s(q8_dot32(q, b + 64, x, xi), scale[s + 2], a2)
-            a3 = vfma_s(q8_dot32(q, b + 96, x, xi), scale[s + 3], a3)
-        else:
-            a0 = vfma_s(q8_dot16(q, b, x, xi), scale[s], a0)
-            a1 = vfma_s(q8_dot16(q, b + 16, x, xi), scale[s + 1], a1)
-            a2 = vfma_s(q8_dot16(q, b + 32, x, xi), scale[s + 2], a2)
-            a3 = vfma_s(q8_dot16(q, b + 48, x, xi), scale[s + 3], a3)
-        if has_min:
-            xs = xsum[g]
-            m0 += minv[s] * xs
-            m1 += minv[s + 1] * xs
-            m2 += minv[s + 2] * xs
-            m3 += minv[s + 3] * xs
-    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
+    for blk in range(b0, b1):
+        a0 = a1 = a2 = a3 = vzero()
+        for g in range(ng):
+            xi = (t * ng + g) * G
+            s = (blk * ng + g) * 4
+            b = s * G
+            if G == 32:
+                a0 = vfma_s(q8_dot32(q, b, x, xi), scale[s], a0)
+                a1 = vfma_s(q8_dot32(q, b + 32, x, xi), scale[s + 1], a1)
+                a2 = vfma_s(q8_dot32(q, b + 64, x, xi), scale[s + 2], a2)
+                a3 = vfma_s(q8_dot32(q, b + 96, x, xi), scale[s + 3], a3)
+            else:
+                a0 = vfma_s(q8_dot16(q, b, x, xi), scale[s], a0)
+                a1 = vfma_s(q8_dot16(q, b + 16, x, xi), scale[s + 1], a1)
+                a2 = vfma_s(q8_dot16(q, b + 32, x, xi), scale[s + 2], a2)
+                a3 = vfma_s(q8_dot16(q, b + 48, x, xi), scale[s + 3], a3)
+        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
+        _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 
 
 @njit(**JIT)
-def _q4_row_i8(q, scale, minv, xq, xd, xsum, out, blk, ng, N):
-    a0 = a1 = a2 = a3 = vzero()
-    m0 = m1 = m2 = m3 = f32(0.0)
-    for g in range(ng):
-        xi = g * 32
-        s = (blk * ng + g) * 4
-        b = s * 16
-        d = xd[g]
-        a0 = vfma_s(q4_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
-        a1 = vfma_s(q4_dot32_i8(q, b + 16, xq, xi), scale[s + 1] * d, a1)
-        a2 = vfma_s(q4_dot32_i8(q, b + 32, xq, xi), scale[s + 2] * d, a2)
-        a3 = vfma_s(q4_dot32_i8(q, b + 48, xq, xi), scale[s + 3] * d, a3)
-        xs = xsum[g]
-        m0 += minv[s] * xs
-        m1 += minv[s + 1] * xs
-        m2 += minv[s + 2] * xs
-        m3 += minv[s + 3] * xs
-    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _q4_rows_i8(q, scale, minv, x2, xd, xs4, out, t, b0, b1, ng, N):
+    """int8 activations in pair layout (`pair_layout`): rows 0|1 and 2|3 of a block share one
+    accumulator each, a half per row."""
+    for blk in range(b0, b1):
+        a01 = a23 = vzero()
+        base = blk * ng * 4
+        for g in range(ng):
+            s = base + g * 4
+            s01, s23 = pair_scales(scale, s, xd[t * ng + g])
+            xi = (t * ng + g) * 64
+            a01 = vfma(q4_pair_i8(q, s * 16, x2, xi), s01, a01)
+            a23 = vfma(q4_pair_i8(q, s * 16 + 32, x2, xi), s23, a23)
+        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, base, ng)
+        y0, y1 = hsum_halves(a01)
+        y2, y3 = hsum_halves(a23)
+        _store4(out, t, blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
 
 
 @njit(**JIT)
-def _q8_row_i8(q, scale, minv, xq, xd, xsum, out, blk, ng, N):
-    a0 = a1 = a2 = a3 = vzero()
-    m0 = m1 = m2 = m3 = f32(0.0)
-    has_min = minv.shape[0] > 0
-    for g in range(ng):
-        xi = g * 32
-        s = (blk * ng + g) * 4
-        b = s * 32
-        d = xd[g]
-        a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
-        a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), scale[s + 1] * d, a1)
-        a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), scale[s + 2] * d, a2)
-        a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), scale[s + 3] * d, a3)
-        if has_min:
-            xs = xsum[g]
-            m0 += minv[s] * xs
-            m1 += minv[s + 1] * xs
-            m2 += minv[s + 2] * xs
-            m3 += minv[s + 3] * xs
-    _store4(out, blk * 4, N, a0, a1, a2, a3, m0, m1, m2, m3)
+def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
+    for blk in range(b0, b1):
+        a0 = a1 = a2 = a3 = vzero()
+        for g in range(ng):
+            xi = (t * ng + g) * 32
+            s = (blk * ng + g) * 4
+            b = s * 32
+            d = xd[t * ng + g]
+            a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
+            a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), scale[s + 1] * d, a1)
+            a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), scale[s + 2] * d, a2)
+            a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), scale[s + 3] * d, a3)
+        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
+        _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 
 
 # ---- chunks of row blocks (float32: rows in tiles of 4, then 2, then 1) -----------------------------
+# The activations come flat (x.ravel(): no array made per chunk); T rows of K values.
 
 @njit(**JIT)
-def _f32_chunk(q, scale, minv, G, packed, x, xsum, out, b0, b1, ng, N):
-    T, K = x.shape
-    xf = x.reshape(T * K)
-    for blk in range(b0, b1):
-        t = 0
-        while T - t >= 4:
-            ts, rows = _tile4(t, K)
-            _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N)
-            t += 4
-        if T - t >= 2:
-            ts, rows = _tile2(t, K)
-            _f32_tile(q, scale, minv, G, packed, xf, xsum, out, ts, rows, blk, ng, N)
-            t += 2
-        if t < T:
-            if packed:
-                _q4_row(q, scale, minv, x[t], xsum[t], out[t], blk, ng, N)
-            else:
-                _q8_row(q, scale, minv, G, x[t], xsum[t], out[t], blk, ng, N)
+def _f32_chunk(q, scale, minv, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
+    t = 0
+    while T - t >= 4:
+        ts, rows = _tile4(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+        t += 4
+    if T - t >= 2:
+        ts, rows = _tile2(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+        t += 2
+    if t < T:
+        if packed:
+            _q4_rows(q, scale, minv, xf, xs4, out, t, b0, b1, ng, N)
+        else:
+            _q8_rows(q, scale, minv, G, xf, xs4, out, t, b0, b1, ng, N)
 
 
 @njit(**JIT)
-def _i8_chunk(q, scale, minv, packed, xq, xd, xsum, out, b0, b1, ng, N):
+def _i8_chunk(q, scale, minv, packed, xq, T, xd, xs4, out, b0, b1, ng, N):
     # No tiles here: the integer dot products cost little beside each row's own conversion and
     # scaling, and tiles of 4 measured no faster than one row after another.
-    for blk in range(b0, b1):
-        for t in range(xq.shape[0]):
-            if packed:
-                _q4_row_i8(q, scale, minv, xq[t], xd[t], xsum[t], out[t], blk, ng, N)
-            else:
-                _q8_row_i8(q, scale, minv, xq[t], xd[t], xsum[t], out[t], blk, ng, N)
+    for t in range(T):
+        if packed:
+            _q4_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N)
+        else:
+            _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -282,9 +322,11 @@ def matvec_q4(q, scale, minv, x, out):
     ng = K // 32
     xsum = np.empty((T, ng), dtype=np.float32)
     group_sums(x, 32, xsum)
+    xs4, xf = spread4(xsum), x.reshape(T * K)
     nb = (N + 3) // 4
-    for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _f32_chunk(q, scale, minv, 32, True, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+    cb = _chunk_blocks(ng)
+    for c in prange((nb + cb - 1) // cb):
+        _f32_chunk(q, scale, minv, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -293,18 +335,20 @@ def matvec_q8(q, scale, minv, G, x, out):
     T, K = x.shape
     N = out.shape[1]
     ng = K // G
-    xsum = np.empty((T, ng), dtype=np.float32)
+    xsum = np.zeros((T, ng), dtype=np.float32)
     if minv.shape[0] > 0:
         group_sums(x, G, xsum)
+    xs4, xf = spread4(xsum), x.reshape(T * K)
     nb = (N + 3) // 4
-    for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _f32_chunk(q, scale, minv, G, False, x, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+    cb = _chunk_blocks(ng)
+    for c in prange((nb + cb - 1) // cb):
+        _f32_chunk(q, scale, minv, G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
 def matvec_i8(q, scale, minv, is_q4, x, out):
     """`matvec_q4` (`is_q4`) or `matvec_q8` with groups of 32, the activations quantized to int8 per
-    32-block (integer dot products)."""
+    32-block (integer dot products; q4 reads them in `pair_layout`)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
@@ -312,9 +356,12 @@ def matvec_i8(q, scale, minv, is_q4, x, out):
     xd = np.empty((T, ng), dtype=np.float32)
     xsum = np.empty((T, ng), dtype=np.float32)
     quantize_rows(x, xq, xd, xsum)
+    xs4, xdf = spread4(xsum), xd.reshape(T * ng)
+    xqf = pair_layout(xq) if is_q4 else xq.reshape(T * K)
     nb = (N + 3) // 4
-    for c in prange((nb + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
-        _i8_chunk(q, scale, minv, is_q4, xq, xd, xsum, out, c * CHUNK_BLOCKS, min(nb, (c + 1) * CHUNK_BLOCKS), ng, N)
+    cb = _chunk_blocks(ng)
+    for c in prange((nb + cb - 1) // cb):
+        _i8_chunk(q, scale, minv, is_q4, xqf, T, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(**JIT)

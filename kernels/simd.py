@@ -10,15 +10,21 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32(q, qi, x, xi)`: 16 bytes of packed nibbles (value j low, value j + 16 high) times
   32 float32 activations -> F32x8 partial sums (not yet reduced, not yet scaled)
 - `q8_dot16`, `q8_dot32`: 16 / 32 int8 values times float32 activations -> F32x8
-- `q4_dot32_i8(q, qi, xq, xi)`, `q8_dot32_i8`: the same groups times 32 int8-quantized
-  activations, as exact int32 sums per lane converted to F32x8; AVX2 `vpmaddubsw`/`vpmaddwd`
-  where the compile target has AVX2, plain vector IR (LLVM lowers it for any x86-64) otherwise.
-  Neither saturates: |weight| <= 128, |activation| <= 127, so a pair sum stays below 2^15.
+- `q8_dot32_i8(q, qi, xq, xi)`: the same group times 32 int8-quantized activations, as exact
+  int32 sums per lane converted to F32x8.
+- `q4_pair_i8(q, qi, x2, xi)`: two rows' packed 4-bit groups (32 bytes: the layout's rows 0|1 or
+  2|3 of a block) times int8 activations in pair layout ([x0..15, x0..15, x16..31, x16..31]), one
+  vector for both rows: lanes 0-3 row A's exact sums, 4-7 row B's. Half the instructions of one
+  row at a time; `pair_scales(scale, si, d)` gives the matching per-lane scales.
+  The int8 blocks use AVX2 `vpmaddubsw`/`vpmaddwd` where the compile target has AVX2, plain vector
+  IR (LLVM lowers it for any x86-64) otherwise. Neither saturates: |weight| <= 128,
+  |activation| <= 127, so a pair sum stays below 2^15 (the q4 pair adds two: 4 * 15 * 127).
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
-- `vzero()`, `vzero_tile(rows)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples),
-  `hsum(v)`.
+- `vzero()`, `vzero_tile(rows)`, `vload(a, i)` (8 float32), `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
+  (acc + v * s, also element-wise over tuples), `hsum(v)`, `hsum_halves(v)` (lanes 0-3, 4-7),
+  `fold4(v)` (lane k + lane k + 4).
 """
 from __future__ import annotations
 
@@ -64,10 +70,6 @@ def _load(builder, ptr):
 
 def _slice(builder, v, start, n):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, n), list(range(start, start + n))))
-
-
-def _concat(builder, a, b, n):
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
 
 
 def _call(builder, name, ret, args):
@@ -148,14 +150,6 @@ def _load_x8(builder, xb):
     return _load(builder, builder.bitcast(xb, ir.VectorType(_i8, 32).as_pointer()))
 
 
-def _q4_i8(builder, qp):
-    """A packed 4-bit group (16 bytes) -> dot(int8 x pointer) of exact int sums."""
-    v16 = ir.VectorType(_i8, 16)
-    b = _load(builder, builder.bitcast(qp, v16.as_pointer()))
-    u = _concat(builder, builder.and_(b, ir.Constant(v16, [15] * 16)), builder.lshr(b, ir.Constant(v16, [4] * 16)), 16)
-    return lambda xb: builder.sitofp(_madd_u8s8(builder, u, _load_x8(builder, xb)), _vf)
-
-
 def _q8_i8(builder, qp):
     """32 int8 weights -> dot(int8 x pointer) of exact int sums."""
     v32 = ir.VectorType(_i8, 32)
@@ -169,6 +163,117 @@ def _q8_i8(builder, qp):
     return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf)
 
 
+def _q4_pair_i8(builder, qp):
+    """Two rows' packed 4-bit groups (32 bytes, row A then row B) -> dot(int8 x pointer, pair layout)
+    of exact int sums, lanes 0-3 row A's, 4-7 row B's. The two vpmaddubsw results are added as
+    int16 before one vpmaddwd (not `_madd_u8s8` twice): |sum| <= 4 * 15 * 127 < 2^15."""
+    v32 = ir.VectorType(_i8, 32)
+    b = _load(builder, builder.bitcast(qp, v32.as_pointer()))
+    lo = builder.and_(b, ir.Constant(v32, [15] * 32))
+    hi = builder.lshr(b, ir.Constant(v32, [4] * 32))
+
+    def dot(xb):
+        xa = _load_x8(builder, xb)
+        xh = _load_x8(builder, builder.gep(xb, [ir.Constant(_i32, 32)]))
+        if target_has("avx2"):
+            v16 = ir.VectorType(_i16, 16)
+            p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
+                            _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
+            sums = _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p, ir.Constant(v16, [1] * 16)])
+        else:
+            wide = ir.VectorType(_i32, 32)
+            sums = _sum4(builder, builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
+                                              builder.mul(builder.zext(hi, wide), builder.sext(xh, wide))))
+        return builder.sitofp(sums, _vf)
+
+    return dot
+
+
+def _flat_ptr(context, builder, aryty, ary, idx):
+    """The address of element idx of a 1-D C-contiguous array."""
+    return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
+
+
+@intrinsic
+def pair_scales(typingctx, scale, si, d):
+    """scale[si : si + 4] times d as two F32x8: (s0 x4, s1 x4) and (s2 x4, s3 x4), the per-lane
+    scales of `q4_pair_i8`'s results for rows 0|1 and 2|3 of a block."""
+    _check_flat(scale)
+    if scale.dtype != types.float32 or d != types.float32:
+        return None
+    ret = types.UniTuple(F32x8, 2)
+
+    def codegen(context, builder, sig, args):
+        sa, si_, d_ = args
+        v4 = ir.VectorType(_f32, 4)
+        s4 = _load(builder, builder.bitcast(_flat_ptr(context, builder, scale, sa, si_), v4.as_pointer()))
+        s4 = builder.fmul(s4, _splat(builder, d_, v4))
+        outs = [builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 8), [a] * 4 + [a + 1] * 4)) for a in (0, 2)]
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(scale, si, d), codegen
+
+
+@intrinsic
+def vload(typingctx, a, i):
+    """a[i : i + 8] (float32) as F32x8."""
+    _check_flat(a)
+    if a.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        return _load(builder, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), _vf.as_pointer()))
+
+    return F32x8(a, i), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, acc):
+    """acc + a * b, lane by lane (F32x8)."""
+    if not (a == b == acc == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _fmuladd(builder, *args)
+
+    return F32x8(a, b, acc), codegen
+
+
+@intrinsic
+def hsum_halves(typingctx, v):
+    """(sum of lanes 0-3, sum of lanes 4-7) of an F32x8 (float32)."""
+    if v != F32x8:
+        return None
+    ret = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        (x,) = args
+        outs = []
+        for h in (0, 4):
+            q = _slice(builder, x, h, 4)
+            q = builder.fadd(_slice(builder, q, 0, 2), _slice(builder, q, 2, 2))
+            outs.append(builder.fadd(builder.extract_element(q, ir.Constant(_i32, 0)), builder.extract_element(q, ir.Constant(_i32, 1))))
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(v), codegen
+
+
+@intrinsic
+def fold4(typingctx, v):
+    """(lane k + lane k + 4 for k = 0..3) of an F32x8 (float32)."""
+    if v != F32x8:
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        (x,) = args
+        s = builder.fadd(_slice(builder, x, 0, 4), _slice(builder, x, 4, 4))
+        return context.make_tuple(builder, ret, [builder.extract_element(s, ir.Constant(_i32, k)) for k in range(4)])
+
+    return ret(v), codegen
+
+
 def _blocks(name, unpack, doc):
     """A group block for one activation row and its tile form for several: the weight group is
     unpacked once and dotted with every row of the tile.
@@ -177,15 +282,12 @@ def _blocks(name, unpack, doc):
     - `tile(q, qi, x, xi, rows)` -> UniTuple(F32x8, len(rows)): row i's group at x[rows[i] + xi]
     """
 
-    def ptr(context, builder, aryty, ary, idx):
-        return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
-
     def one(typingctx, q, qi, x, xi):
         _check_flat(q, x)
 
         def codegen(context, builder, sig, args):
             qa, qi_, xa, xi_ = args
-            return unpack(builder, ptr(context, builder, q, qa, qi_))(ptr(context, builder, x, xa, xi_))
+            return unpack(builder, _flat_ptr(context, builder, q, qa, qi_))(_flat_ptr(context, builder, x, xa, xi_))
 
         return F32x8(q, qi, x, xi), codegen
 
@@ -196,11 +298,11 @@ def _blocks(name, unpack, doc):
 
         def codegen(context, builder, sig, args):
             qa, qi_, xa, xi_, rows_ = args
-            dot = unpack(builder, ptr(context, builder, q, qa, qi_))
+            dot = unpack(builder, _flat_ptr(context, builder, q, qa, qi_))
             outs = []
             for i in range(rows.count):
                 r = context.cast(builder, builder.extract_value(rows_, i), rows.dtype, xi)
-                outs.append(dot(ptr(context, builder, x, xa, builder.add(xi_, r))))
+                outs.append(dot(_flat_ptr(context, builder, x, xa, builder.add(xi_, r))))
             return context.make_tuple(builder, sig.return_type, outs)
 
         return types.UniTuple(F32x8, rows.count)(q, qi, x, xi, rows), codegen
@@ -217,8 +319,10 @@ _I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
 q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _q4_f32, "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
 q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _q8_f32(16), "16 int8 weights at q[qi]" + _F32_DOC)
 q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _q8_f32(32), "32 int8 weights at q[qi]" + _F32_DOC)
-q4_dot32_i8 = _blocks("q4_dot32_i8", _q4_i8, "Packed 4-bit group (16 bytes at q[qi])" + _I8_DOC)[0]
 q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
+q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
+                     "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
+                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).")[0]
 
 
 @intrinsic
@@ -282,5 +386,6 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "hsum", "q4_dot32", "q4_dot32_i8", "q4_dot32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32",
-           "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma_s", "vzero", "vzero_tile"]
+__all__ = ["F32x8", "LANES", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+           "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma", "vfma_s", "vload",
+           "vzero", "vzero_tile"]

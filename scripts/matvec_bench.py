@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/matvec_bench.py [--activations f32|q8] [--copies 30]
     .venv/bin/python scripts/matvec_bench.py --rows
+    .venv/bin/python scripts/matvec_bench.py --per-row [--activations q8]
 
 
 Times `backend.linear` for one activation row on one kernel thread with `time.thread_time()`
@@ -13,6 +14,10 @@ cache-resident weights.
 `--rows` instead times products of 8 to 256 activation rows on all cores (wall clock) both ways the
 backend can take them, the matvec kernel and dequantized panels + BLAS: where the two cross is
 `kernels/numba_backend.py`'s MATVEC_MAX_ROWS.
+
+`--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 5, 8, 32 activation rows
+costs relative to T products of one row (cache-resident weights): speculative verification of k
+drafts is a product of 1 + k rows.
 """
 from __future__ import annotations
 
@@ -40,6 +45,9 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
 def rows_sweep(rng: np.random.Generator) -> None:
     be = NumbaBackend()
     be.begin_step()
+    if args.per_row:
+        per_row(be, rng, args.repeats)
+        return
     for name, kind, n, k in SHAPES:
         lin = be.prepare_linear(weight(kind, n, k, rng))
         for rows in (8, 16, 32, 48, 64, 128, 256):
@@ -58,12 +66,35 @@ def rows_sweep(rng: np.random.Generator) -> None:
                   f"  panels/matvec {took['panels'] / took['matvec']:.2f}")
 
 
+def timed(be: NumbaBackend, x: np.ndarray, lin, repeats: int) -> float:
+    """Best single-thread CPU seconds of one product."""
+    be.linear(x, lin)
+    reps = max(1, 200_000_000 // (x.shape[0] * lin.shape[0] * lin.shape[1]))
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        for _ in range(reps):
+            be.linear(x, lin)
+        best = min(best, (time.thread_time() - t) / reps)
+    return best
+
+
+def per_row(be: NumbaBackend, rng: np.random.Generator, repeats: int) -> None:
+    for name, kind, n, k in SHAPES[:4]:
+        lin = be.prepare_linear(weight(kind, n, k, rng))
+        x = rng.standard_normal((32, k)).astype(np.float32)
+        one = timed(be, x[:1], lin, repeats)
+        cells = [f"T={t}: {timed(be, x[:t], lin, repeats) / (t * one):.2f}" for t in (2, 3, 5, 8, 32)]
+        print(f"{name:12s} {n:6d}x{k:<5d} one row {one * 1e3:6.3f} ms  per row, relative:  " + "  ".join(cells))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--activations", default="f32")
     p.add_argument("--copies", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rows", action="store_true", help="matvec against panels for 8..256 activation rows")
+    p.add_argument("--per-row", action="store_true", help="a T-row product's cost relative to T one-row products")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     if args.rows:
@@ -71,6 +102,9 @@ def main() -> None:
         return
     be = NumbaBackend(1, **({"activations": args.activations} if args.activations != "f32" else {}))
     be.begin_step()
+    if args.per_row:
+        per_row(be, rng, args.repeats)
+        return
     for name, kind, n, k in SHAPES:
         copies = 1 if n * k > 10_000_000 else args.copies  # the head alone is larger than the caches
         lins = [be.prepare_linear(weight(kind, n, k, rng)) for _ in range(copies)]
