@@ -5,6 +5,7 @@ backend can capture one (engine/decode_graphs.py); prefill chunks and speculativ
 eagerly."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,17 @@ class ModelRunner:
 
     def run(self, inputs: list[SeqInput]) -> Any:
         """Write every input's K/V and return float32 logits [sum(num_logits), vocab] on the backend, in
-        input order. On CuPy a graph's logits are its own buffer: valid until the next step."""
-        self.backend.begin_step()
+        input order. On CuPy a graph's logits are its own buffer: valid until the next step.
+
+        The step's wall time goes back to the backend (`end_step`): the CPU backend picks its thread
+        count from such timings (kernels/thread_tuner.py)."""
+        self.backend.begin_step(sum(len(x.tokens) for x in inputs))
+        start = time.perf_counter()
+        logits = self._forward(inputs)
+        self.backend.end_step(time.perf_counter() - start)
+        return logits
+
+    def _forward(self, inputs: list[SeqInput]) -> Any:
         if self.graphs is not None and all(len(x.tokens) == 1 and x.num_logits == 1 for x in inputs):
             logits = self.graphs.run([x.tokens[0] for x in inputs], [x.start for x in inputs], [x.block_table for x in inputs])
             if logits is not None:

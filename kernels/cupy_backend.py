@@ -116,9 +116,12 @@ class CupyBackend:
         """Wait for all work queued on the backend's stream."""
         self.stream.synchronize()
 
-    def begin_step(self) -> None:
+    def begin_step(self, rows: int | None = None) -> None:
         """Make the backend's stream current on the calling thread (the engine's step thread)."""
         self.stream.use()
+
+    def end_step(self, seconds: float) -> None:
+        """Nothing to tune: `seconds` only timed the launches (the GPU runs asynchronously)."""
 
     def capture_graph(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
         """Run `fn` once, then capture a second run into a CUDA graph: returns (graph, what the captured run returned).

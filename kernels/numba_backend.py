@@ -34,6 +34,7 @@ from kernels.numba_ops import (
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
 from kernels.numpy_backend import NumpyBackend
+from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
@@ -55,11 +56,13 @@ PANEL_VALUES = 1 << 18
 # kernels at once (two engines in one process); 'omp' (GNU libgomp, there wherever gcc is) and
 # 'tbb' do not. Takes effect at the first parallel launch.
 numba.config.THREADING_LAYER = "threadsafe"
-# Idle kernel threads sleep instead of spinning: with another process on a core, spinning
-# workers made each parallel kernel wait for the scheduler (1-2 tok/s instead of tens). Read by
-# libgomp when the first parallel kernel loads it; a value set by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+# Idle kernel threads spin this many rounds (tens of microseconds) before they sleep: long enough
+# to stay awake across the small serial ops between a step's parallel launches, short enough to
+# sleep between steps. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) made every launch wake a thread
+# (~15 us on a VM, and the launch waits for it): two threads were no faster than one. Spinning is
+# what hurts when another process takes a core; the ThreadTuner then drops to fewer threads.
+# Read by libgomp when the first parallel kernel loads it; a value set by the user wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 @dataclass(slots=True, weakref_slot=True)
 class Linear:
@@ -89,6 +92,9 @@ class NumbaBackend(NumpyBackend):
         assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
         self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
+        self.tuner = ThreadTuner(self.threads)
+        self.active_threads = self.threads  # this step's
+        self._step_rows: int | None = None
         self._lut: np.ndarray | None = None
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
         threadpool_limits(limits=self.blas_threads, user_api="blas")
@@ -98,10 +104,20 @@ class NumbaBackend(NumpyBackend):
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
 
-    def begin_step(self) -> None:
-        """Bind the calling thread's kernel thread count and dynamic chunking (both thread-local)."""
-        numba.set_num_threads(self.threads)
+    def begin_step(self, rows: int | None = None) -> None:
+        """Bind the calling thread's kernel threads (thread-local in numba) and dynamic chunking. A step
+        of `rows` activation rows whose time `end_step` reports runs on the tuner's choice; without
+        `rows`, on all threads."""
+        self._step_rows = rows
+        self.active_threads = self.threads if rows is None else self.tuner.choose(rows)
+        numba.set_num_threads(self.active_threads)
         numba.set_parallel_chunksize(1)
+
+    def end_step(self, seconds: float) -> None:
+        """The wall time of the step `begin_step(rows)` began."""
+        if self._step_rows is not None:
+            self.tuner.record(self._step_rows, self.active_threads, seconds)
+            self._step_rows = None
 
     # ---- weights ---------------------------------------------------------------
     def prepare_linear(self, w: Weight) -> Linear:
@@ -188,7 +204,7 @@ class NumbaBackend(NumpyBackend):
             np.matmul(x, wd.T, out=out[:, r0 : r0 + n])
 
         starts = range(0, N, step)
-        if self._pool is None or len(starts) == 1:
+        if self._pool is None or self.active_threads == 1 or len(starts) == 1:
             for r0 in starts:
                 panel(r0)
         else:  # panels handed out one at a time: a worker that loses its core does less of them

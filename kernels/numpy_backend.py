@@ -61,8 +61,12 @@ class NumpyBackend:
             raise ValueError(f"the numpy backend keeps the KV cache in float32, got dtype {np.dtype(dtype)}")
         return np.zeros((num_blocks, block_size, num_kv_heads, head_dim), dtype=np.float32)
 
-    def begin_step(self) -> None:
-        """Called by the model at the start of every forward, on the thread that runs it."""
+    def begin_step(self, rows: int | None = None) -> None:
+        """Called at the start of every forward, on the thread that runs it; `rows`: the step's
+        activation rows, when the caller will report its time to `end_step`."""
+
+    def end_step(self, seconds: float) -> None:
+        """The wall time of the step that `begin_step(rows)` began (backends that tune use it)."""
 
     # ---- weights --------------------------------------------------------
     def prepare_linear(self, w: Weight) -> np.ndarray:

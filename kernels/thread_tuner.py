@@ -1,0 +1,51 @@
+"""How many kernel threads a step should use, chosen from the steps' own timings.
+
+On a quiet machine every core helps, and kernel threads that spin briefly between the ~120
+parallel launches of a decode step make two cores 1.7x one. When another process takes a core,
+the same team waits at every launch for a thread that shares that core, and a step gets slower
+than on one thread (measured on 2 cores: 6 ms spinning / 10.5 ms on one thread quiet; 52 ms /
+10.5 ms with a busy loop on one core). No fixed setting is right for both, so the backend tries
+them: steps are grouped by size (rows, in powers of two), each group runs on the setting with the
+lower recent step time, and every `probe_every`-th step of a group runs on the other one so that
+its time stays current. A probe costs at most one slower step in `probe_every`.
+
+The settings are all the threads, and one fewer (which leaves a taken core to its taker): on
+2 cores, 2 and 1. The thread count does not change any result (every output row is computed by one
+thread in a fixed order), only the time.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Group:
+    steps: int = 0
+    seconds: dict[int, deque[float]] = field(default_factory=dict)
+
+
+class ThreadTuner:
+    """`choose(rows)` before a step, `record(rows, threads, seconds)` after it."""
+
+    def __init__(self, threads: int, probe_every: int = 16, window: int = 3) -> None:
+        self.options = sorted({threads, max(1, threads - 1)}, reverse=True)
+        self.probe_every, self.window = probe_every, window
+        self._groups: dict[int, _Group] = {}
+
+    def choose(self, rows: int) -> int:
+        """The thread count for a step of `rows` activation rows."""
+        group = self._groups.setdefault(max(rows, 1).bit_length(), _Group())
+        group.steps += 1
+        untried = [n for n in self.options if n not in group.seconds]
+        if untried:
+            return untried[0]
+        best = min(self.options, key=lambda n: statistics.median(group.seconds[n]))
+        if len(self.options) > 1 and group.steps % self.probe_every == 0:
+            return next(n for n in self.options if n != best)
+        return best
+
+    def record(self, rows: int, threads: int, seconds: float) -> None:
+        group = self._groups.setdefault(max(rows, 1).bit_length(), _Group())
+        group.seconds.setdefault(threads, deque(maxlen=self.window)).append(seconds)
