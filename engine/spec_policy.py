@@ -18,6 +18,8 @@ a CPU only tracks that rarely fail are worth drafting, and with many sequences d
 """
 from __future__ import annotations
 
+import bisect
+
 from engine.speculative import Drafter
 
 # Prior hit rates by match length (1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+), as measured on greedy
@@ -52,31 +54,36 @@ class Acceptance:
 class StepCost:
     """A decode step's time by its rows; a fixed `row_cost` (relative to a one-row step) measures nothing."""
 
-    __slots__ = ("row_cost", "_mean")
+    __slots__ = ("row_cost", "_mean", "_known")
 
     def __init__(self, row_cost: float | None = None) -> None:
         self.row_cost = row_cost
         self._mean: dict[int, float] = {}  # rows -> running mean of seconds
+        self._known: list[int] = []  # its keys, sorted
 
     def observe(self, rows: int, seconds: float) -> None:
         if self.row_cost is None:
             old = self._mean.get(rows)
-            self._mean[rows] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+            if old is None:
+                bisect.insort(self._known, rows)
+                self._mean[rows] = seconds
+            else:
+                self._mean[rows] = old + COST_WEIGHT * (seconds - old)
 
     def __call__(self, rows: int) -> float:
         """The time of a step of `rows` rows (in seconds where measured, else in one-row steps)."""
         if self.row_cost is not None or not self._mean:
             return 1.0 + (PRIOR_ROW_COST if self.row_cost is None else self.row_cost) * (rows - 1)
-        mean = self._mean
+        mean, known = self._mean, self._known
         if rows in mean:
             return mean[rows]
-        below = max((r for r in mean if r < rows), default=None)
-        above = min((r for r in mean if r > rows), default=None)
-        if below is not None and above is not None:
+        i = bisect.bisect(known, rows)
+        if 0 < i < len(known):
+            below, above = known[i - 1], known[i]
             return mean[below] + (mean[above] - mean[below]) * (rows - below) / (above - below)
-        known = above if below is None else below
-        per_row = mean[known] * PRIOR_ROW_COST / (1.0 + PRIOR_ROW_COST * (known - 1))
-        return max(mean[known] + per_row * (rows - known), 0.0)
+        edge = known[0] if i == 0 else known[-1]  # beyond the counts seen: the prior's slope, to their scale
+        per_row = mean[edge] * PRIOR_ROW_COST / (1.0 + PRIOR_ROW_COST * (edge - 1))
+        return max(mean[edge] + per_row * (rows - edge), 0.0)
 
 
 class SpecPolicy:
@@ -97,7 +104,9 @@ class SpecPolicy:
         best_k, best_gain, gain, run = 0, 0.0, 0.0, 1.0
         best = tokens / self.cost(rows)
         for j in range(1, limit + 1):
-            run *= self.acceptance.p(drafter.greedy, drafter.match + j - 1)
+            run *= self.acceptance.p(drafter.greedy, drafter.match + j - 1)  # all of the first j accepted
+            if run < 0.01:
+                break  # what longer drafts could add is negligible
             gain += run
             rate = (tokens + gain) / self.cost(rows + j)
             if rate > best:
