@@ -7,10 +7,10 @@ accepted, yields j more tokens. Two running estimates price that:
   match length (in powers of two) and by greedy or sampled. Every generated token of a drafting
   sequence is scored (engine/speculative.py), drafted or not, so a class of matches that stopped
   drafting is still watched and drafts again once it pays.
-- `StepCost`: the time of a decode step by its number of rows, a running mean per row count
-  measured from the engine's own steps (interpolated between the counts seen, the prior slope
-  `row_cost` beyond them). Extra rows cost whatever they cost on this machine, backend and
-  activation mode: a few percent of a step on a GPU, most of a step on a small CPU.
+- `StepCost`: the time of a decode step by its number of rows, relative to a one-row step, learnt
+  from the engine's own steps (interpolated between the counts seen, the prior's slope beyond
+  them), or fixed by `SpecConfig.row_cost`. Extra rows cost whatever they cost on this
+  machine, backend and activation mode: little on a GPU, about half a one-row step on a 2-core CPU.
 
 `SpecPolicy.length` picks the k that maximizes the whole step's expected tokens per unit of time,
 with drafts already given to the step's other sequences counted in: on a GPU drafts run long, on
@@ -27,7 +27,8 @@ from engine.speculative import Drafter
 PRIOR = (0.2, 0.4, 0.65, 0.85, 0.95, 0.95, 0.95)
 PRIOR_WEIGHT = 4.0
 DECAY = 0.98  # per observation of a class: the last ~50 count
-COST_WEIGHT = 0.2  # a new step time's weight in its row count's running mean
+LEVEL_WEIGHT = 0.3  # how fast the one-row step time follows each step
+SHAPE_WEIGHT = 0.1  # how fast a row count's relative time follows its steps
 PRIOR_ROW_COST = 0.5  # an extra row's time relative to a one-row step, until measured
 
 
@@ -52,38 +53,46 @@ class Acceptance:
 
 
 class StepCost:
-    """A decode step's time by its rows; a fixed `row_cost` (relative to a one-row step) measures nothing."""
+    """A decode step's time by its rows, as `level * shape(rows)`: the shape (1 at one row) is what
+    rows cost relative to each other, learnt slowly; the level, a one-row step's time now, follows
+    every step quickly, so that a machine getting busier or quieter does not leave the row counts
+    measured earlier stale against those measured now. A fixed `row_cost` measures nothing."""
 
-    __slots__ = ("row_cost", "_mean", "_known")
+    __slots__ = ("row_cost", "level", "_shape", "_known")
 
     def __init__(self, row_cost: float | None = None) -> None:
         self.row_cost = row_cost
-        self._mean: dict[int, float] = {}  # rows -> running mean of seconds
-        self._known: list[int] = []  # its keys, sorted
+        self.level = 0.0  # seconds of a one-row step now (0: nothing measured yet)
+        self._shape: dict[int, float] = {1: 1.0}  # rows -> a step's time in one-row steps, where measured
+        self._known: list[int] = [1]  # its keys, sorted
 
     def observe(self, rows: int, seconds: float) -> None:
-        if self.row_cost is None:
-            old = self._mean.get(rows)
-            if old is None:
+        if self.row_cost is not None:
+            return
+        shape = self.shape(rows)
+        if not self.level:
+            self.level = seconds / shape
+            return
+        surprise = min(max(seconds / (self.level * shape), 0.5), 2.0)  # one stalled step moves little
+        self.level *= 1.0 + LEVEL_WEIGHT * (surprise - 1.0)
+        if rows != 1:
+            if rows not in self._shape:
                 bisect.insort(self._known, rows)
-                self._mean[rows] = seconds
-            else:
-                self._mean[rows] = old + COST_WEIGHT * (seconds - old)
+            self._shape[rows] = shape * (1.0 + SHAPE_WEIGHT * (surprise - 1.0))
 
-    def __call__(self, rows: int) -> float:
-        """The time of a step of `rows` rows (in seconds where measured, else in one-row steps)."""
-        if self.row_cost is not None or not self._mean:
-            return 1.0 + (PRIOR_ROW_COST if self.row_cost is None else self.row_cost) * (rows - 1)
-        mean, known = self._mean, self._known
-        if rows in mean:
-            return mean[rows]
-        i = bisect.bisect(known, rows)
-        if 0 < i < len(known):
+    def shape(self, rows: int) -> float:
+        """A step of `rows` rows' time in one-row steps: learnt where measured, interpolated between,
+        the prior's slope beyond (or the fixed `row_cost`)."""
+        if self.row_cost is not None:
+            return 1.0 + self.row_cost * (rows - 1)
+        shape, known = self._shape, self._known
+        if rows in shape:
+            return shape[rows]
+        i = bisect.bisect(known, rows)  # known[0] == 1 <= rows
+        if i < len(known):
             below, above = known[i - 1], known[i]
-            return mean[below] + (mean[above] - mean[below]) * (rows - below) / (above - below)
-        edge = known[0] if i == 0 else known[-1]  # beyond the counts seen: the prior's slope, to their scale
-        per_row = mean[edge] * PRIOR_ROW_COST / (1.0 + PRIOR_ROW_COST * (edge - 1))
-        return max(mean[edge] + per_row * (rows - edge), 0.0)
+            return shape[below] + (shape[above] - shape[below]) * (rows - below) / (above - below)
+        return shape[known[-1]] + PRIOR_ROW_COST * (rows - known[-1])
 
 
 class SpecPolicy:
@@ -102,13 +111,13 @@ class SpecPolicy:
         if drafter.src is None or limit <= 0:
             return 0, 0.0
         best_k, best_gain, gain, run = 0, 0.0, 0.0, 1.0
-        best = tokens / self.cost(rows)
+        best = tokens / self.cost.shape(rows)
         for j in range(1, limit + 1):
             run *= self.acceptance.p(drafter.greedy, drafter.match + j - 1)  # all of the first j accepted
             if run < 0.01:
                 break  # what longer drafts could add is negligible
             gain += run
-            rate = (tokens + gain) / self.cost(rows + j)
+            rate = (tokens + gain) / self.cost.shape(rows + j)
             if rate > best:
                 best, best_k, best_gain = rate, j, gain
         return best_k, best_gain

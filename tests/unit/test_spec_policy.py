@@ -32,21 +32,29 @@ def test_acceptance_starts_at_the_prior_and_follows_what_it_sees_by_match_class(
 
 def test_a_fixed_row_cost_is_linear_and_measures_nothing():
     cost = StepCost(row_cost=0.25)
-    cost.observe(1, 5.0)
-    assert (cost(1), cost(5)) == (1.0, 2.0)
+    cost.observe(5, 5.0)
+    assert (cost.shape(1), cost.shape(5), cost.level) == (1.0, 2.0, 0.0)
 
 
-def test_step_cost_is_a_running_mean_per_row_count_and_interpolated_between():
+def test_step_cost_learns_the_shape_of_row_counts_and_follows_the_load_level():
     cost = StepCost()
-    assert cost(3) == 1.0 + 2 * PRIOR_ROW_COST  # nothing measured: the prior, in one-row steps
-    cost.observe(4, 0.020)
-    per_row = 0.020 * PRIOR_ROW_COST / (1 + 3 * PRIOR_ROW_COST)  # the prior's slope at the one known count
-    assert cost(1) == pytest.approx(0.020 - 3 * per_row) and cost(6) == pytest.approx(0.020 + 2 * per_row)
-    cost.observe(1, 0.010)
-    cost.observe(1, 0.020)  # a running mean: 0.010 + 0.2 * (0.020 - 0.010)
-    assert cost(1) == pytest.approx(0.012)
-    assert cost(2) == pytest.approx(0.012 + (0.020 - 0.012) / 3)  # between the counts seen
-    assert cost(4) == 0.020
+    assert cost.shape(3) == 1.0 + 2 * PRIOR_ROW_COST  # nothing measured: the prior
+    for _ in range(200):  # a one-row step takes 10 ms, a nine-row step 30 ms
+        cost.observe(1, 0.010)
+        cost.observe(9, 0.030)
+    assert cost.shape(9) == pytest.approx(3.0, rel=0.02) and cost.level == pytest.approx(0.010, rel=0.02)
+    assert cost.shape(5) == pytest.approx(2.0, rel=0.02)  # between the counts seen
+    assert cost.shape(11) == pytest.approx(3.0 + 2 * PRIOR_ROW_COST, rel=0.02)  # beyond: the prior's slope
+    for _ in range(20):  # the machine gets twice as busy while only nine-row steps run
+        cost.observe(9, 0.060)
+    assert cost.level > 0.015 and cost.shape(9) < 3.0 * 1.25  # mostly the level moves
+    for _ in range(200):
+        cost.observe(1, 0.020)
+        cost.observe(9, 0.060)
+    assert cost.shape(9) == pytest.approx(3.0, rel=0.02) and cost.level == pytest.approx(0.020, rel=0.02)
+    shape = cost.shape(9)
+    cost.observe(9, 10.0)  # one stalled step
+    assert cost.shape(9) <= shape * 1.1
 
 
 def test_no_track_no_draft():
@@ -77,8 +85,9 @@ def test_tracks_seen_to_hold_get_longer_drafts():
 
 def test_measured_step_times_decide():
     cheap, dear = SpecPolicy(), SpecPolicy()
-    for rows in (1, 17):
-        cheap.cost.observe(rows, 0.010 + 0.0001 * rows)  # a GPU: a verify step costs about a decode step
-        dear.cost.observe(rows, 0.014 * (1 + 0.65 * (rows - 1)))  # this CPU
-    d = drafter_with_match(4)
-    assert cheap.length(d, 1, 1.0, 16)[0] > 4 and dear.length(d, 1, 1.0, 16)[0] == 0
+    for _ in range(100):
+        for rows in (1, 17):
+            cheap.cost.observe(rows, 0.010 + 0.0001 * rows)  # a GPU: a verify step costs about a decode step
+            dear.cost.observe(rows, 0.014 * (1 + 0.65 * (rows - 1)))  # this CPU
+    d = drafter_with_match(2)
+    assert cheap.length(d, 1, 1.0, 16)[0] > 1 and dear.length(d, 1, 1.0, 16)[0] == 0
