@@ -101,11 +101,19 @@ async def _structured(engine: Engine, max_tokens: int) -> dict:
 
 
 async def _speculative(engine: Engine, max_tokens: int) -> dict:
-    """Single-stream greedy decode on a rewrite task (fix one typo: the reply copies most of the prompt),
-    speculation off vs on, each to the reply's natural end (or max_tokens)."""
-    prompt = engine.render_chat([{"role": "user", "content": (
+    """Single-stream greedy decode, speculation off vs on, each to the reply's natural end (or max_tokens): a
+    rewrite task (fix one typo: the reply copies most of the prompt), and a story, where little is worth
+    copying and speculation should cost nothing (`story_*`)."""
+    rewrite = await _off_and_on(engine, max_tokens, (
         "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
-        "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```")}])
+        "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```"))
+    story = await _off_and_on(engine, max_tokens, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    return {**rewrite, "story_tok_s_off": story["tok_s_off"], "story_tok_s_on": story["tok_s_on"],
+            "story_identical": story["identical"]}
+
+
+async def _off_and_on(engine: Engine, max_tokens: int, content: str) -> dict:
+    prompt = engine.render_chat([{"role": "user", "content": content}])
     runs = {}
     for mode in ("off", "ngram"):
         await engine.reset_prefix_cache()
@@ -289,6 +297,9 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
          f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
          f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
          f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
+        ("story decode, speculation off / on", f"{result['speculative']['story_tok_s_off']:.1f} / "
+                                               f"{result['speculative']['story_tok_s_on']:.1f} tok/s, "
+                                               f"{'identical' if result['speculative']['story_identical'] else 'DIFFERENT'} output"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
         ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]

@@ -24,6 +24,7 @@ from engine.sampling import (
 )
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
+from engine.spec_policy import SpecPolicy
 from engine.speculative import Drafter, SpecConfig
 from engine.structured import Grammars
 from engine.tokenizer import IncrementalDetokenizer
@@ -73,6 +74,7 @@ class LLMEngine:
         self.eos_ids = frozenset(mc.eos_token_ids)
         self.grammars = Grammars(self.tokenizer, mc.vocab_size, sorted(self.eos_ids))
         self.metrics = EngineMetrics()
+        self.spec_policy = SpecPolicy(self.config.speculative.row_cost)
         self._seq_ids = itertools.count()
         self._groups: dict[str, list[Sequence]] = {}  # request id -> its live sequences
         self._pending_siblings: dict[str, list[Sequence]] = {}  # n > 1: wait for the prompt's blocks
@@ -118,7 +120,8 @@ class LLMEngine:
                 rng=make_rng(params.seed, i) if params.temperature > 0 else None,
                 detok=IncrementalDetokenizer(self.tokenizer, stop=params.stop),
                 matcher=self.grammars.matcher(params.response_format) if params.response_format else None,
-                drafter=Drafter(spec) if drafting else None,
+                drafter=Drafter(len(req.prompt_token_ids), self.spec_policy.acceptance,
+                                params.temperature == 0.0) if drafting else None,
                 arrival=arrival,
                 deadline=deadline,
             )
@@ -141,6 +144,7 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
+        started = time.perf_counter()
         events = self._expire(time.monotonic())
         self._propose_drafts()
         batch = self.scheduler.schedule()
@@ -160,6 +164,7 @@ class LLMEngine:
                 sampling.append(seq)
             else:
                 inputs.append(SeqInput(seq.token_ids[start : start + n], start, seq.block_table, 0))
+        decode_rows = sum(x.num_logits for x in inputs) if all(x.num_logits == len(x.tokens) for x in inputs) else 0
         try:
             logits = self.runner.run(inputs)
         except Exception as exc:  # the model itself failed: these sequences cannot go on
@@ -185,24 +190,30 @@ class LLMEngine:
                 log.exception("post-processing failed for request %s", seq.request_id)
                 events.append(self._finish(seq, "error", f"token post-processing failed: {exc}"))
         self.metrics.step_done(generated)
+        if decode_rows:  # what a decode step of this many rows (sequences + drafts) costs, drafting included
+            self.spec_policy.cost.observe(decode_rows, time.perf_counter() - started)
         self._release_siblings()
         return events
 
     def _propose_drafts(self) -> None:
-        """Drafts for decoding sequences, within the spare rows of the step (speculative.py)."""
+        """Drafts for decoding sequences, each as long as it pays for the whole step (engine/spec_policy.py)."""
+        spec = self.config.speculative
         decoding = [s for s in self.scheduler.running if s.remaining == 1]
-        spare = self.config.speculative.max_rows - len(decoding)
+        rows, tokens = len(decoding), float(len(decoding))  # the step's rows and expected tokens so far
         for seq in decoding:
             seq.draft = []
-            if seq.drafter is None or spare <= 0:
+            if seq.drafter is None:
                 continue
             params = seq.request.params
-            limit = min(spare, params.max_tokens - seq.num_output - 1, self.max_context - seq.num_tokens - 1)
-            draft = seq.drafter.propose(seq.token_ids, limit)
+            limit = min(spec.max_k, spec.max_rows - rows, params.max_tokens - seq.num_output - 1,
+                        self.max_context - seq.num_tokens - 1)
+            k, gain = self.spec_policy.length(seq.drafter, rows, tokens, limit)
+            draft = seq.drafter.draft(seq.token_ids, k)
             if draft and seq.matcher is not None:  # only grammar-valid drafts are scored
                 draft = draft[: seq.matcher.validate_tokens(draft)]
             seq.draft = draft
-            spare -= len(draft)
+            rows += len(draft)
+            tokens += gain
 
     def _sample(self, seqs: list[Sequence], logits: Any) -> list[tuple[list[int], list[TokenLogprob] | None] | Exception]:
         """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error.
@@ -272,8 +283,6 @@ class LLMEngine:
         """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all
         but the last, the blocks past it (rejected draft slots) are given back, full ones are cached."""
         drafted = len(seq.draft)
-        if seq.drafter is not None:
-            seq.drafter.update(drafted, len(tokens) - 1, len(tokens))
         if drafted:
             self.metrics.verified(drafted, len(tokens) - 1)
         seq.draft = []
@@ -296,6 +305,8 @@ class LLMEngine:
                 tokens = tokens[:i]  # accepted drafts past the end are not output
                 break
         seq.token_ids += tokens
+        if seq.drafter is not None:
+            seq.drafter.observe(seq.token_ids)
         seq.num_computed = seq.num_tokens - 1  # the last token's KV comes with the next step
         self.blocks.trim(seq)
         self.blocks.commit(seq)

@@ -1,88 +1,92 @@
 """N-gram (prompt lookup) speculative decoding: cheap drafts from the sequence's own tokens.
 
-A sequence's last n tokens (n from `ngram_max` down to `ngram_min`) are looked up among its
-prompt and output so far; the tokens that followed their most recent earlier occurrence are
-the draft. The step verifies every drafted position in one forward pass (engine/sampling.py
-has the exact acceptance rule), so a draft costs extra rows of a step, never extra steps.
+A sequence follows a *track*: an earlier position in its prompt or output whose preceding tokens
+match the sequence's last tokens. When it has none, the most recent `CANDIDATES` occurrences of
+its last two tokens are compared backward with its tail and the longest match becomes the track
+(the most recent occurrence of its last token when no pair matches). The track is kept for as long
+as the generated tokens go on matching it (prompt-lookup decoding's "stay on the track"): a copied
+passage keeps its source instead of jumping to a shorter or merely more recent match. A draft is
+the track's next tokens; the step verifies all of them in one forward pass (engine/sampling.py has
+the exact acceptance rule), so a draft costs extra rows of a step, never extra steps.
 
-When it pays: a decode step over few sequences is bound by reading the weights, so a few
-more rows cost little; with many sequences decoding the step is bound by arithmetic and
-drafts would slow everyone. The engine therefore gives drafts only the spare rows of a step
-(`max_rows` minus the sequences decoding in it). Per sequence the draft length adapts: it
-doubles after a fully accepted draft, drops to (accepted + 1) after a rejection, and a
-sequence whose acceptance stays low stops drafting for `pause_tokens` tokens before trying
-again with the shortest draft.
+Every generated token, drafted or not, is also scored against the track's prediction, by match
+length: engine/spec_policy.py turns those hit rates and the measured cost of a step's rows into
+each draft's length (none when drafting would not pay).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.spec_policy import Acceptance
+
+MAX_MATCH = 64  # match lengths are counted up to this
+CANDIDATES = 32  # occurrences of the last two tokens compared when looking for a track
 
 
 @dataclass(slots=True)
 class SpecConfig:
     mode: str = "ngram"  # "ngram" | "off": the default for requests that do not say
-    min_k: int = 1  # draft length bounds
-    max_k: int = 8
-    ngram_min: int = 1
-    ngram_max: int = 3
-    max_rows: int = 16  # drafts use the rows of a step left after one per decoding sequence
-    low_acceptance: float = 0.25  # below this (running mean) a sequence pauses drafting ...
-    pause_tokens: int = 32  # ... for this many generated tokens
+    max_k: int = 16  # the longest draft
+    max_rows: int = 32  # the most rows (tokens) a decode step may reach with drafts
+    row_cost: float | None = None  # one more row's time relative to a one-row step; None: measured online
 
     def check(self) -> None:
         """Raise ValueError naming the first bad setting."""
         if self.mode not in ("off", "ngram"):
             raise ValueError(f"speculative must be 'off' or 'ngram', got {self.mode!r}")
-        if not 1 <= self.min_k <= self.max_k:
-            raise ValueError(f"draft length bounds need 1 <= min_k <= max_k, got {self.min_k}, {self.max_k}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError(f"n-gram bounds need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.max_k < 1 or self.max_rows < 1:
+            raise ValueError(f"max_k and max_rows must be >= 1, got {self.max_k}, {self.max_rows}")
+        if self.row_cost is not None and not self.row_cost >= 0:
+            raise ValueError(f"row_cost must be None or >= 0, got {self.row_cost}")
 
 
 class Drafter:
-    """Prompt-lookup drafts for one sequence, with its adaptive draft length."""
+    """One sequence's track over its own tokens, and the scoring of its predictions."""
 
-    __slots__ = ("config", "k", "rate", "paused", "_index", "_indexed")
+    __slots__ = ("prompt_len", "acceptance", "greedy", "src", "match", "_after_pair", "_after_token", "_seen")
 
-    def __init__(self, config: SpecConfig) -> None:
-        self.config = config
-        self.k = min(max(4, config.min_k), config.max_k)
-        self.rate = 0.5  # running mean of the accepted fraction of a draft
-        self.paused = 0  # tokens to go before drafting again
-        # n -> {n-gram: position of the token that followed its most recent occurrence}
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(config.ngram_min, config.ngram_max + 1)}
-        self._indexed = 0  # tokens whose n-grams are in the index as followers
+    def __init__(self, prompt_len: int, acceptance: Acceptance | None = None, greedy: bool = True) -> None:
+        self.prompt_len = prompt_len
+        self.acceptance, self.greedy = acceptance, greedy  # where generated tokens are scored, and as what
+        self.src: int | None = None  # the track: position of the token predicted to come next
+        self.match = 0  # how many tokens before `src` equal the sequence's last tokens (up to MAX_MATCH)
+        self._after_pair: dict[tuple[int, int], list[int]] = {}  # two tokens -> positions that followed them
+        self._after_token: dict[int, int] = {}  # a token -> the position that followed it last
+        self._seen = 0  # tokens taken in
 
-    def propose(self, token_ids: list[int], limit: int) -> list[int]:
-        """Up to min(k, limit) tokens that may come next; [] when nothing matches."""
-        self._extend(token_ids)
-        if self.paused or limit <= 0:
-            return []
-        k = min(self.k, limit)
-        for n in range(self.config.ngram_max, self.config.ngram_min - 1, -1):
-            pos = self._index[n].get(tuple(token_ids[-n:]))
-            if pos is not None:
-                return token_ids[pos : pos + k]
-        return []
+    def observe(self, token_ids: list[int]) -> None:
+        """Take in the tokens appended since the last call: score the track's prediction of each
+        generated one, follow the track while they match it, find a new one where it breaks."""
+        src = self.src
+        for i in range(self._seen, len(token_ids)):
+            if src is not None:
+                hit = token_ids[src] == token_ids[i]
+                if self.acceptance is not None and i >= self.prompt_len:
+                    self.acceptance.observe(self.greedy, self.match, hit)
+                src = src + 1 if hit else None
+                self.match = min(self.match + 1, MAX_MATCH) if hit else 0
+            if i >= 1:
+                self._after_token[token_ids[i - 1]] = i
+            if i >= 2:
+                self._after_pair.setdefault((token_ids[i - 2], token_ids[i - 1]), []).append(i)
+        self._seen = len(token_ids)
+        self.src = src if src is not None else self._lookup(token_ids)
 
-    def update(self, drafted: int, accepted: int, emitted: int) -> None:
-        """After a step: `drafted` tokens were verified and `accepted` kept; `emitted` tokens were
-        generated (pauses count down by generated tokens)."""
-        cfg = self.config
-        if not drafted:
-            self.paused = max(0, self.paused - emitted)
-            if not self.paused and self.rate < cfg.low_acceptance:
-                self.rate, self.k = cfg.low_acceptance, cfg.min_k  # probe again, carefully
-            return
-        self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
-        self.k = min(cfg.max_k, 2 * self.k) if accepted == drafted else max(cfg.min_k, accepted + 1)
-        if self.rate < cfg.low_acceptance:
-            self.paused = cfg.pause_tokens
+    def draft(self, token_ids: list[int], k: int) -> list[int]:
+        """The track's next k tokens (fewer where it reaches the end; [] without a track)."""
+        return token_ids[self.src : self.src + k] if self.src is not None and k > 0 else []
 
-    def _extend(self, token_ids: list[int]) -> None:
-        index, end = self._index, len(token_ids)
-        for i in range(max(self._indexed, 1), end):  # token i follows the n-gram ending at i - 1
-            for n, table in index.items():
-                if i >= n:
-                    table[tuple(token_ids[i - n : i])] = i
-        self._indexed = end
+    def _lookup(self, token_ids: list[int]) -> int | None:
+        end = len(token_ids)
+        best, self.match = None, 0
+        for src in reversed(self._after_pair.get(tuple(token_ids[-2:]), [])[-CANDIDATES:]):
+            m = 2
+            while m < MAX_MATCH and m < src and token_ids[src - m - 1] == token_ids[end - m - 1]:
+                m += 1
+            if m > self.match:
+                best, self.match = src, m
+        if best is None and end and (best := self._after_token.get(token_ids[-1])) is not None:
+            self.match = 1
+        return best
