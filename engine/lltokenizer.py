@@ -11,6 +11,7 @@ the JSON path unchanged.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -67,14 +68,17 @@ def _char_to_byte() -> dict[str, int]:
 
 class _Vocabulary:
     """What `llguidance.TokenizerWrapper` reads: token bytes, BOS/EOS, special ids, and a call that
-    tokenizes a str (it passes str once a bytes argument is refused, as `Tokenizer.encode` does)."""
+    tokenizes a str (it passes str once a bytes argument is refused, as `Tokenizer.encode` does).
+
+    llguidance tokenizes the text a grammar forces next (e.g. '", "age": ') while it computes masks,
+    the same few strings step after step: cached, so that a mask costs no Python call."""
 
     def __init__(self, tokenizer: Tokenizer, tokens: list[bytes], special_ids: list[int]) -> None:
-        self._tokenizer = tokenizer
         self.tokens = tokens
         self.special_token_ids = special_ids
         self.eos_token_id = tokenizer.eos_id  # LLTokenizer's eos_token overrides it
         self.bos_token_id = tokenizer.bos_id
+        self._encode = lru_cache(maxsize=4096)(lambda text: tuple(tokenizer.encode(text)))
 
-    def __call__(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text)
+    def __call__(self, text: str) -> tuple[int, ...]:
+        return self._encode(text)

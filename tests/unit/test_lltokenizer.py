@@ -3,6 +3,7 @@ byte-level vocabulary, checked byte for byte against our decoding and against th
 llguidance builds from the tokenizer's JSON; other vocabularies take the JSON path."""
 from __future__ import annotations
 
+import json
 import random
 
 import llguidance
@@ -95,6 +96,21 @@ def test_llguidance_tokenizes_and_decodes_as_from_the_json(tok, pair):
     for text in texts[:100]:
         cut = text.encode("utf-8")[:-1]
         assert new.tokenize_bytes(cut) == old.tokenize_bytes(cut)
+
+
+def test_masks_along_a_json_schema_reply_are_those_of_the_json_built_tokenizer(tok, pair):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "tags": {"type": "array", "items": {"type": "string"}}},
+              "required": ["name", "age", "tags"]}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+    reply = tok.encode(json.dumps({"name": "Zoë 😀", "age": 36, "tags": ["math", "日本"]}, ensure_ascii=False))
+    for _ in range(2):  # the second pass tokenizes the forced text again (from the cache, in ours)
+        new, old = (llguidance.LLMatcher(t, grammar, log_level=0) for t in pair)
+        for token in reply:
+            assert new.compute_bitmask() == old.compute_bitmask()
+            assert new.consume_token(token) and old.consume_token(token)
+        assert new.compute_bitmask() == old.compute_bitmask() and new.is_accepting()
 
 
 def test_ids_past_the_vocabulary_are_never_allowed_and_masks_agree(tok):
