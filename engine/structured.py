@@ -1,6 +1,6 @@
 """Structured output: JSON object, JSON schema, regex and Lark grammar constraints as token masks.
 
-llguidance does the work: its tokenizer is built once from the model's `tokenizers` tokenizer,
+llguidance does the work: its tokenizer is built once from ours (engine/lltokenizer.py),
 each (kind, spec) is compiled once into a matcher kept in a small LRU cache, and every
 sequence gets a cheap copy of it. Per step the masks of all constrained rows (drafted rows
 included) are filled into one int32 bitmask [rows, ceil(vocab / 32)] (llguidance releases
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import llguidance
 import numpy as np
 
+from engine.lltokenizer import build_lltokenizer
 from engine.types import InvalidRequest, ResponseFormat
 
 if TYPE_CHECKING:
@@ -134,9 +135,7 @@ class Grammars:
                     raise InvalidRequest("structured output needs the tokenizer's vocabulary to fit the model's",
                                          param="response_format")
                 # Ids past the tokenizer's vocabulary (padding rows of the model) are never allowed.
-                self._lltok = llguidance.LLTokenizer(
-                    self._tokenizer.hf.to_str(), n_vocab=self.vocab_size, eos_token=self._eos_ids
-                )
+                self._lltok = build_lltokenizer(self._tokenizer, self.vocab_size, self._eos_ids)
             return self._lltok
 
 
