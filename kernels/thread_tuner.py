@@ -1,13 +1,13 @@
 """How many kernel threads a step should use, chosen from the steps' own timings.
 
 On a quiet machine every core helps, and kernel threads that spin briefly between the ~120
-parallel launches of a decode step make two cores 1.7x one. When another process takes a core,
-the same team waits at every launch for a thread that shares that core, and a step gets slower
-than on one thread (measured on 2 cores: 6 ms spinning / 10.5 ms on one thread quiet; 52 ms /
-10.5 ms with a busy loop on one core). No fixed setting is right for both, so the backend tries
-them: steps are grouped by size (rows, in powers of two), each group runs on the setting with the
-lower recent step time, and every `probe_every`-th step of a group runs on the other one so that
-its time stays current. A probe costs at most one slower step in `probe_every`.
+parallel launches of a decode step make two cores worth it (default model, single-row decode
+steps on a 2-core VM: 8.4-8.9 ms on two threads, 12.0-12.4 ms on one). When another process
+takes a core, the team waits at every launch for the thread that shares that core, and a step
+gets slower than on one thread (busy loop on one core: 15.4-16.8 ms on two, 13.2-14.0 on one).
+No fixed setting is right for both, so the backend tries them: steps are grouped by size (rows,
+in powers of two), each group runs on the setting with the lower recent step time, and every
+`probe_every`-th step of a group runs on the other one so that its time stays current. A probe costs at most one slower step in `probe_every`.
 
 The settings are all the threads, and one fewer (which leaves a taken core to its taker): on
 2 cores, 2 and 1. The thread count does not change any result (every output row is computed by one
