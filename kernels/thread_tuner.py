@@ -7,7 +7,8 @@ takes a core, the team waits at every launch for the thread that shares that cor
 gets slower than on one thread (busy loop on one core: 15.4-16.8 ms on two, 13.2-14.0 on one).
 No fixed setting is right for both, so the backend tries them: steps are grouped by size (rows,
 in powers of two), each group runs on the setting with the lower recent step time, and every
-`probe_every`-th step of a group runs on the other one so that its time stays current. A probe costs at most one slower step in `probe_every`.
+`probe_every`-th step of a group runs on the other one so that its time stays current. A probe costs at most one slower step in `probe_every`, and a group's first `probe_every` - 1
+steps run on all threads.
 
 The settings are all the threads, and one fewer (which leaves a taken core to its taker): on
 2 cores, 2 and 1. The thread count does not change any result (every output row is computed by one
@@ -35,13 +36,12 @@ class ThreadTuner:
         self._groups: dict[int, _Group] = {}
 
     def choose(self, rows: int) -> int:
-        """The thread count for a step of `rows` activation rows."""
+        """The thread count for a step of `rows` activation rows: all threads until a probe has timed
+        the other setting, then the faster of the two."""
         group = self._groups.setdefault(max(rows, 1).bit_length(), _Group())
         group.steps += 1
-        untried = [n for n in self.options if n not in group.seconds]
-        if untried:
-            return untried[0]
-        best = min(self.options, key=lambda n: statistics.median(group.seconds[n]))
+        timed = [n for n in self.options if n in group.seconds]
+        best = min(timed, key=lambda n: statistics.median(group.seconds[n])) if timed else self.options[0]
         if len(self.options) > 1 and group.steps % self.probe_every == 0:
             return next(n for n in self.options if n != best)
         return best

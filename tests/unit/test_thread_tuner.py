@@ -23,12 +23,18 @@ def test_settings_are_all_threads_and_one_fewer():
     assert ThreadTuner(1).options == [1]
 
 
-def test_tries_each_setting_then_keeps_the_faster_and_probes_the_other():
+def test_starts_on_all_threads_then_keeps_the_faster_and_probes_the_other():
     tuner = ThreadTuner(2, probe_every=8)
     chosen = run(tuner, 64, {2: 0.006, 1: 0.010})
-    assert chosen[:2] == [2, 1]  # each setting timed once
-    assert chosen.count(1) == 1 + 64 // 8  # then only the probes
-    assert all(n == 1 for i, n in enumerate(chosen, 1) if i % 8 == 0 and i > 2)
+    assert chosen[:7] == [2] * 7  # no probe before the 8th step: a short run pays nothing
+    assert [i for i, n in enumerate(chosen, 1) if n == 1] == list(range(8, 65, 8))  # only the probes
+
+
+def test_moves_to_the_faster_setting_after_its_first_probe():
+    tuner = ThreadTuner(2, probe_every=8)
+    chosen = run(tuner, 32, {2: 0.010, 1: 0.006})
+    assert chosen[:8] == [2] * 7 + [1]
+    assert chosen[8:] == [1] * 7 + [2] + [1] * 7 + [2] + [1] * 7 + [2]
 
 
 def test_follows_a_busy_core_and_comes_back_when_it_is_gone():
@@ -49,10 +55,11 @@ def test_one_slow_probe_does_not_flip_the_choice():
 
 def test_step_sizes_are_tuned_apart():
     """Prefill-sized steps may prefer another setting than single-row decode steps."""
-    tuner = ThreadTuner(2, probe_every=1000)
+    tuner = ThreadTuner(2, probe_every=5)
     decode = run(tuner, 20, {2: 0.006, 1: 0.010}, rows=1)
     prefill = run(tuner, 20, {2: 0.9, 1: 0.5}, rows=500)
-    assert decode[-10:] == [2] * 10 and prefill[-10:] == [1] * 10
+    assert decode[10:] == [2, 2, 2, 2, 1, 2, 2, 2, 2, 1]  # steps 15 and 20 are probes
+    assert prefill[10:] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 2]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
