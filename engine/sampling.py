@@ -30,8 +30,7 @@ import numpy as np
 
 from engine.types import InvalidRequest, SamplingParams, TokenLogprob
 from kernels import Backend
-from kernels.row_sampling import _NUCLEUS_CANDIDATES, draw, logprob_rows  # noqa: F401  (test_sampling reads the constant)
-from kernels.row_sampling import kth_largest as _kth_largest  # noqa: F401  (test_sampling reads it here)
+from kernels.row_sampling import draw, logprob_rows
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 from engine import sampling
 from engine.sampling import SamplerRow, make_rng, sample
 from engine.types import InvalidRequest, SamplingParams
+from kernels import row_sampling
 
 V = 49152  # the default model's vocabulary
 
@@ -177,12 +178,12 @@ def test_top_p_large_nucleus_matches_full_sort():
     gen = np.random.default_rng(9)
     logits = gen.permutation(np.linspace(0.0, -4.0, V)).astype(np.float32)
     allowed = nucleus_reference(logits, 0.5)
-    assert len(allowed) > 4 * sampling._NUCLEUS_CANDIDATES
+    assert len(allowed) > 4 * row_sampling._NUCLEUS_CANDIDATES
     draws = draw_many(logits, 400, seed=9, temperature=1.0, top_p=0.5)
     assert set(draws.tolist()) <= allowed
     rank = np.empty(V, dtype=np.int64)
     rank[np.argsort(-logits, kind="stable")] = np.arange(V)
-    assert (rank[draws] >= sampling._NUCLEUS_CANDIDATES).mean() > 0.5  # not truncated to the cut
+    assert (rank[draws] >= row_sampling._NUCLEUS_CANDIDATES).mean() > 0.5  # not truncated to the cut
 
 
 def test_min_p_drops_tokens_below_the_fraction_of_the_top():
@@ -405,7 +406,7 @@ def test_kth_largest_matches_partition(n):
     x = gen.integers(-50, 50, n).astype(np.float32)  # many ties
     for k in {1, 2, 5, 20, 100, n}:
         if k <= n:
-            assert sampling._kth_largest(x, k) == np.sort(x)[::-1][k - 1]
+            assert row_sampling.kth_largest(x, k) == np.sort(x)[::-1][k - 1]
 
 
 # --- bad input ---------------------------------------------------------------------------
