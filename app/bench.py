@@ -100,35 +100,44 @@ async def _structured(engine: Engine, max_tokens: int) -> dict:
             "schema_tokens": len(r_schema["token_ids"])}
 
 
-async def _speculative(engine: Engine, max_tokens: int) -> dict:
+async def _speculative(engine: Engine, max_tokens: int, repeats: int) -> dict:
     """Single-stream greedy decode, speculation off vs on, each to the reply's natural end (or max_tokens): a
     rewrite task (fix one typo: the reply copies most of the prompt), and a story, where little is worth
     copying and speculation should cost nothing (`story_*`)."""
-    rewrite = await _off_and_on(engine, max_tokens, (
+    rewrite = await _off_and_on(engine, max_tokens, repeats, (
         "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
         "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```"))
-    story = await _off_and_on(engine, max_tokens, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    story = await _off_and_on(engine, max_tokens, repeats,
+                              "Write a short story about a lighthouse keeper who finds a message in a bottle.")
     return {**rewrite, "story_tok_s_off": story["tok_s_off"], "story_tok_s_on": story["tok_s_on"],
             "story_identical": story["identical"]}
 
 
-async def _off_and_on(engine: Engine, max_tokens: int, content: str) -> dict:
+async def _off_and_on(engine: Engine, max_tokens: int, repeats: int, content: str) -> dict:
+    """`repeats` pairs of runs, off/on then on/off alternately (a machine that speeds up or slows down
+    during the pairs favours neither), each side's median rate."""
     prompt = engine.render_chat([{"role": "user", "content": content}])
-    runs = {}
-    for mode in ("off", "ngram"):
-        await engine.reset_prefix_cache()
-        before = engine.stats()
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode)
-        runs[mode] = (await _run(engine, prompt, max_tokens, params), before, engine.stats())
-    on, before, after = runs["ngram"]
-    drafted = after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
-    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    rates: dict[str, list[float]] = {"off": [], "ngram": []}
+    replies: dict[str, list[list[int]]] = {"off": [], "ngram": []}
+    drafted = accepted = 0
+    for i in range(repeats):
+        for mode in ("off", "ngram") if i % 2 == 0 else ("ngram", "off"):
+            await engine.reset_prefix_cache()
+            before = engine.stats()
+            r = await _run(engine, prompt, max_tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode))
+            after = engine.stats()
+            drafted += after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
+            accepted += after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+            rates[mode].append(_decode_rate(r["stamps"]))
+            replies[mode].append(r["token_ids"])
+    reference = replies["off"][0]
     return {
-        "tokens": len(on["token_ids"]),
-        "tok_s_off": _decode_rate(runs["off"][0]["stamps"]),
-        "tok_s_on": _decode_rate(on["stamps"]),
+        "tokens": len(reference),
+        "repeats": repeats,
+        "tok_s_off": statistics.median(rates["off"]),
+        "tok_s_on": statistics.median(rates["ngram"]),
         "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "identical": on["token_ids"] == runs["off"][0]["token_ids"],
+        "identical": all(ids == reference for ids in replies["off"] + replies["ngram"]),
     }
 
 
@@ -259,7 +268,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
         "chat_turns": chat,
         "structured": await _structured(engine, decode_len),
-        "speculative": await _speculative(engine, 64 if quick else 160),
+        "speculative": await _speculative(engine, 64 if quick else 160, 1 if quick else 3),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "weight_mb": engine.model_info["weight_bytes"] / 1e6,
         "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
@@ -293,7 +302,8 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
         ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
                                               f"{result['structured']['tok_s_schema']:.1f} tok/s"),
-        (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens)",
+        (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens, "
+         f"median of {result['speculative']['repeats']})",
          f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
          f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
          f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
