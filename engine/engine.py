@@ -149,8 +149,9 @@ class Engine:
         be = get_backend(backend, threads, activations)
         if progress:
             progress(f"kernel backend: {be.choice}")  # get_backend logged it
+        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         t1 = time.perf_counter()
-        if be.name == "numba":
+        if be.name == "numba":  # after the weights: the kernels compile for their scale dtypes
             from kernels.numba_backend import warm_up
 
             warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
@@ -158,7 +159,6 @@ class Engine:
         elif be.name == "cupy":
             be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
             say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
-        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
                               SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
