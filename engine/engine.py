@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
-from engine.memory import share_one_arena
+from engine.memory import return_freed_memory, share_one_arena
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
@@ -279,10 +279,15 @@ class Engine:
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
         with threadpool_limits(limits=self.core.backend.blas_threads or self.threads):
+            busy = False  # whether the last step had work
             while True:
                 try:
-                    if not self._drain(block=not self.core.has_work()):
+                    idle = not self.core.has_work()
+                    if idle and busy:  # what the steps freed goes back to the OS while nothing runs
+                        return_freed_memory()
+                    if not self._drain(block=idle):
                         break
+                    busy = self.core.has_work()
                     events = self.core.step()
                 except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
                     log.exception("engine step failed")
