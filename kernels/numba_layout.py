@@ -7,13 +7,15 @@ to a multiple of 4 (zero rows pad the last block):
     scale  [N4 / 4, K / G, 4]                    float32, or float16 bits (uint16)
     min    [N4 / 4, K / G, 4]                    as scale, or empty when the type has none
 
-all flat. Scales and mins are stored as float16 where every one of a weight's is a float16
-value (`half_exact`: GGUF Q4_0, Q4_1 and Q8_0 always, their d and m are float16 in the file; not
-K-quants' d * sc products) and the CPU converts float16 in registers (F16C): the same values in
-half the memory. The kernels read both dtypes through `kernels.simd.f32_at` / `vload`; one
-weight's scales and mins share a dtype (one compiled specialization per dtype). The matrix-vector kernels take four rows at a time, group by group, so they read each
+all flat. The matrix-vector kernels take four rows at a time, group by group, so they read each
 array front to back as one stream; in the GGUF order the same walk is four short streams per
 block of rows, which the hardware prefetchers do not follow (half the speed from DRAM).
+
+Scales and mins are stored as float16 where every one of a weight's is a float16 value
+(`half_exact`: GGUF Q4_0, Q4_1 and Q8_0 always, their d and m are float16 in the file; not
+K-quants' d * sc products) and the CPU converts float16 in registers (F16C): the same values in
+half the memory. The kernels read both dtypes through `kernels.simd.f32_at` / `f32x4_at` /
+`vload`; a weight's scales and mins share one dtype (one compiled specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
 """
 from __future__ import annotations

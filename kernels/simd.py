@@ -22,7 +22,8 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
-- `f32_at(a, i)` (a scale or min), `vload(a, i)` (8 of them): read a float32 array, or a uint16
+- `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four, one vector load and
+  conversion), `vload(a, i)` (8 of them as F32x8): read a float32 array, or a uint16
   array of float16 bits (the numba backend's scales where they are float16 values: half the
   memory; numba has no float16 type on the CPU), converted to float32 in registers (`fpext`,
   F16C's vcvtph2ps; use uint16 arrays only where `target_has("f16c")`).
