@@ -22,14 +22,14 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
-- `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four, one vector load and
-  conversion), `vload(a, i)` (8 of them as F32x8): read a float32 array, or a uint16
-  array of float16 bits (the numba backend's scales where they are float16 values: half the
-  memory; numba has no float16 type on the CPU), converted to float32 in registers (`fpext`,
-  F16C's vcvtph2ps; use uint16 arrays only where `target_has("f16c")`).
-- `vzero()`, `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
-  (acc + v * s, also element-wise over tuples), `hsum(v)`, `hsum_halves(v)` (lanes 0-3, 4-7),
-  `fold4(v)` (lane k + lane k + 4).
+- `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
+  conversion), `splat_at(a, i)` (one in all eight lanes), `vload(a, i)` (eight as F32x8) read
+  a float32 array, or a uint16 array of float16 bits (the numba backend's scales where they are
+  float16 values: half the memory; numba has no float16 type on the CPU), converted to float32
+  in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
+- `vzero()`, `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also
+  element-wise over tuples; s a float32 or, over tuples, a splat F32x8), `hsum(v)`,
+  `hsum_halves(v)` (lanes 0-3, 4-7), `fold4(v)` (lane k + lane k + 4).
 """
 from __future__ import annotations
 
@@ -231,6 +231,24 @@ def f32_at(typingctx, a, i):
 
 
 @intrinsic
+def splat_at(typingctx, a, i):
+    """a[i] as float32 in all eight lanes of an F32x8 (a float32 array, or float16 bits in a uint16
+    array: the 16 bits are broadcast first and converted as one vector, vpbroadcastw + vcvtph2ps)."""
+    if not _reads_as_f32(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        half = a.dtype == types.uint16
+        ptr = _flat_ptr(context, builder, a, aa, i_)
+        v = _splat(builder, _load(builder, builder.bitcast(ptr, (_i16 if half else _f32).as_pointer())),
+                   ir.VectorType(_i16 if half else _f32, LANES))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(_f16, LANES)), _vf) if half else v
+
+    return F32x8(a, i), codegen
+
+
+@intrinsic
 def f32x4_at(typingctx, a, i):
     """a[i : i + 4] as four float32 (a float32 array, or float16 bits in a uint16 array): one
     vector load and conversion for a block's four rows."""
@@ -407,12 +425,12 @@ def vfma_s(typingctx, v, s, acc):
         return F32x8(v, s, acc), codegen
     if not (v == acc and isinstance(v, types.UniTuple) and v.dtype == F32x8):
         return None
-    if s != types.float32:
+    if s not in (types.float32, F32x8):
         return None
 
     def codegen_tuple(context, builder, sig, args):
         v_, s_, acc_ = args
-        sv = _splat(builder, s_, _vf)
+        sv = s_ if s == F32x8 else _splat(builder, s_, _vf)
         outs = [_fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)]
         return context.make_tuple(builder, sig.return_type, outs)
 
@@ -436,6 +454,6 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
            "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma", "vfma_s", "vload",
            "vzero", "vzero_tile"]
