@@ -14,8 +14,9 @@ block of rows, which the hardware prefetchers do not follow (half the speed from
 Scales and mins are stored as float16 where every one of a weight's is a float16 value
 (`half_exact`: GGUF Q4_0, Q4_1 and Q8_0 always, their d and m are float16 in the file; not
 K-quants' d * sc products) and the CPU converts float16 in registers (F16C): the same values in
-half the memory. The kernels read both dtypes through `kernels.simd.f32_at` / `f32x4_at` /
-`vload`; a weight's scales and mins share one dtype (one compiled specialization per dtype).
+half the memory. The kernels read both dtypes through `kernels.simd`'s readers (`f32_at`,
+`f32x4_at`, `splat_at`, `vload`); a weight's scales and mins share one dtype (one compiled
+specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
 """
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _blocks(a: np.ndarray, per_group: int) -> np.ndarray:
 def half_exact(w: Weight) -> bool:
     """Whether every scale and min of a q4/q8 weight is a float16 value (converts back unchanged)."""
     with np.errstate(over="ignore"):  # beyond float16's range: inf, unequal
-        return all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (w.scale, w.min) if a is not None)
+        return all(np.array_equal(a.astype(np.float16).astype(np.float32), a)
+                   for a in (w.scale, w.min) if a is not None)
 
 
 def block_rows(w: Weight, half: bool = False) -> Blocked:

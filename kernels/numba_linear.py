@@ -36,8 +36,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_dot16,
-                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, vfma, vfma_s, vload, vzero, vzero_tile)
+from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile,
+                          q4_pair_i8, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, vfma,
+                          vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the

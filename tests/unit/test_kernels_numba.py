@@ -232,7 +232,9 @@ def blocked_case(case: str, n: int, k: int, rng: np.random.Generator, scales: st
     `scales="f16"`: scales and mins that are float16 values (as in GGUF Q4_0/Q4_1/Q8_0), which the
     backend stores as float16."""
     g = 16 if "g16" in case else 32
-    as_scales = (lambda a: a.astype(np.float16).astype(np.float32)) if scales == "f16" else (lambda a: a.astype(np.float32))
+    def as_scales(a: np.ndarray) -> np.ndarray:
+        return (a.astype(np.float16) if scales == "f16" else a).astype(np.float32)
+
     scale = as_scales(rng.uniform(0.01, 0.1, (n, k // g)))
     mins = as_scales(rng.uniform(-0.5, 0.5, (n, k // g))) if "min" in case else None
     if case == "q4 min":  # Q4_1, Q4_K: values 0..15 and a min
@@ -244,7 +246,8 @@ def blocked_case(case: str, n: int, k: int, rng: np.random.Generator, scales: st
 
 BLOCKED_CASES = ["q4", "q4 min", "q8 g32", "q8 g32 min", "q8 g16", "q8 g16 min"]
 # The blocked layout's two scale dtypes; float16 needs the CPU's F16C conversion.
-SCALES = ["f32", pytest.param("f16", marks=pytest.mark.skipif(not target_has("f16c"), reason="the CPU lacks F16C: scales stay float32"))]
+SCALES = ["f32", pytest.param("f16", marks=pytest.mark.skipif(not target_has("f16c"),
+                                                               reason="the CPU lacks F16C: scales stay float32"))]
 SCALE_DTYPES = {"f32": np.float32, "f16": np.uint16}
 
 
