@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
-from engine.memory import share_one_arena
+from engine.memory import return_freed_memory, share_one_arena
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
@@ -149,8 +149,9 @@ class Engine:
         be = get_backend(backend, threads, activations)
         if progress:
             progress(f"kernel backend: {be.choice}")  # get_backend logged it
+        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         t1 = time.perf_counter()
-        if be.name == "numba":
+        if be.name == "numba":  # after the weights: the kernels compile for their scale dtypes
             from kernels.numba_backend import warm_up
 
             warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
@@ -158,7 +159,6 @@ class Engine:
         elif be.name == "cupy":
             be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
             say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
-        llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
                               SpecConfig(mode=speculative))
         engine = cls(LLMEngine(loaded, llama, config), threads)
@@ -279,10 +279,15 @@ class Engine:
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
         with threadpool_limits(limits=self.core.backend.blas_threads or self.threads):
+            busy = False  # whether the last step had work
             while True:
                 try:
-                    if not self._drain(block=not self.core.has_work()):
+                    idle = not self.core.has_work()
+                    if idle and busy:  # what the steps freed goes back to the OS while nothing runs
+                        return_freed_memory()
+                    if not self._drain(block=idle):
                         break
+                    busy = self.core.has_work()
                     events = self.core.step()
                 except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
                     log.exception("engine step failed")

@@ -27,13 +27,14 @@ from kernels import ACTIVATIONS
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
-from kernels.numba_layout import Blocked, block_rows, dequant_rows
+from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
 from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q8
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
 from kernels.numpy_backend import NumpyBackend
+from kernels.simd import target_has
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
 
@@ -103,6 +104,9 @@ class NumbaBackend(NumpyBackend):
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
+        # Scales and mins as float16 where exact (kernels/numba_layout.py), if the CPU converts them.
+        self.half_scales = target_has("f16c")
+        self.scale_dtypes: set[np.dtype] = set()  # those of the weights prepared so far (warm_up compiles for them)
 
     def begin_step(self, rows: int | None = None) -> None:
         """Bind the calling thread's kernel threads (thread-local in numba) and dynamic chunking. A step
@@ -123,7 +127,11 @@ class NumbaBackend(NumpyBackend):
     def prepare_linear(self, w: Weight) -> Linear:
         if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
             return lin
-        lin = Linear(w.shape, block_rows(w)) if w.kind in ("q4", "q8") else Linear(w.shape, weight=w)
+        if w.kind in ("q4", "q8"):
+            lin = Linear(w.shape, block_rows(w, half=self.half_scales and half_exact(w)))
+            self.scale_dtypes.add(lin.blocked.scale.dtype)
+        else:
+            lin = Linear(w.shape, weight=w)
         self._recent = (weakref.ref(w.data), weakref.ref(lin))
         return lin
 
@@ -236,13 +244,17 @@ class NumbaBackend(NumpyBackend):
 def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | None = None) -> None:
     """Compile (or load from the on-disk cache) every kernel signature the model uses, with progress.
 
-    The arrays mirror the model's dtypes and layouts (tests check that a real forward adds no
-    new compilation after this).
+    Run it after the model's weights are prepared: the blocked kernels compile for the scale dtypes
+    those have (`backend.scale_dtypes`; float32 when none). The arrays mirror the model's dtypes
+    and layouts (tests check that a real forward adds no new compilation after this).
     """
     rng = np.random.default_rng(0)
-    q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), rng.random((8, 2), dtype=np.float32), None, 32)
-    q8_16 = Weight("q8", q8.data, rng.random((8, 4), dtype=np.float32), None, 16)  # float path even with q8 activations
-    weights = [backend.prepare_linear(w) for w in (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4(), q8_16)]
+    # scales that are float16 values, so that either layout can hold them
+    q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), np.full((8, 2), 0.5, np.float32), None, 32)
+    q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)  # float path even with q8 activations
+    parts = (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4(), q8_16)
+    weights = [Linear(w.shape, block_rows(w, half=dtype == np.uint16))
+               for dtype in sorted(backend.scale_dtypes or {np.dtype(np.float32)}, key=str) for w in parts]
     few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
     kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
     qkv = np.ones((2, 24), np.float32)

@@ -4,12 +4,19 @@ A `Weight` [N, K] with groups of G values (kernels/weight.py) becomes, with N4 =
 to a multiple of 4 (zero rows pad the last block):
 
     data   [N4 / 4, K / G, 4, bytes per group]   q4: uint8, G / 2 bytes a group; q8: int8, G
-    scale  [N4 / 4, K / G, 4]                    float32
-    min    [N4 / 4, K / G, 4]                    float32, or empty when the type has none
+    scale  [N4 / 4, K / G, 4]                    float32, or float16 bits (uint16)
+    min    [N4 / 4, K / G, 4]                    as scale, or empty when the type has none
 
 all flat. The matrix-vector kernels take four rows at a time, group by group, so they read each
 array front to back as one stream; in the GGUF order the same walk is four short streams per
 block of rows, which the hardware prefetchers do not follow (half the speed from DRAM).
+
+Scales and mins are stored as float16 where every one of a weight's is a float16 value
+(`half_exact`: GGUF Q4_0, Q4_1 and Q8_0 always, their d and m are float16 in the file; not
+K-quants' d * sc products) and the CPU converts float16 in registers (F16C): the same values in
+half the memory. The kernels read both dtypes through `kernels.simd`'s readers (`f32_at`,
+`f32x4_at`, `splat_at`, `vload`); a weight's scales and mins share one dtype (one compiled
+specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
 """
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 from numba import njit
 
 from kernels.numba_jit import JIT_EXACT
+from kernels.simd import f32_at
 from kernels.weight import Weight
 
 ROWS = 4  # rows per block
@@ -36,8 +44,8 @@ class Blocked:
     cols: int
     group: int
     data: np.ndarray
-    scale: np.ndarray
-    min: np.ndarray  # size 0 when the type has no offset
+    scale: np.ndarray  # float32, or uint16: float16 bits
+    min: np.ndarray  # as scale; size 0 when the type has no offset
 
     @property
     def groups(self) -> int:
@@ -62,15 +70,28 @@ def _blocks(a: np.ndarray, per_group: int) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(n4 // ROWS, ROWS, ng, per_group).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def block_rows(w: Weight) -> Blocked:
-    """Repack a q4/q8 weight into row blocks (a copy; `w` may be dropped afterwards)."""
+def half_exact(w: Weight) -> bool:
+    """Whether every scale and min of a q4/q8 weight is a float16 value (converts back unchanged)."""
+    with np.errstate(over="ignore"):  # beyond float16's range: inf, unequal
+        return all(np.array_equal(a.astype(np.float16).astype(np.float32), a)
+                   for a in (w.scale, w.min) if a is not None)
+
+
+def block_rows(w: Weight, half: bool = False) -> Blocked:
+    """Repack a q4/q8 weight into row blocks (a copy; `w` may be dropped afterwards); scales and
+    mins as float16 bits when `half` (the caller checked `half_exact`)."""
     if w.kind not in ("q4", "q8"):
         raise ValueError(f"only q4/q8 weights are blocked, got {w.kind}")
     assert w.kind == "q8" or w.min is not None, "a q4 weight always has a min (kernels/weight.py)"
     rows, cols = w.shape
     per_group = w.group // 2 if w.kind == "q4" else w.group
-    mins = _blocks(w.min, 1) if w.min is not None else np.empty(0, np.float32)
-    return Blocked(w.kind, rows, cols, w.group, _blocks(w.data, per_group), _blocks(w.scale, 1), mins)
+    dtype = np.float16 if half else np.float32
+
+    def vec(a: np.ndarray | None) -> np.ndarray:
+        out = _blocks(a, 1).astype(dtype, copy=False) if a is not None else np.empty(0, dtype)
+        return out.view(np.uint16) if half else out
+
+    return Blocked(w.kind, rows, cols, w.group, _blocks(w.data, per_group), vec(w.scale), vec(w.min))
 
 
 @njit(**JIT_EXACT)
@@ -84,8 +105,8 @@ def dequant_rows(data, scale, minv, packed, G, rows, out):
         blk, lane = rows[i] // 4, rows[i] % 4
         for g in range(ng):
             s = (blk * ng + g) * 4 + lane
-            d = scale[s]
-            m = minv[s] if has_min else f32(0.0)
+            d = f32_at(scale, s)
+            m = f32_at(minv, s) if has_min else f32(0.0)
             b = s * per
             o = g * G
             if packed:

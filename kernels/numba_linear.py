@@ -36,8 +36,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_dot16,
-                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, vfma, vfma_s, vload, vzero, vzero_tile)
+from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile,
+                          q4_pair_i8, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, vfma,
+                          vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -128,10 +129,10 @@ def _block_mins(minv, xs4, xo, base, ng):
     m0, m1, m2, m3 = fold4(acc)
     if i < n:  # an odd number of groups
         xs = xs4[xo + i]
-        m0 += minv[base + i] * xs
-        m1 += minv[base + i + 1] * xs
-        m2 += minv[base + i + 2] * xs
-        m3 += minv[base + i + 3] * xs
+        m0 += f32_at(minv, base + i) * xs
+        m1 += f32_at(minv, base + i + 1) * xs
+        m2 += f32_at(minv, base + i + 2) * xs
+        m3 += f32_at(minv, base + i + 3) * xs
     return m0, m1, m2, m3
 
 
@@ -199,7 +200,7 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
                     d = q8_dot32_tile(q, s * 32, xf, g * 32, rows)
                 else:
                     d = q8_dot16_tile(q, s * 16, xf, g * 16, rows)
-                a = vfma_s(d, scale[s], a)
+                a = vfma_s(d, splat_at(scale, s), a)
             _store_tile(out, ts, blk * 4 + j, N, a)
         _add_mins(out, minv, xs4, ts, blk, ng, N)
 
@@ -216,10 +217,11 @@ def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
             b = s * 16
-            a0 = vfma_s(q4_dot32(q, b, x, xi), scale[s], a0)
-            a1 = vfma_s(q4_dot32(q, b + 16, x, xi), scale[s + 1], a1)
-            a2 = vfma_s(q4_dot32(q, b + 32, x, xi), scale[s + 2], a2)
-            a3 = vfma_s(q4_dot32(q, b + 48, x, xi), scale[s + 3], a3)
+            d0, d1, d2, d3 = f32x4_at(scale, s)
+            a0 = vfma_s(q4_dot32(q, b, x, xi), d0, a0)
+            a1 = vfma_s(q4_dot32(q, b + 16, x, xi), d1, a1)
+            a2 = vfma_s(q4_dot32(q, b + 32, x, xi), d2, a2)
+            a3 = vfma_s(q4_dot32(q, b + 48, x, xi), d3, a3)
         m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
         _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 
@@ -232,16 +234,17 @@ def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * G
             s = (blk * ng + g) * 4
             b = s * G
+            d0, d1, d2, d3 = f32x4_at(scale, s)
             if G == 32:
-                a0 = vfma_s(q8_dot32(q, b, x, xi), scale[s], a0)
-                a1 = vfma_s(q8_dot32(q, b + 32, x, xi), scale[s + 1], a1)
-                a2 = vfma_s(q8_dot32(q, b + 64, x, xi), scale[s + 2], a2)
-                a3 = vfma_s(q8_dot32(q, b + 96, x, xi), scale[s + 3], a3)
+                a0 = vfma_s(q8_dot32(q, b, x, xi), d0, a0)
+                a1 = vfma_s(q8_dot32(q, b + 32, x, xi), d1, a1)
+                a2 = vfma_s(q8_dot32(q, b + 64, x, xi), d2, a2)
+                a3 = vfma_s(q8_dot32(q, b + 96, x, xi), d3, a3)
             else:
-                a0 = vfma_s(q8_dot16(q, b, x, xi), scale[s], a0)
-                a1 = vfma_s(q8_dot16(q, b + 16, x, xi), scale[s + 1], a1)
-                a2 = vfma_s(q8_dot16(q, b + 32, x, xi), scale[s + 2], a2)
-                a3 = vfma_s(q8_dot16(q, b + 48, x, xi), scale[s + 3], a3)
+                a0 = vfma_s(q8_dot16(q, b, x, xi), d0, a0)
+                a1 = vfma_s(q8_dot16(q, b + 16, x, xi), d1, a1)
+                a2 = vfma_s(q8_dot16(q, b + 32, x, xi), d2, a2)
+                a3 = vfma_s(q8_dot16(q, b + 48, x, xi), d3, a3)
         m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
         _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 
@@ -274,10 +277,11 @@ def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
             s = (blk * ng + g) * 4
             b = s * 32
             d = xd[t * ng + g]
-            a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), scale[s] * d, a0)
-            a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), scale[s + 1] * d, a1)
-            a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), scale[s + 2] * d, a2)
-            a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), scale[s + 3] * d, a3)
+            d0, d1, d2, d3 = f32x4_at(scale, s)
+            a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), d0 * d, a0)
+            a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), d1 * d, a1)
+            a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), d2 * d, a2)
+            a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), d3 * d, a3)
         m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
         _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
 

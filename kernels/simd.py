@@ -22,9 +22,14 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
-- `vzero()`, `vzero_tile(rows)`, `vload(a, i)` (8 float32), `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
-  (acc + v * s, also element-wise over tuples), `hsum(v)`, `hsum_halves(v)` (lanes 0-3, 4-7),
-  `fold4(v)` (lane k + lane k + 4).
+- `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
+  conversion), `splat_at(a, i)` (one in all eight lanes), `vload(a, i)` (eight as F32x8) read
+  a float32 array, or a uint16 array of float16 bits (the numba backend's scales where they are
+  float16 values: half the memory; numba has no float16 type on the CPU), converted to float32
+  in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
+- `vzero()`, `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also
+  element-wise over tuples; s a float32 or, over tuples, a splat F32x8), `hsum(v)`,
+  `hsum_halves(v)` (lanes 0-3, 4-7), `fold4(v)` (lane k + lane k + 4).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from numba.extending import intrinsic, models, register_model
 
 LANES = 8
 _f32 = ir.FloatType()
+_f16 = ir.HalfType()
 _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _vf = ir.VectorType(_f32, LANES)
 
@@ -194,19 +200,82 @@ def _flat_ptr(context, builder, aryty, ary, idx):
     return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
 
 
+def _reads_as_f32(a):
+    """Whether `a` is a flat float32 array or a flat uint16 array of float16 bits."""
+    _check_flat(a)
+    return a.dtype in (types.float32, types.uint16)
+
+
+def _load_f32(builder, ptr, dtype, n):
+    """n values (n > 1: a vector) from an element pointer of a float32 or uint16 (float16 bits) array, as float32."""
+    half = dtype == types.uint16
+    ty = _f16 if half else _f32
+    out = _f32
+    if n > 1:
+        ty, out = ir.VectorType(ty, n), ir.VectorType(_f32, n)
+    v = _load(builder, builder.bitcast(ptr, ty.as_pointer()))
+    return builder.fpext(v, out) if half else v
+
+
+@intrinsic
+def f32_at(typingctx, a, i):
+    """a[i] as float32 (a float32 array, or float16 bits in a uint16 array)."""
+    if not _reads_as_f32(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        return _load_f32(builder, _flat_ptr(context, builder, a, aa, i_), a.dtype, 1)
+
+    return types.float32(a, i), codegen
+
+
+@intrinsic
+def splat_at(typingctx, a, i):
+    """a[i] as float32 in all eight lanes of an F32x8 (a float32 array, or float16 bits in a uint16
+    array: the 16 bits are broadcast first and converted as one vector, vpbroadcastw + vcvtph2ps)."""
+    if not _reads_as_f32(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        half = a.dtype == types.uint16
+        ptr = _flat_ptr(context, builder, a, aa, i_)
+        v = _splat(builder, _load(builder, builder.bitcast(ptr, (_i16 if half else _f32).as_pointer())),
+                   ir.VectorType(_i16 if half else _f32, LANES))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(_f16, LANES)), _vf) if half else v
+
+    return F32x8(a, i), codegen
+
+
+@intrinsic
+def f32x4_at(typingctx, a, i):
+    """a[i : i + 4] as four float32 (a float32 array, or float16 bits in a uint16 array): one
+    vector load and conversion for a block's four rows."""
+    if not _reads_as_f32(a):
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        v = _load_f32(builder, _flat_ptr(context, builder, a, aa, i_), a.dtype, 4)
+        return context.make_tuple(builder, ret, [builder.extract_element(v, ir.Constant(_i32, k)) for k in range(4)])
+
+    return ret(a, i), codegen
+
+
 @intrinsic
 def pair_scales(typingctx, scale, si, d):
     """scale[si : si + 4] times d as two F32x8: (s0 x4, s1 x4) and (s2 x4, s3 x4), the per-lane
     scales of `q4_pair_i8`'s results for rows 0|1 and 2|3 of a block."""
-    _check_flat(scale)
-    if scale.dtype != types.float32 or d != types.float32:
+    if not _reads_as_f32(scale) or d != types.float32:
         return None
     ret = types.UniTuple(F32x8, 2)
 
     def codegen(context, builder, sig, args):
         sa, si_, d_ = args
         v4 = ir.VectorType(_f32, 4)
-        s4 = _load(builder, builder.bitcast(_flat_ptr(context, builder, scale, sa, si_), v4.as_pointer()))
+        s4 = _load_f32(builder, _flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
         s4 = builder.fmul(s4, _splat(builder, d_, v4))
         outs = [builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 8), [a] * 4 + [a + 1] * 4)) for a in (0, 2)]
         return context.make_tuple(builder, ret, outs)
@@ -216,14 +285,13 @@ def pair_scales(typingctx, scale, si, d):
 
 @intrinsic
 def vload(typingctx, a, i):
-    """a[i : i + 8] (float32) as F32x8."""
-    _check_flat(a)
-    if a.dtype != types.float32:
+    """a[i : i + 8] as F32x8 (a float32 array, or float16 bits in a uint16 array)."""
+    if not _reads_as_f32(a):
         return None
 
     def codegen(context, builder, sig, args):
         aa, i_ = args
-        return _load(builder, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), _vf.as_pointer()))
+        return _load_f32(builder, _flat_ptr(context, builder, a, aa, i_), a.dtype, LANES)
 
     return F32x8(a, i), codegen
 
@@ -357,12 +425,12 @@ def vfma_s(typingctx, v, s, acc):
         return F32x8(v, s, acc), codegen
     if not (v == acc and isinstance(v, types.UniTuple) and v.dtype == F32x8):
         return None
-    if s != types.float32:
+    if s not in (types.float32, F32x8):
         return None
 
     def codegen_tuple(context, builder, sig, args):
         v_, s_, acc_ = args
-        sv = _splat(builder, s_, _vf)
+        sv = s_ if s == F32x8 else _splat(builder, s_, _vf)
         outs = [_fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)]
         return context.make_tuple(builder, sig.return_type, outs)
 
@@ -386,6 +454,6 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
            "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma", "vfma_s", "vload",
            "vzero", "vzero_tile"]

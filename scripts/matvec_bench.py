@@ -35,11 +35,12 @@ SHAPES = [("q4 qkv", "q4", 960, 576), ("q4 o", "q4", 576, 576), ("q4 gate_up", "
 
 
 def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
+    """Scales and mins are float16 values, as in GGUF Q4_1 / Q8_0 (the backend stores them as float16)."""
     g = k // 32
+    vec = lambda: rng.random((n, g), dtype=np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
     if kind == "q4":
-        return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), rng.random((n, g), dtype=np.float32),
-                      rng.random((n, g), dtype=np.float32), 32)
-    return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), rng.random((n, g), dtype=np.float32), None, 32)
+        return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), vec(), vec(), 32)
+    return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), vec(), None, 32)
 
 
 def rows_sweep(rng: np.random.Generator) -> None:

@@ -4,7 +4,7 @@ workload.
     .venv/bin/python scripts/memory_profile.py [--kv-memory 90MiB] [--model default] [--tracemalloc]
 
 The stages are those of `Engine.load` run one by one (imports; the GGUF read and block split; the
-backend; the kernels compiled or loaded from the cache; the weights prepared for the backend; the
+backend; the weights prepared for the backend; the kernels compiled or loaded from the cache; the
 KV cache), then `forge bench --quick`'s workload. For each stage: RSS after it (anonymous and
 file-backed pages: the mapped GGUF, shared libraries) and the stage's own peak (VmHWM, reset
 before the stage through /proc/self/clear_refs). `--tracemalloc` adds what Python and NumPy
@@ -109,7 +109,7 @@ def main() -> None:
             run_bench(state["engine"], as_json=True, quick=True)
 
     stages = [("start", lambda: None), ("imports (engine, numba)", imports), ("GGUF read + split", read),
-              ("backend", backend), ("kernels ready", kernels), ("weights prepared", prepare),
+              ("backend", backend), ("weights prepared", prepare), ("kernels ready", kernels),
               (f"KV cache ({args.kv_memory})", kv)]
     if not args.no_workload:
         stages.append(("bench --quick workload", workload))

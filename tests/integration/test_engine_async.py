@@ -137,3 +137,20 @@ async def test_admission_is_decided_when_generate_is_called(default_model):
         assert eng.stats()["waiting"] == 0 and eng.stats()["running"] == 0
     finally:
         await eng.shutdown()
+
+
+async def test_the_heap_is_trimmed_once_each_time_the_engine_goes_idle(default_model, monkeypatch):
+    import engine.engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "return_freed_memory", lambda: trims.append(1))
+    eng = Engine(make_core(default_model, kv_memory=64 << 20), threads=2)
+    try:
+        await drain(eng, chat(eng, "Hi", max_tokens=4))
+        await wait_until(lambda: len(trims) == 1)
+        await asyncio.sleep(0.6)  # the idle loop wakes every 0.5 s: no trim without a step in between
+        assert len(trims) == 1
+        await drain(eng, chat(eng, "Hello", max_tokens=4))
+        await wait_until(lambda: len(trims) == 2)
+    finally:
+        await eng.shutdown()

@@ -11,6 +11,7 @@ from engine_helpers import greedy, make_core, run_all
 from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
 from kernels.numba_backend import NumbaBackend, warm_up
+from kernels.simd import target_has
 
 TOKENS = 8
 
@@ -151,6 +152,8 @@ def test_the_loaded_model_keeps_no_original_quantized_arrays(monkeypatch):
     held = sum(lin.blocked.nbytes for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert model.lm_head is model.embed  # tied: one repacked copy
     assert held + model.embed.blocked.nbytes <= loaded_bytes * 1.001  # only the padding of ragged row blocks
+    if target_has("f16c"):  # Q4_1 and Q8_0 scales and mins are float16 values: held as such
+        assert model.backend.scale_dtypes == {np.dtype(np.uint16)}
 
 
 def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):

@@ -24,6 +24,7 @@ from kernels import numba_attention, numba_layout, numba_linear
 from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
+from kernels.simd import target_has
 from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0, unpack_q4
 
 __all__ = [  # re-exported tests (keeps linters from calling the imports unused)
@@ -226,11 +227,16 @@ def test_kernels_are_cached_on_disk():
 
 
 # ---- the blocked matrix-vector kernels, both activation modes ---------------------------------
-def blocked_case(case: str, n: int, k: int, rng: np.random.Generator) -> Weight:
-    """A random q4/q8 weight of one layout the kernels take (values over the kind's full range)."""
+def blocked_case(case: str, n: int, k: int, rng: np.random.Generator, scales: str = "f32") -> Weight:
+    """A random q4/q8 weight of one layout the kernels take (values over the kind's full range);
+    `scales="f16"`: scales and mins that are float16 values (as in GGUF Q4_0/Q4_1/Q8_0), which the
+    backend stores as float16."""
     g = 16 if "g16" in case else 32
-    scale = rng.uniform(0.01, 0.1, (n, k // g)).astype(np.float32)
-    mins = rng.uniform(-0.5, 0.5, (n, k // g)).astype(np.float32) if "min" in case else None
+    def as_scales(a: np.ndarray) -> np.ndarray:
+        return (a.astype(np.float16) if scales == "f16" else a).astype(np.float32)
+
+    scale = as_scales(rng.uniform(0.01, 0.1, (n, k // g)))
+    mins = as_scales(rng.uniform(-0.5, 0.5, (n, k // g))) if "min" in case else None
     if case == "q4 min":  # Q4_1, Q4_K: values 0..15 and a min
         return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), scale, mins, 32)
     if case == "q4":  # Q4_0: -8..7 and no min, stored as 0..15 with min -8 * scale
@@ -239,6 +245,10 @@ def blocked_case(case: str, n: int, k: int, rng: np.random.Generator) -> Weight:
 
 
 BLOCKED_CASES = ["q4", "q4 min", "q8 g32", "q8 g32 min", "q8 g16", "q8 g16 min"]
+# The blocked layout's two scale dtypes; float16 needs the CPU's F16C conversion.
+SCALES = ["f32", pytest.param("f16", marks=pytest.mark.skipif(not target_has("f16c"),
+                                                               reason="the CPU lacks F16C: scales stay float32"))]
+SCALE_DTYPES = {"f32": np.float32, "f16": np.uint16}
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -280,15 +290,18 @@ def test_activation_quantization_matches_its_numpy_model(rng):
     np.testing.assert_allclose(xsum, x.reshape(3, 5, 32).sum(axis=2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", BLOCKED_CASES)
-def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
+def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations, scales):
     be = NumbaBackend(threads=2, activations=activations)
     ref = NumpyBackend()
     for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, MATVEC_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
-        w = blocked_case(case, n, k, rng)
+        w = blocked_case(case, n, k, rng, scales)
         x = random_activations(rng, rows, k)
-        got = be.linear(x, be.prepare_linear(w))
+        lin = be.prepare_linear(w)
+        assert lin.blocked.scale.dtype == lin.blocked.min.dtype == SCALE_DTYPES[scales]
+        got = be.linear(x, lin)
         dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
         scale = np.abs(dense).max()
         np.testing.assert_allclose(ref.linear(x, ref.prepare_linear(w)), dense, rtol=0, atol=1e-5 * scale)
@@ -300,14 +313,16 @@ def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
             np.testing.assert_allclose(got, dense, rtol=0, atol=2e-2 * scale, err_msg=f"{n}x{k} vs float")
 
 
+@pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", BLOCKED_CASES)
-def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activations):
+def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activations, scales):
     # Rows go through a block in tiles of 4, then 2, then 1 (float32): every remainder, and each
     # row's result equal to the same row computed alone.
     be = NumbaBackend(threads=2, activations=activations)
-    w = blocked_case(case, 38, 64, rng)  # 38 rows: a ragged last block of 2
+    w = blocked_case(case, 38, 64, rng, scales)  # 38 rows: a ragged last block of 2
     lin = be.prepare_linear(w)
+    assert lin.blocked.scale.dtype == SCALE_DTYPES[scales]
     x = random_activations(rng, 32, 64)
     dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
     int8 = activations == "q8" and w.group == 32
@@ -320,10 +335,12 @@ def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activatio
         np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"T{rows} vs alone")
 
 
-def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng):
+@pytest.mark.parametrize("scales", SCALES)
+def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng, scales):
     for case in BLOCKED_CASES:
-        w = blocked_case(case, 7, 64, rng)
-        b = numba_layout.block_rows(w)
+        w = blocked_case(case, 7, 64, rng, scales)
+        b = numba_layout.block_rows(w, half=scales == "f16")
+        assert b.scale.dtype == SCALE_DTYPES[scales]
         assert (b.rows, b.cols, b.group) == (7, 64, w.group) and b.data.size == 8 * w.data.shape[1]
         rows = np.arange(7)
         out = np.empty((7, 64), np.float32)
@@ -337,3 +354,18 @@ def test_a_tied_embedding_and_lm_head_share_one_repacked_copy(be, rng):
     assert be.prepare_linear(w) is emb
     assert be.prepare_linear(blocked_case("q4 min", 9, 64, rng)) is not emb
 
+
+
+@pytest.mark.skipif(not target_has("f16c"), reason="the CPU lacks F16C: every weight keeps float32 scales")
+def test_scales_are_float16_only_where_every_one_round_trips(be, rng):
+    # GGUF Q4_0, Q4_1 and Q8_0 store d (and m) as float16: always exact. Q6_K's d * sc products are not.
+    for type_id, half in ((2, True), (3, True), (8, True), (14, False)):
+        w, want = quantized(type_id, 9, 256, rng)
+        lin = be.prepare_linear(w)
+        assert lin.blocked.scale.dtype == (np.uint16 if half else np.float32), NAMES[type_id]
+        np.testing.assert_array_equal(be.embedding(lin, np.arange(9)), want)
+    w = blocked_case("q4 min", 9, 64, rng, "f16")
+    w.min[4, 1] = np.float32(0.1)  # one min that float16 would round
+    lin = be.prepare_linear(w)
+    assert lin.blocked.scale.dtype == lin.blocked.min.dtype == np.float32
+    np.testing.assert_array_equal(be.embedding(lin, np.arange(9)), w.dequantize())
