@@ -36,8 +36,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_dot16,
-                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, vfma, vfma_s, vload, vzero, vzero_tile)
+from kernels.simd import (fold4, hsum, hsum_halves, pair_scales, q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8,
+                          q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, tile_offsets,
+                          vfma, vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -46,6 +47,7 @@ f32 = np.float32
 # items sized down for many rows made 32-row products ~1.4x slower per row. Fewer, larger items
 # balance less finely between threads.
 CHUNK_GROUPS = 768
+L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 
 
 @njit(**JIT)
@@ -160,6 +162,13 @@ def _tile4(t, K):
 
 
 @njit(**JIT)
+def _tile8(t, K):
+    """Rows t .. t + 7 and their offsets in x.ravel()."""
+    return ((t, t + 1, t + 2, t + 3, t + 4, t + 5, t + 6, t + 7),
+            (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, (t + 5) * K, (t + 6) * K, (t + 7) * K))
+
+
+@njit(**JIT)
 def _tile2(t, K):
     return (t, t + 1), (t * K, (t + 1) * K)
 
@@ -202,6 +211,33 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
                 a = vfma_s(d, scale[s], a)
             _store_tile(out, ts, blk * 4 + j, N, a)
         _add_mins(out, minv, xs4, ts, blk, ng, N)
+
+
+@njit(**JIT)
+def _f32_wide_tile(q, scale, minv, G, packed, xf, out, t0, rows, b0, b1, ng, N):
+    """`_f32_tile` for wide tiles: each weight group dequantized once (its min folded in), then one FMA per
+    8 weights and row. The groups go in spans whose activations stay in L1 while a block's four weight
+    rows pass over them (a tile's rows of a 1536-wide x are 48 KB)."""
+    has_min = minv.shape[0] > 0
+    spans = -(-(len(rows) * ng * G * 4) // L1_TILE_BYTES)
+    span = -(-ng // spans)  # even spans
+    for blk in range(b0, b1):
+        for g0 in range(0, ng, span):
+            for j in range(4):
+                a = vzero_tile(rows)
+                for g in range(g0, min(ng, g0 + span)):
+                    s = (blk * ng + g) * 4 + j
+                    m = minv[s] if has_min else f32(0.0)
+                    if packed:
+                        a = q4_acc32_tile(q, s * 16, scale[s], m, xf, g * 32, rows, a)
+                    elif G == 32:
+                        a = q8_acc32_tile(q, s * 32, scale[s], m, xf, g * 32, rows, a)
+                    else:
+                        a = q8_acc16_tile(q, s * 16, scale[s], m, xf, g * 16, rows, a)
+                r = blk * 4 + j
+                if r < N:
+                    for i in range(len(rows)):
+                        out[t0 + i, r] = hsum(a[i]) + (out[t0 + i, r] if g0 > 0 else f32(0.0))
 
 
 # ---- single rows (T = 1, and a tile's odd row left over) --------------------------------------
@@ -288,19 +324,29 @@ def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
 @njit(**JIT)
 def _f32_chunk(q, scale, minv, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
     t = 0
-    while T - t >= 4:
-        ts, rows = _tile4(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-        t += 4
-    if T - t >= 2:
-        ts, rows = _tile2(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-        t += 2
-    if t < T:
+    while T - t >= 8:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 8), b0, b1, ng, N)
+        t += 8
+    r = T - t
+    if r == 1:
         if packed:
             _q4_rows(q, scale, minv, xf, xs4, out, t, b0, b1, ng, N)
         else:
             _q8_rows(q, scale, minv, G, xf, xs4, out, t, b0, b1, ng, N)
+    elif r == 2:
+        ts, rows = _tile2(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+    elif r == 3:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 3), b0, b1, ng, N)
+    elif r == 4:
+        ts, rows = _tile4(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+    elif r == 5:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 5), b0, b1, ng, N)
+    elif r == 6:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 6), b0, b1, ng, N)
+    elif r == 7:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 7), b0, b1, ng, N)
 
 
 @njit(**JIT)

@@ -84,7 +84,7 @@ def per_row(be: NumbaBackend, rng: np.random.Generator, repeats: int) -> None:
         lin = be.prepare_linear(weight(kind, n, k, rng))
         x = rng.standard_normal((32, k)).astype(np.float32)
         one = timed(be, x[:1], lin, repeats)
-        cells = [f"T={t}: {timed(be, x[:t], lin, repeats) / (t * one):.2f}" for t in (2, 3, 5, 8, 32)]
+        cells = [f"T={t}: {timed(be, x[:t], lin, repeats) / (t * one):.2f}" for t in (2, 3, 4, 5, 8, 9, 32)]
         print(f"{name:12s} {n:6d}x{k:<5d} one row {one * 1e3:6.3f} ms  per row, relative:  " + "  ".join(cells))
 
 

@@ -89,6 +89,21 @@ def test_linear_over_every_block_type(be, rng, type_id, rows):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("type_id", [t for t in QUANTIZED if NAMES[t] in ("Q4_1", "Q8_0", "Q4_K", "Q6_K")], ids=NAMES.get)
+def test_every_tile_width_matches_a_float64_product(be, rng, type_id):
+    # Every activation row count up to 13 and 32 (tiles of 8 and every remainder: a lone row, the
+    # scale-after tiles of 2 and 4, the dequantize-first tiles of 3 and 5-7), a ragged 70 weight rows,
+    # and 1536 columns: a wide tile's activations then come in two spans of groups (L1_TILE_BYTES).
+    n, k = 70, 1536
+    w, dense = quantized(type_id, n, k, rng)
+    lin = be.prepare_linear(w)
+    x = rng.standard_normal((32, k)).astype(np.float32)
+    want = x.astype(np.float64) @ dense.T.astype(np.float64)
+    for rows in [*range(1, 14), 32]:
+        got = be.linear(x[:rows], lin)
+        np.testing.assert_allclose(got, want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{rows} rows")
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("rows", [1, MATVEC_MAX_ROWS + 1], ids=lambda t: f"T{t}")
 def test_linear_over_float_weights(be, rng, kind, rows):
