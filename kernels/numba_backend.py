@@ -1,7 +1,7 @@
 """Numba backend: the CPU path. Weights stay quantized (kernels/weight.py) and the hot ops are
 compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
 
-Matrix products with up to 32 activation rows (decode, batched decode, speculative verification,
+Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. With more rows
 (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
@@ -40,13 +40,15 @@ from kernels.weight import Weight
 log = logging.getLogger("forge.kernels")
 
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
-# The matvec kernels cost about linearly in rows (float32: tiles of 4 rows share each weight group's
-# unpack); the panels pay a fixed dequantization per call. On the default model's shapes, 2 threads
-# (scripts/matvec_bench.py --rows): matvec 3.2-4.7x faster at 8 rows, 1.0-1.7x at 32, 1.07-1.15x at
-# 48; panels 1.2x faster at 64 on the q4 matrices. Kept at 32, not 48: 33-48 rows gain at most
-# ~1.1x, and under `--activations q8` prompts over 32 tokens stay float32 (documented and tested:
-# the fixture prompts of 37 and 42 tokens would move to int8 and leave the agreement bound).
-MATVEC_MAX_ROWS = 32
+# The matvec kernels cost about linearly in rows (float32: tiles of 8 rows share each weight group's
+# dequantization); the panels pay a fixed dequantization per call. On the default model's shapes, 2
+# threads (scripts/matvec_bench.py --rows): matvec 4.5-7.3x faster at 8 rows, 1.7-3.1x at 32,
+# 1.1-2.2x at 64, and 0.86-1.6x at 128, where the panels begin to win on the larger matrices.
+MATVEC_MAX_ROWS = 64
+# int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
+# (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
+# agreement bound).
+INT8_MAX_ROWS = 32
 # Attention steps under this many query-key dot products run on the calling thread.
 SERIAL_ATTENTION_DOTS = 1 << 14
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
@@ -177,7 +179,7 @@ class NumbaBackend(NumpyBackend):
         elif b is not None and T <= MATVEC_MAX_ROWS:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
-            if self.activations == "q8" and b.group == 32:
+            if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
             elif b.kind == "q4":
                 matvec_q4(b.data, b.scale, b.min, x, out)

@@ -9,9 +9,11 @@ reduced once at its end. The group sums of x (xsum) are computed once per call a
 all rows; spread four times (`spread4`) they line up with a block's mins, so a block's min
 terms are one 8-lane FMA per two groups.
 
-Several activation rows (batched decode) go through a block in tiles of 4 (then 2, then 1): a
-weight group is unpacked and converted to float32 once per tile instead of once per row
-(kernels/simd.py's `_tile` blocks), with one accumulator per tile row.
+Several activation rows (batched decode, speculative verification) go through a block in tiles: a
+weight group is unpacked and converted to float32 once per tile instead of once per row. Tiles of 8
+(and remainders of 3 and 5-7 rows) dequantize the group first, min included, and give each row 4
+FMAs (kernels/simd.py's `*_acc*_tile` blocks); remainders of 2 and 4 rows sum a row's group products
+and scale them afterwards (the `_dot*_tile` blocks), and a lone row goes alone.
 
 Two activation paths:
 - float32 (the default): weights are converted to float32 in registers; results match a
@@ -150,10 +152,12 @@ def _store4(out, t, r, N, y0, y1, y2, y3):
         out[t, r + 3] = y3
 
 
-# ---- tiles: a weight group is unpacked once for 4 (or 2) activation rows ----------------------
-# The float32 path is bound by the FMA units, not the unpack: a row-group costs 4 conversions and
-# 4 + 1 FMAs alone, 1 + 4 + 1 per row in a tile of 4 (measured: ~0.6x a single row's time per row).
-# One weight row at a time keeps 4 accumulators + 4 group sums in registers (AVX2 has 16).
+# ---- tiles: a weight group is unpacked once for several activation rows -----------------------
+# Scale-after tiles (2 or 4 rows): a row-group costs 4 conversions and 4 + 1 FMAs alone, 1 + 4 + 1 per
+# row in a tile of 4; one weight row at a time keeps 4 accumulators + 4 group sums in registers (AVX2
+# has 16). Dequantize-first tiles (3, 5-8 rows, `_f32_wide_tile`): 4 + 4 / T FMAs per row-group, no
+# mins pass; with few rows their x loads (one per FMA, across a block's four weight rows) cost more
+# than the dequantization saves.
 
 @njit(**JIT)
 def _tile4(t, K):

@@ -22,6 +22,10 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
+- `q4_acc32_tile(q, qi, d, m, x, xi, rows, accs)`, `q8_acc16_tile`, `q8_acc32_tile` dequantize the
+  group first (d * q + m, one FMA per 8 weights) and add its dot product with each tile row to that
+  row's accumulator in `accs`: the wide tiles' block (no scaling per row, no mins pass).
+- `tile_offsets(t, K, n)`: the offsets of rows t .. t + n - 1 in x.ravel(), a tuple (n a constant).
 - `vzero()`, `vzero_tile(rows)`, `vload(a, i)` (8 float32), `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
   (acc + v * s, also element-wise over tuples), `hsum(v)`, `hsum_halves(v)` (lanes 0-3, 4-7),
   `fold4(v)` (lane k + lane k + 4).

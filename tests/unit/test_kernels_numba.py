@@ -21,7 +21,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 
 from engine.loader.quant import GGML_TYPES, gguf_weight, split
 from kernels import numba_attention, numba_layout, numba_linear
-from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
+from kernels.numba_backend import INT8_MAX_ROWS, MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
 from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0, unpack_q4
@@ -90,18 +90,17 @@ def test_linear_over_every_block_type(be, rng, type_id, rows):
 
 
 @pytest.mark.parametrize("type_id", [t for t in QUANTIZED if NAMES[t] in ("Q4_1", "Q8_0", "Q4_K", "Q6_K")], ids=NAMES.get)
-def test_every_tile_width_matches_a_float64_product(be, rng, type_id):
-    # Every activation row count up to 13 and 32 (tiles of 8 and every remainder: a lone row, the
-    # scale-after tiles of 2 and 4, the dequantize-first tiles of 3 and 5-7), a ragged 70 weight rows,
-    # and 1536 columns: a wide tile's activations then come in two spans of groups (L1_TILE_BYTES).
+def test_wide_tiles_over_long_rows_match_a_float64_product(be, rng, type_id):
+    # 1536 columns: a tile of 8 rows takes its activations in two L1-sized spans of groups
+    # (numba_linear.L1_TILE_BYTES), whose partial sums add up in `out`; up to MATVEC_MAX_ROWS rows.
     n, k = 70, 1536
     w, dense = quantized(type_id, n, k, rng)
     lin = be.prepare_linear(w)
-    x = rng.standard_normal((32, k)).astype(np.float32)
+    x = rng.standard_normal((MATVEC_MAX_ROWS, k)).astype(np.float32)
     want = x.astype(np.float64) @ dense.T.astype(np.float64)
-    for rows in [*range(1, 14), 32]:
-        got = be.linear(x[:rows], lin)
-        np.testing.assert_allclose(got, want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{rows} rows")
+    for rows in (7, 8, 13, MATVEC_MAX_ROWS):
+        np.testing.assert_allclose(be.linear(x[:rows], lin), want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(),
+                                   err_msg=f"{rows} rows")
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
@@ -300,7 +299,7 @@ def test_activation_quantization_matches_its_numpy_model(rng):
 def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
     be = NumbaBackend(threads=2, activations=activations)
     ref = NumpyBackend()
-    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, MATVEC_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
+    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, INT8_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
         w = blocked_case(case, n, k, rng)
         x = random_activations(rng, rows, k)
         got = be.linear(x, be.prepare_linear(w))
@@ -318,8 +317,9 @@ def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations):
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", BLOCKED_CASES)
 def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activations):
-    # Rows go through a block in tiles of 4, then 2, then 1 (float32): every remainder, and each
-    # row's result equal to the same row computed alone.
+    # float32 rows go through a block in tiles of 8, the rest in one tile (3, 5-7 rows dequantize first,
+    # 2 and 4 scale afterwards) or alone: every remainder, and each row's result equal to the same row
+    # computed alone.
     be = NumbaBackend(threads=2, activations=activations)
     w = blocked_case(case, 38, 64, rng)  # 38 rows: a ragged last block of 2
     lin = be.prepare_linear(w)
@@ -328,7 +328,7 @@ def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activatio
     int8 = activations == "q8" and w.group == 32
     want = int8_model(x, w) if int8 else dense
     alone = np.concatenate([be.linear(x[t : t + 1], lin) for t in range(32)])
-    for rows in (1, 2, 3, 5, 8, 31, 32):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 31, 32):
         got = be.linear(x[:rows], lin)
         scale = np.abs(dense[:rows]).max()
         np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"T{rows}")
