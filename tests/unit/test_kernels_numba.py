@@ -20,7 +20,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 )
 
 from engine.loader.quant import GGML_TYPES, gguf_weight, split
-from kernels import numba_attention, numba_layout, numba_linear
+from kernels import numba_attention, numba_backend, numba_layout, numba_linear
 from kernels.numba_backend import INT8_MAX_ROWS, MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
@@ -217,6 +217,27 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
     be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
     got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
     np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
+
+
+def test_long_prefills_take_blas_tiles_beside_the_kernel(be, rng):
+    # Two prompt chunks of at least BLAS_ATTENTION_ROWS new rows (one over a cached prefix, one
+    # ragged against the tile) go to the BLAS tiles, a short chunk and a decode to the kernel, in one step.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    long = numba_backend.BLAS_ATTENTION_ROWS
+    case = make_case(rng, [(1, 40), (long + 5, long + 30), (7, 7), (2 * long + 3, 2 * long + 3)],
+                     heads=6, kv_heads=2, head_dim=16, block_size=8)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
+    assert [int(b) for b in meta.plan[4]] == [1, 3]
+    np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
+    only_long = make_case(rng, [(long, long)], heads=6, kv_heads=2, head_dim=16, block_size=8)  # nothing for the kernel
+    meta = only_long.meta()
+    be.write_kv(only_long.k_cache, only_long.v_cache, only_long.k_new, only_long.v_new, meta.slot_mapping)
+    np.testing.assert_allclose(be.paged_attention(only_long.q, only_long.k_cache, only_long.v_cache, meta, 0.25),
+                               naive_attention(only_long, 0.25), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("serial_below", [0, 1 << 30], ids=["parallel", "serial"])
