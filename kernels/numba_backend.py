@@ -105,7 +105,7 @@ class NumbaBackend(NumpyBackend):
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
         threadpool_limits(limits=self.blas_threads, user_api="blas")
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
-        self._local = threading.local()  # each worker's panel scratch
+        self._local = threading.local()  # each worker's panel and attention scores scratch
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
@@ -270,10 +270,11 @@ class NumbaBackend(NumpyBackend):
 
         def run(span: tuple[int, int]) -> None:
             shape = ops.scores_shape(*span)
+            size = int(np.prod(shape))
             scratch = getattr(self._local, "scores", None)
-            if scratch is None or scratch.size < np.prod(shape):
-                scratch = self._local.scores = np.empty(int(np.prod(ops.scores_shape(0, n))), dtype=np.float32)
-            prefill_tile(ops, *span, out, scratch[: int(np.prod(shape))].reshape(shape))
+            if scratch is None or scratch.size < size:  # the first tile a worker takes is its largest
+                scratch = self._local.scores = np.empty(size, dtype=np.float32)
+            prefill_tile(ops, *span, out, scratch[:size].reshape(shape))
 
         if self._pool is None or self.active_threads == 1:
             for span in spans:
