@@ -1,7 +1,7 @@
 """Numba backend: the CPU path. Weights stay quantized (kernels/weight.py) and the hot ops are
 compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
 
-Matrix products with up to 32 activation rows (decode, batched decode, speculative verification,
+Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. With more rows
 (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
@@ -33,7 +33,7 @@ from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
-from kernels.numpy_backend import NumpyBackend
+from kernels.numpy_backend import NumpyBackend, prefill_tile
 from kernels.simd import target_has
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
@@ -41,15 +41,21 @@ from kernels.weight import Weight
 log = logging.getLogger("forge.kernels")
 
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
-# The matvec kernels cost about linearly in rows (float32: tiles of 4 rows share each weight group's
-# unpack); the panels pay a fixed dequantization per call. On the default model's shapes, 2 threads
-# (scripts/matvec_bench.py --rows): matvec 3.2-4.7x faster at 8 rows, 1.0-1.7x at 32, 1.07-1.15x at
-# 48; panels 1.2x faster at 64 on the q4 matrices. Kept at 32, not 48: 33-48 rows gain at most
-# ~1.1x, and under `--activations q8` prompts over 32 tokens stay float32 (documented and tested:
-# the fixture prompts of 37 and 42 tokens would move to int8 and leave the agreement bound).
-MATVEC_MAX_ROWS = 32
+# The matvec kernels cost about linearly in rows (float32: tiles of 8 rows share each weight group's
+# dequantization); the panels pay a fixed dequantization per call. On the default model's shapes, 2
+# threads (scripts/matvec_bench.py --rows): matvec 4.5-7.3x faster at 8 rows, 1.7-3.1x at 32,
+# 1.1-2.2x at 64, and 0.86-1.6x at 128, where the panels begin to win on the larger matrices.
+MATVEC_MAX_ROWS = 64
+# int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
+# (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
+# agreement bound).
+INT8_MAX_ROWS = 32
 # Attention steps under this many query-key dot products run on the calling thread.
 SERIAL_ATTENTION_DOTS = 1 << 14
+# A sequence with at least this many new rows in a step (a prompt's chunk) takes its attention from
+# BLAS products in tiles of this many query rows, the workers taking tiles; the compiled kernel's
+# row-at-a-time loops ran ~2x slower there (500-token prompt, 2 threads: 19 against 9 ms a layer).
+BLAS_ATTENTION_ROWS = 64
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
 
@@ -100,7 +106,7 @@ class NumbaBackend(NumpyBackend):
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
         threadpool_limits(limits=self.blas_threads, user_api="blas")
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
-        self._local = threading.local()  # each worker's panel scratch
+        self._local = threading.local()  # each worker's panel and attention scores scratch
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
@@ -185,7 +191,7 @@ class NumbaBackend(NumpyBackend):
         elif b is not None and T <= MATVEC_MAX_ROWS:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
-            if self.activations == "q8" and b.group == 32:
+            if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
             elif b.kind == "q4":
                 matvec_q4(b.data, b.scale, b.min, x, out)
@@ -232,13 +238,57 @@ class NumbaBackend(NumpyBackend):
 
     def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float) -> np.ndarray:
         if meta.plan is None:  # validate and size once per step; every layer reuses it
-            tables, ctx, qs = self._plan(q.shape, k_cache.shape, meta)[:3]
-            dots = int(np.dot(np.diff(qs), ctx)) * q.shape[1]
-            meta.plan = tables, ctx, qs, paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
-        tables, ctx, qs, kernel = meta.plan
+            meta.plan = self._attention_plan(q.shape, k_cache.shape, meta)
+        tables, ctx, qs, kernel, long, short = meta.plan
         out = np.empty(q.shape, dtype=np.float32)
-        kernel(np.ascontiguousarray(q), k_cache, v_cache, qs, ctx, tables, np.float32(scale), out)
+        for b in long:
+            self._blas_prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
+        if short is None:
+            kernel(np.ascontiguousarray(q), k_cache, v_cache, qs, ctx, tables, np.float32(scale), out)
+        elif short[0].size:
+            rows, s_qs, s_ctx, s_tables = short
+            part = np.empty((rows.size, *q.shape[1:]), dtype=np.float32)
+            kernel(q[rows], k_cache, v_cache, s_qs, s_ctx, s_tables, np.float32(scale), part)
+            out[rows] = part
         return out
+
+    def _attention_plan(self, q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
+        """The step's sequences: those with at least BLAS_ATTENTION_ROWS new rows (`long`: tiles of
+        BLAS products in the workers), the others for the compiled kernel (`short`: None when that is
+        every sequence, else their rows and their own query starts, contexts and tables)."""
+        tables, ctx, qs = self._plan(q_shape, cache_shape, meta)[:3]
+        q_lens = np.diff(qs)
+        dots = int(np.dot(q_lens, ctx)) * q_shape[1]
+        kernel = paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
+        is_long = q_lens >= BLAS_ATTENTION_ROWS
+        long = np.flatnonzero(is_long)
+        if not long.size:
+            return tables, ctx, qs, kernel, long, None
+        keep = np.flatnonzero(~is_long)
+        rows = np.concatenate([np.arange(qs[b], qs[b + 1]) for b in keep]) if keep.size else np.empty(0, np.int64)
+        s_qs = np.concatenate([[0], np.cumsum(q_lens[keep])]).astype(qs.dtype)
+        return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
+
+    def _blas_prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
+        """One long prefill's attention: the NumPy reference's tiles of BLAS products, handed out to the
+        workers largest first (a causal tile's cost grows with its last row)."""
+        ops = self._prefill_operands(q, k_cache, v_cache, table, c, r0, r1, scale)
+        n = r1 - r0
+        spans = [(i0, min(n, i0 + BLAS_ATTENTION_ROWS)) for i0 in range(0, n, BLAS_ATTENTION_ROWS)][::-1]
+
+        def run(span: tuple[int, int]) -> None:
+            shape = ops.scores_shape(*span)
+            size = int(np.prod(shape))
+            scratch = getattr(self._local, "scores", None)
+            if scratch is None or scratch.size < size:  # the first tile a worker takes is its largest
+                scratch = self._local.scores = np.empty(size, dtype=np.float32)
+            prefill_tile(ops, *span, out, scratch[:size].reshape(shape))
+
+        if self._pool is None or self.active_threads == 1:
+            for span in spans:
+                run(span)
+        else:
+            list(self._pool.map(run, spans))
 
 
 def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | None = None) -> None:

@@ -9,9 +9,11 @@ reduced once at its end. The group sums of x (xsum) are computed once per call a
 all rows; spread four times (`spread4`) they line up with a block's mins, so a block's min
 terms are one 8-lane FMA per two groups.
 
-Several activation rows (batched decode) go through a block in tiles of 4 (then 2, then 1): a
-weight group is unpacked and converted to float32 once per tile instead of once per row
-(kernels/simd.py's `_tile` blocks), with one accumulator per tile row.
+Several activation rows (batched decode, speculative verification) go through a block in tiles: a
+weight group is unpacked and converted to float32 once per tile instead of once per row. Tiles of 8
+(and remainders of 3 and 5-7 rows) dequantize the group first, min included, and give each row 4
+FMAs (kernels/simd.py's `*_acc*_tile` blocks); remainders of 2 and 4 rows sum a row's group products
+and scale them afterwards (the `_dot*_tile` blocks), and a lone row goes alone.
 
 Two activation paths:
 - float32 (the default): weights are converted to float32 in registers; results match a
@@ -36,9 +38,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_dot32, q4_dot32_tile,
-                          q4_pair_i8, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, vfma,
-                          vfma_s, vload, vzero, vzero_tile)
+from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_acc32_tile, q4_dot32, q4_dot32_tile,
+                          q4_pair_i8, q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8,
+                          q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero_tile)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -47,6 +49,7 @@ f32 = np.float32
 # items sized down for many rows made 32-row products ~1.4x slower per row. Fewer, larger items
 # balance less finely between threads.
 CHUNK_GROUPS = 768
+L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 
 
 @njit(**JIT)
@@ -149,15 +152,24 @@ def _store4(out, t, r, N, y0, y1, y2, y3):
         out[t, r + 3] = y3
 
 
-# ---- tiles: a weight group is unpacked once for 4 (or 2) activation rows ----------------------
-# The float32 path is bound by the FMA units, not the unpack: a row-group costs 4 conversions and
-# 4 + 1 FMAs alone, 1 + 4 + 1 per row in a tile of 4 (measured: ~0.6x a single row's time per row).
-# One weight row at a time keeps 4 accumulators + 4 group sums in registers (AVX2 has 16).
+# ---- tiles: a weight group is unpacked once for several activation rows -----------------------
+# Scale-after tiles (2 or 4 rows): a row-group costs 4 conversions and 4 + 1 FMAs alone, 1 + 4 + 1 per
+# row in a tile of 4; one weight row at a time keeps 4 accumulators + 4 group sums in registers (AVX2
+# has 16). Dequantize-first tiles (3, 5-8 rows, `_f32_wide_tile`): 4 + 4 / T FMAs per row-group, no
+# mins pass; with few rows their x loads (one per FMA, across a block's four weight rows) cost more
+# than the dequantization saves.
 
 @njit(**JIT)
 def _tile4(t, K):
     """Rows t .. t + 3 and their offsets in x.ravel()."""
     return (t, t + 1, t + 2, t + 3), (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K)
+
+
+@njit(**JIT)
+def _tile8(t, K):
+    """Rows t .. t + 7 and their offsets in x.ravel()."""
+    return ((t, t + 1, t + 2, t + 3, t + 4, t + 5, t + 6, t + 7),
+            (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, (t + 5) * K, (t + 6) * K, (t + 7) * K))
 
 
 @njit(**JIT)
@@ -203,6 +215,33 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
                 a = vfma_s(d, splat_at(scale, s), a)
             _store_tile(out, ts, blk * 4 + j, N, a)
         _add_mins(out, minv, xs4, ts, blk, ng, N)
+
+
+@njit(**JIT)
+def _f32_wide_tile(q, scale, minv, G, packed, xf, out, t0, rows, b0, b1, ng, N):
+    """`_f32_tile` for wide tiles: each weight group dequantized once (its min folded in), then one FMA per
+    8 weights and row. The groups go in spans whose activations stay in L1 while a block's four weight
+    rows pass over them (a tile's rows of a 1536-wide x are 48 KB)."""
+    has_min = minv.shape[0] > 0
+    spans = -(-(len(rows) * ng * G * 4) // L1_TILE_BYTES)
+    span = -(-ng // spans)  # even spans
+    for blk in range(b0, b1):
+        for g0 in range(0, ng, span):
+            for j in range(4):
+                a = vzero_tile(rows)
+                for g in range(g0, min(ng, g0 + span)):
+                    s = (blk * ng + g) * 4 + j
+                    m = f32_at(minv, s) if has_min else f32(0.0)
+                    if packed:
+                        a = q4_acc32_tile(q, s * 16, f32_at(scale, s), m, xf, g * 32, rows, a)
+                    elif G == 32:
+                        a = q8_acc32_tile(q, s * 32, f32_at(scale, s), m, xf, g * 32, rows, a)
+                    else:
+                        a = q8_acc16_tile(q, s * 16, f32_at(scale, s), m, xf, g * 16, rows, a)
+                r = blk * 4 + j
+                if r < N:
+                    for i in range(len(rows)):
+                        out[t0 + i, r] = hsum(a[i]) + (out[t0 + i, r] if g0 > 0 else f32(0.0))
 
 
 # ---- single rows (T = 1, and a tile's odd row left over) --------------------------------------
@@ -292,19 +331,29 @@ def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
 @njit(**JIT)
 def _f32_chunk(q, scale, minv, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
     t = 0
-    while T - t >= 4:
-        ts, rows = _tile4(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-        t += 4
-    if T - t >= 2:
-        ts, rows = _tile2(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-        t += 2
-    if t < T:
+    while T - t >= 8:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 8), b0, b1, ng, N)
+        t += 8
+    r = T - t
+    if r == 1:
         if packed:
             _q4_rows(q, scale, minv, xf, xs4, out, t, b0, b1, ng, N)
         else:
             _q8_rows(q, scale, minv, G, xf, xs4, out, t, b0, b1, ng, N)
+    elif r == 2:
+        ts, rows = _tile2(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+    elif r == 3:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 3), b0, b1, ng, N)
+    elif r == 4:
+        ts, rows = _tile4(t, K)
+        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+    elif r == 5:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 5), b0, b1, ng, N)
+    elif r == 6:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 6), b0, b1, ng, N)
+    elif r == 7:
+        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 7), b0, b1, ng, N)
 
 
 @njit(**JIT)

@@ -1,6 +1,7 @@
 """NumPy backend: the reference ops and the product's CPU path (float32, OpenBLAS matmuls)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -298,38 +299,65 @@ class NumpyBackend:
 
     def _prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
         """One sequence with n > 1 new tokens over its c-token context, query rows tiled causally."""
+        ops = self._prefill_operands(q, k_cache, v_cache, table, c, r0, r1, scale)
+        tile = max(16, min(_PREFILL_TILE_ROWS, _TILE_SCORES // (q.shape[1] * c)))
+        for i0 in range(0, r1 - r0, tile):
+            i1 = min(r1 - r0, i0 + tile)
+            prefill_tile(ops, i0, i1, out, self._buffer("s", ops.scores_shape(i0, i1)))
+
+    def _prefill_operands(self, q, k_cache, v_cache, table, c, r0, r1, scale) -> PrefillOperands:
+        """A prefill's query rows per kv head and its context's K^T and V, contiguous per kv head (BLAS is
+        ~3x slower on the strided per-head views), in this instance's scratch."""
         n = r1 - r0
         _, bs, Hkv, Dh = k_cache.shape
-        H = q.shape[1]
-        G = H // Hkv
+        G = q.shape[1] // Hkv
         nblk = -(-c // bs)
         bt = table[:nblk]
         k = np.take(k_cache, bt, axis=0, out=self._buffer("k", (nblk, bs, Hkv, Dh)), mode="clip").reshape(nblk * bs, Hkv, Dh)
         v = np.take(v_cache, bt, axis=0, out=self._buffer("v", (nblk, bs, Hkv, Dh)), mode="clip").reshape(nblk * bs, Hkv, Dh)
-        # Contiguous per-head operands: BLAS is ~3x slower on the strided per-head views.
         kt = self._buffer("kt", (Hkv, Dh, c))
         np.copyto(kt, k[:c].transpose(1, 2, 0))
         vh = self._buffer("vh", (Hkv, c, Dh))
         np.copyto(vh, v[:c].transpose(1, 0, 2))
         # [n, H, Dh] -> [Hkv, n*G, Dh] so each kv head is one GEMM over all its query rows.
         qh = q[r0:r1].reshape(n, Hkv, G, Dh).transpose(1, 0, 2, 3).reshape(Hkv, n * G, Dh) * scale
-        tile = max(16, min(_PREFILL_TILE_ROWS, _TILE_SCORES // (H * c)))
-        start = c - n  # position of query row 0
-        for i0 in range(0, n, tile):
-            i1 = min(n, i0 + tile)
-            kend = start + i1  # keys this tile can see: [0, kend)
-            s = np.matmul(qh[:, i0 * G : i1 * G], kt[:, :, :kend], out=self._buffer("s", (Hkv, (i1 - i0) * G, kend)))
-            lo = start + i0 + 1  # columns before lo are visible to every row of the tile
-            if lo < kend:
-                future = np.arange(lo, kend)[None, :] > (start + np.arange(i0, i1))[:, None]  # [rows, kend-lo]
-                s4 = s.reshape(Hkv, i1 - i0, G, kend)[..., lo:]
-                np.copyto(s4, -np.inf, where=future[None, :, None, :])
-            _softmax_unnormalized(s)
-            denom = s.sum(axis=-1, keepdims=True)
-            o = np.matmul(s, vh[:, :kend])  # [Hkv, rows*G, Dh]
-            o /= denom
-            out[r0 + i0 : r0 + i1] = o.reshape(Hkv, i1 - i0, G, Dh).transpose(1, 0, 2, 3).reshape(i1 - i0, H, Dh)
+        return PrefillOperands(qh, kt, vh, G, c - n, r0)
 
+
+@dataclass(slots=True)
+class PrefillOperands:
+    """A prefill's attention operands (`NumpyBackend._prefill_operands`): qh [Hkv, n * G, Dh] (scaled),
+    kt [Hkv, Dh, c], vh [Hkv, c, Dh]; query row 0 sits at position `start` and is row `r0` of the step."""
+
+    qh: np.ndarray
+    kt: np.ndarray
+    vh: np.ndarray
+    G: int
+    start: int
+    r0: int
+
+    def scores_shape(self, i0: int, i1: int) -> tuple[int, int, int]:
+        """The scores of query rows i0 .. i1 - 1 over the keys the last of them sees."""
+        return self.qh.shape[0], (i1 - i0) * self.G, self.start + i1
+
+
+def prefill_tile(ops: PrefillOperands, i0: int, i1: int, out: np.ndarray, s: np.ndarray) -> None:
+    """out[ops.r0 + i0 : ops.r0 + i1] = causal attention of the prefill's query rows i0 .. i1 - 1 (s: their
+    scores' scratch, `ops.scores_shape(i0, i1)`). Tiles write disjoint rows: they may run side by side."""
+    Hkv, _, Dh = ops.qh.shape
+    G, start = ops.G, ops.start
+    kend = start + i1  # keys this tile can see: [0, kend)
+    s = np.matmul(ops.qh[:, i0 * G : i1 * G], ops.kt[:, :, :kend], out=s)
+    lo = start + i0 + 1  # columns before lo are visible to every row of the tile
+    if lo < kend:
+        future = np.arange(lo, kend)[None, :] > (start + np.arange(i0, i1))[:, None]  # [rows, kend-lo]
+        s4 = s.reshape(Hkv, i1 - i0, G, kend)[..., lo:]
+        np.copyto(s4, -np.inf, where=future[None, :, None, :])
+    _softmax_unnormalized(s)
+    denom = s.sum(axis=-1, keepdims=True)
+    o = np.matmul(s, ops.vh[:, :kend])  # [Hkv, rows*G, Dh]
+    o /= denom
+    out[ops.r0 + i0 : ops.r0 + i1] = o.reshape(Hkv, i1 - i0, G, Dh).transpose(1, 0, 2, 3).reshape(i1 - i0, Hkv * G, Dh)
 
 def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
     """Host logits [R, V] get -inf where their token's bit in bitmask (int32 [R, W]) is 0, in place.

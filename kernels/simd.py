@@ -22,6 +22,10 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
   tuple of F32x8: the register blocking that lets a few rows share one unpack.
+- `q4_acc32_tile(q, qi, d, m, x, xi, rows, accs)`, `q8_acc16_tile`, `q8_acc32_tile` dequantize the
+  group first (d * q + m, one FMA per 8 weights) and add its dot product with each tile row to that
+  row's accumulator in `accs`: the wide tiles' block (no scaling per row, no mins pass).
+- `tile_offsets(t, K, n)`: the offsets of rows t .. t + n - 1 in x.ravel(), a tuple (n a constant).
 - `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
   conversion), `splat_at(a, i)` (one in all eight lanes), `vload(a, i)` (eight as F32x8) read
   a float32 array, or a uint16 array of float16 bits (the numba backend's scales where they are
@@ -110,7 +114,8 @@ def _dot_parts(builder, parts, xb):
 
 
 def _q4_f32(builder, qp):
-    """A packed 4-bit group -> dot(x pointer): values 0..15 from bytes 0..15's nibbles, in two 8-byte loads."""
+    """A packed 4-bit group -> [(F32x8 of weights, their offset in the group)]: values 0..15 from bytes 0..15's
+    nibbles, in two 8-byte loads."""
     parts = []
     for half in range(2):
         p = builder.gep(qp, [ir.Constant(_i32, 8 * half)])
@@ -120,16 +125,15 @@ def _q4_f32(builder, qp):
         hi = builder.lshr(w, ir.Constant(ir.VectorType(_i32, 8), [4] * 8))
         parts.append((builder.sitofp(lo, _vf), 8 * half))
         parts.append((builder.sitofp(hi, _vf), 16 + 8 * half))
-    return lambda xb: _dot_parts(builder, parts, xb)
+    return parts
 
 
 def _q8_f32(n):
     def unpack(builder, qp):
-        """n int8 weights -> dot(x pointer)."""
+        """n int8 weights -> [(F32x8 of weights, their offset in the group)]."""
         b = _load(builder, builder.bitcast(qp, ir.VectorType(_i8, n).as_pointer()))
         f = builder.sitofp(builder.sext(b, ir.VectorType(_i32, n)), ir.VectorType(_f32, n))
-        parts = [(_slice(builder, f, c * LANES, LANES), c * LANES) for c in range(n // LANES)]
-        return lambda xb: _dot_parts(builder, parts, xb)
+        return [(_slice(builder, f, c * LANES, LANES), c * LANES) for c in range(n // LANES)]
 
     return unpack
 
@@ -382,11 +386,55 @@ def _blocks(name, unpack, doc):
     return intrinsic(one), intrinsic(tile)
 
 
+def _f32_dot(unpack):
+    """An unpacker of float weight parts -> an unpacker of dot(x pointer)."""
+    def dot_of(builder, qp):
+        parts = unpack(builder, qp)
+        return lambda xb: _dot_parts(builder, parts, xb)
+
+    return dot_of
+
+
+def _dequant_tile(name, unpack, doc):
+    """`acc_tile(q, qi, d, m, x, xi, rows, accs)` -> accs + (d * w + m) * x for every row of the tile:
+    the group's weights dequantized once (one FMA per 8), then one FMA per 8 weights and row (no scaling
+    per row, no separate pass for the mins). A row's group is summed apart and then added to its
+    accumulator: the accumulator's dependency chain is one add a group, not four FMAs (which would
+    leave a tile of a few rows waiting on FMA latency)."""
+
+    def acc_tile(typingctx, q, qi, d, m, x, xi, rows, accs):
+        _check_flat(q, x)
+        if not (isinstance(rows, types.UniTuple) and isinstance(rows.dtype, types.Integer)):
+            raise TypeError(f"rows must be a tuple of integers, got {rows}")
+        if d != types.float32 or m != types.float32 or accs != types.UniTuple(F32x8, rows.count):
+            return None
+
+        def codegen(context, builder, sig, args):
+            qa, qi_, d_, m_, xa, xi_, rows_, accs_ = args
+            dv, mv = _splat(builder, d_, _vf), _splat(builder, m_, _vf)
+            weights = [(_fmuladd(builder, f, dv, mv), off) for f, off in unpack(builder, _flat_ptr(context, builder, q, qa, qi_))]
+            outs = []
+            for i in range(rows.count):
+                xb = _flat_ptr(context, builder, x, xa, builder.add(xi_, context.cast(
+                    builder, builder.extract_value(rows_, i), rows.dtype, xi)))
+                outs.append(builder.fadd(builder.extract_value(accs_, i), _dot_parts(builder, weights, xb)))
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return accs(q, qi, d, m, x, xi, rows, accs), codegen
+
+    acc_tile.__name__ = acc_tile.__qualname__ = name
+    acc_tile.__doc__ = doc + " " + (_dequant_tile.__doc__ or "")
+    return intrinsic(acc_tile)
+
+
 _F32_DOC = " times float32 x[xi : xi + n] -> F32x8 partial sums (not yet reduced, not yet scaled)."
 _I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
-q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _q4_f32, "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
-q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _q8_f32(16), "16 int8 weights at q[qi]" + _F32_DOC)
-q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _q8_f32(32), "32 int8 weights at q[qi]" + _F32_DOC)
+q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _f32_dot(_q4_f32), "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
+q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _f32_dot(_q8_f32(16)), "16 int8 weights at q[qi]" + _F32_DOC)
+q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _f32_dot(_q8_f32(32)), "32 int8 weights at q[qi]" + _F32_DOC)
+q4_acc32_tile = _dequant_tile("q4_acc32_tile", _q4_f32, "Packed 4-bit group (16 bytes at q[qi]).")
+q8_acc16_tile = _dequant_tile("q8_acc16_tile", _q8_f32(16), "16 int8 weights at q[qi].")
+q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at q[qi].")
 q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
 q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
                      "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
@@ -399,6 +447,22 @@ def vzero(typingctx):
         return ir.Constant(_vf, [0.0] * LANES)
 
     return F32x8(), codegen
+
+
+@intrinsic
+def tile_offsets(typingctx, t, K, n):
+    """(t * K, (t + 1) * K, ..., (t + n - 1) * K): the offsets in x.ravel() of a tile's n rows (n a constant)."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    count = n.literal_value
+    ret = types.UniTuple(types.intp, count)
+
+    def codegen(context, builder, sig, args):
+        t_, k_ = (context.cast(builder, a, ty, types.intp) for a, ty in zip(args[:2], sig.args[:2]))
+        outs = [builder.mul(builder.add(t_, ir.Constant(t_.type, i)), k_) for i in range(count)]
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(t, K, n), codegen
 
 
 @intrinsic
@@ -454,6 +518,7 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
-           "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "vfma", "vfma_s", "vload",
-           "vzero", "vzero_tile"]
+__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales",
+           "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8", "q8_acc16_tile", "q8_acc32_tile", "q8_dot16",
+           "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "tile_offsets", "vfma", "vfma_s",
+           "vload", "vzero", "vzero_tile"]

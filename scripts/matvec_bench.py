@@ -15,7 +15,7 @@ cache-resident weights.
 backend can take them, the matvec kernel and dequantized panels + BLAS: where the two cross is
 `kernels/numba_backend.py`'s MATVEC_MAX_ROWS.
 
-`--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 5, 8, 32 activation rows
+`--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 4, 5, 8, 9, 32 activation rows
 costs relative to T products of one row (cache-resident weights): speculative verification of k
 drafts is a product of 1 + k rows.
 """
@@ -46,9 +46,6 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
 def rows_sweep(rng: np.random.Generator) -> None:
     be = NumbaBackend()
     be.begin_step()
-    if args.per_row:
-        per_row(be, rng, args.repeats)
-        return
     for name, kind, n, k in SHAPES:
         lin = be.prepare_linear(weight(kind, n, k, rng))
         for rows in (8, 16, 32, 48, 64, 128, 256):
@@ -85,7 +82,7 @@ def per_row(be: NumbaBackend, rng: np.random.Generator, repeats: int) -> None:
         lin = be.prepare_linear(weight(kind, n, k, rng))
         x = rng.standard_normal((32, k)).astype(np.float32)
         one = timed(be, x[:1], lin, repeats)
-        cells = [f"T={t}: {timed(be, x[:t], lin, repeats) / (t * one):.2f}" for t in (2, 3, 5, 8, 32)]
+        cells = [f"T={t}: {timed(be, x[:t], lin, repeats) / (t * one):.2f}" for t in (2, 3, 4, 5, 8, 9, 32)]
         print(f"{name:12s} {n:6d}x{k:<5d} one row {one * 1e3:6.3f} ms  per row, relative:  " + "  ".join(cells))
 
 

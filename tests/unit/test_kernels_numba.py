@@ -20,8 +20,8 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 )
 
 from engine.loader.quant import GGML_TYPES, gguf_weight, split
-from kernels import numba_attention, numba_layout, numba_linear
-from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
+from kernels import numba_attention, numba_backend, numba_layout, numba_linear
+from kernels.numba_backend import INT8_MAX_ROWS, MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
 from kernels.simd import target_has
@@ -88,6 +88,20 @@ def test_linear_over_every_block_type(be, rng, type_id, rows):
     want = x.astype(np.float64) @ dense.T.astype(np.float64) + bias
     assert got.shape == (rows, n) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("type_id", [t for t in QUANTIZED if NAMES[t] in ("Q4_1", "Q8_0", "Q4_K", "Q6_K")], ids=NAMES.get)
+def test_wide_tiles_over_long_rows_match_a_float64_product(be, rng, type_id):
+    # 1536 columns: a tile of 8 rows takes its activations in two L1-sized spans of groups
+    # (numba_linear.L1_TILE_BYTES), whose partial sums add up in `out`; up to MATVEC_MAX_ROWS rows.
+    n, k = 70, 1536
+    w, dense = quantized(type_id, n, k, rng)
+    lin = be.prepare_linear(w)
+    x = rng.standard_normal((MATVEC_MAX_ROWS, k)).astype(np.float32)
+    want = x.astype(np.float64) @ dense.T.astype(np.float64)
+    for rows in (7, 8, 13, MATVEC_MAX_ROWS):
+        np.testing.assert_allclose(be.linear(x[:rows], lin), want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(),
+                                   err_msg=f"{rows} rows")
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
@@ -206,6 +220,27 @@ def test_attention_spreads_a_long_prefill_over_row_tiles(be, rng, monkeypatch):
     np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
 
 
+def test_long_prefills_take_blas_tiles_beside_the_kernel(be, rng):
+    # Two prompt chunks of at least BLAS_ATTENTION_ROWS new rows (one over a cached prefix, one
+    # ragged against the tile) go to the BLAS tiles, a short chunk and a decode to the kernel, in one step.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    long = numba_backend.BLAS_ATTENTION_ROWS
+    case = make_case(rng, [(1, 40), (long + 5, long + 30), (7, 7), (2 * long + 3, 2 * long + 3)],
+                     heads=6, kv_heads=2, head_dim=16, block_size=8)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
+    assert [int(b) for b in meta.plan[4]] == [1, 3]
+    np.testing.assert_allclose(got, naive_attention(case, 0.25), rtol=1e-5, atol=1e-5)
+    only_long = make_case(rng, [(long, long)], heads=6, kv_heads=2, head_dim=16, block_size=8)  # nothing for the kernel
+    meta = only_long.meta()
+    be.write_kv(only_long.k_cache, only_long.v_cache, only_long.k_new, only_long.v_new, meta.slot_mapping)
+    np.testing.assert_allclose(be.paged_attention(only_long.q, only_long.k_cache, only_long.v_cache, meta, 0.25),
+                               naive_attention(only_long, 0.25), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("serial_below", [0, 1 << 30], ids=["parallel", "serial"])
 def test_decode_attention_reads_the_cache_in_place_on_model_shapes(be, rng, monkeypatch, serial_below):
     # One-row items read K/V rows through the block table (no gather): contexts on and off block edges.
@@ -296,7 +331,7 @@ def test_activation_quantization_matches_its_numpy_model(rng):
 def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations, scales):
     be = NumbaBackend(threads=2, activations=activations)
     ref = NumpyBackend()
-    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, MATVEC_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
+    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, INT8_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
         w = blocked_case(case, n, k, rng, scales)
         x = random_activations(rng, rows, k)
         lin = be.prepare_linear(w)
@@ -317,8 +352,9 @@ def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations, s
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", BLOCKED_CASES)
 def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activations, scales):
-    # Rows go through a block in tiles of 4, then 2, then 1 (float32): every remainder, and each
-    # row's result equal to the same row computed alone.
+    # float32 rows go through a block in tiles of 8, the rest in one tile (3, 5-7 rows dequantize first,
+    # 2 and 4 scale afterwards) or alone: every remainder, and each row's result equal to the same row
+    # computed alone.
     be = NumbaBackend(threads=2, activations=activations)
     w = blocked_case(case, 38, 64, rng, scales)  # 38 rows: a ragged last block of 2
     lin = be.prepare_linear(w)
@@ -328,7 +364,7 @@ def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activatio
     int8 = activations == "q8" and w.group == 32
     want = int8_model(x, w) if int8 else dense
     alone = np.concatenate([be.linear(x[t : t + 1], lin) for t in range(32)])
-    for rows in (1, 2, 3, 5, 8, 31, 32):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 31, 32):
         got = be.linear(x[:rows], lin)
         scale = np.abs(dense[:rows]).max()
         np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"T{rows}")
