@@ -158,8 +158,12 @@ class BlockManager:
         seq.num_computed = 0
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached block. The free ones are reused first, before blocks never written: the
+        KV cache's untouched pages stay unmapped (a 1 GiB budget costs only the memory in use)."""
         for bid in list(self.cached.values()):
             self._forget(self.blocks[bid])
+            if self.blocks[bid].ref_count == 0:
+                self.free.move_to_end(bid, last=False)
 
     # ---- internals -----------------------------------------------------------------
     def _take(self, bid: int) -> None:

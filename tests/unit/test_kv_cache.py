@@ -91,6 +91,20 @@ def test_freed_blocks_stay_cached_until_space_is_needed():
     check_invariants(bm, [c])
 
 
+def test_a_reset_cache_reuses_its_blocks_before_untouched_ones():
+    bm = BlockManager(6, BS)
+    a = make_seq(list(range(8)))
+    run_prompt(bm, a)
+    used = set(a.block_table)
+    bm.release(a)
+    bm.reset_prefix_cache()
+    assert not bm.cached
+    b = make_seq(list(range(100, 108)), seq_id=1)
+    run_prompt(bm, b)
+    assert set(b.block_table) == used  # written before, not the four never touched
+    check_invariants(bm, [b])
+
+
 def test_lru_evicts_least_recently_freed_and_tail_before_head():
     bm = BlockManager(6, BS)
     a = make_seq(list(range(0, 8)))  # blocks a0 a1
