@@ -102,6 +102,13 @@ class NumbaBackend(NumpyBackend):
         self.tuner = ThreadTuner(self.threads)
         self.active_threads = self.threads  # this step's
         self._step_rows: int | None = None
+        # Kernels launched from this thread (loading, `warm_up`) run on it alone until it calls
+        # `begin_step`: only the thread that runs the steps should lead a team of kernel threads.
+        # libgomp keeps a team per launching thread, and once it manages more threads than there are
+        # cores it cuts their spinning short (to ~100 rounds): with a second team, idle since
+        # warm-up, a 2-core step thread's every launch waited for a wake-up (~70 us instead of
+        # ~2 us; a single-row decode step 15 ms instead of 10).
+        numba.set_num_threads(1)
         self._lut: np.ndarray | None = None
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
         threadpool_limits(limits=self.blas_threads, user_api="blas")
