@@ -40,7 +40,7 @@ from numba import njit, prange
 from kernels.numba_jit import JIT, JIT_EXACT
 from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_acc32_tile, q4_dot32, q4_dot32_tile,
                           q4_pair_i8, q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8,
-                          q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero_tile)
+                          q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero8, vzero_tile, LANES, prefetch)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -50,6 +50,11 @@ f32 = np.float32
 # balance less finely between threads.
 CHUNK_GROUPS = 768
 L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
+# Weight bytes ahead of the group being read that a kernel asks the caches for (a software prefetch
+# per 64 bytes of weights). The hardware prefetchers alone left a one-row product over weights from
+# DRAM (a decode step's 112 MB) at ~40% of its speed from cache: 7 against 17 GMAC/cpu-s on a Xeon;
+# 2 KB ahead, 13-15 (`scripts/matvec_bench.py --copies 400`).
+PREFETCH_BYTES = 2048
 
 
 @njit(**JIT)
@@ -120,22 +125,23 @@ def spread4(xsum):
 @njit(**JIT)
 def _block_mins(minv, xs4, xo, base, ng):
     """sum_g min[row, g] * xsum[g] for the four rows of the block whose mins start at minv[base]
-    (xs4[xo:]: `spread4` of one activation row), eight lanes (two groups) per FMA."""
+    (xs4[xo:]: `spread4` of one activation row), LANES / 4 groups per FMA."""
     if minv.shape[0] == 0:
         return f32(0.0), f32(0.0), f32(0.0), f32(0.0)
     n = ng * 4
     acc = vzero()
     i = 0
-    while i + 8 <= n:
+    while i + LANES <= n:
         acc = vfma(vload(minv, base + i), vload(xs4, xo + i), acc)
-        i += 8
+        i += LANES
     m0, m1, m2, m3 = fold4(acc)
-    if i < n:  # an odd number of groups
+    while i < n:  # groups left over, fewer than a vector's
         xs = xs4[xo + i]
         m0 += f32_at(minv, base + i) * xs
         m1 += f32_at(minv, base + i + 1) * xs
         m2 += f32_at(minv, base + i + 2) * xs
         m3 += f32_at(minv, base + i + 3) * xs
+        i += 4
     return m0, m1, m2, m3
 
 
@@ -206,6 +212,8 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
             a = vzero_tile(rows)
             for g in range(ng):
                 s = (blk * ng + g) * 4 + j
+                if j == 0:
+                    prefetch(q, s * G // (2 if packed else 1) + PREFETCH_BYTES)
                 if packed:
                     d = q4_dot32_tile(q, s * 16, xf, g * 32, rows)
                 elif G == 32:
@@ -231,6 +239,8 @@ def _f32_wide_tile(q, scale, minv, G, packed, xf, out, t0, rows, b0, b1, ng, N):
                 a = vzero_tile(rows)
                 for g in range(g0, min(ng, g0 + span)):
                     s = (blk * ng + g) * 4 + j
+                    if j == 0:
+                        prefetch(q, s * G // (2 if packed else 1) + PREFETCH_BYTES)
                     m = f32_at(minv, s) if has_min else f32(0.0)
                     if packed:
                         a = q4_acc32_tile(q, s * 16, f32_at(scale, s), m, xf, g * 32, rows, a)
@@ -256,6 +266,7 @@ def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
             b = s * 16
+            prefetch(q, b + PREFETCH_BYTES)
             d0, d1, d2, d3 = f32x4_at(scale, s)
             a0 = vfma_s(q4_dot32(q, b, x, xi), d0, a0)
             a1 = vfma_s(q4_dot32(q, b + 16, x, xi), d1, a1)
@@ -273,8 +284,10 @@ def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * G
             s = (blk * ng + g) * 4
             b = s * G
+            prefetch(q, b + PREFETCH_BYTES)
             d0, d1, d2, d3 = f32x4_at(scale, s)
             if G == 32:
+                prefetch(q, b + PREFETCH_BYTES + 64)
                 a0 = vfma_s(q8_dot32(q, b, x, xi), d0, a0)
                 a1 = vfma_s(q8_dot32(q, b + 32, x, xi), d1, a1)
                 a2 = vfma_s(q8_dot32(q, b + 64, x, xi), d2, a2)
@@ -293,10 +306,11 @@ def _q4_rows_i8(q, scale, minv, x2, xd, xs4, out, t, b0, b1, ng, N):
     """int8 activations in pair layout (`pair_layout`): rows 0|1 and 2|3 of a block share one
     accumulator each, a half per row."""
     for blk in range(b0, b1):
-        a01 = a23 = vzero()
+        a01 = a23 = vzero8()
         base = blk * ng * 4
         for g in range(ng):
             s = base + g * 4
+            prefetch(q, s * 16 + PREFETCH_BYTES)
             s01, s23 = pair_scales(scale, s, xd[t * ng + g])
             xi = (t * ng + g) * 64
             a01 = vfma(q4_pair_i8(q, s * 16, x2, xi), s01, a01)
@@ -310,11 +324,13 @@ def _q4_rows_i8(q, scale, minv, x2, xd, xs4, out, t, b0, b1, ng, N):
 @njit(**JIT)
 def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero()
+        a0 = a1 = a2 = a3 = vzero8()
         for g in range(ng):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
             b = s * 32
+            prefetch(q, b + PREFETCH_BYTES)
+            prefetch(q, b + PREFETCH_BYTES + 64)
             d = xd[t * ng + g]
             d0, d1, d2, d3 = f32x4_at(scale, s)
             a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), d0 * d, a0)

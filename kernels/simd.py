@@ -1,15 +1,17 @@
 """SIMD building blocks for the numba kernels, written as LLVM vector IR (numba `@intrinsic`s).
 
 numba has no vector types and its auto-vectorized code for a quantized dot product reduces
-every 32-value group to a scalar before scaling it. Here an 8-lane float32 vector (`F32x8`, one
-ymm register on AVX2) is a value numba code can hold in a variable: kernels keep one such
-accumulator per output row across all groups and reduce it once per row.
+every 32-value group to a scalar before scaling it. Here a float32 vector held in one register
+is a value numba code can hold in a variable: kernels keep one such accumulator per output row
+across all groups and reduce it once per row. The float blocks' vectors are `F32xN`: 16 lanes
+(`F32x16`, a zmm register) where the compile target has AVX-512, 8 (`F32x8`, a ymm register)
+otherwise; `LANES` says which. The int8 blocks' results are always `F32x8`.
 
 Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 
 - `q4_dot32(q, qi, x, xi)`: 16 bytes of packed nibbles (value j low, value j + 16 high) times
-  32 float32 activations -> F32x8 partial sums (not yet reduced, not yet scaled)
-- `q8_dot16`, `q8_dot32`: 16 / 32 int8 values times float32 activations -> F32x8
+  32 float32 activations -> F32xN partial sums (not yet reduced, not yet scaled)
+- `q8_dot16`, `q8_dot32`: 16 / 32 int8 values times float32 activations -> F32xN
 - `q8_dot32_i8(q, qi, xq, xi)`: the same group times 32 int8-quantized activations, as exact
   int32 sums per lane converted to F32x8.
 - `q4_pair_i8(q, qi, x2, xi)`: two rows' packed 4-bit groups (32 bytes: the layout's rows 0|1 or
@@ -21,19 +23,20 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
   |activation| <= 127, so a pair sum stays below 2^15 (the q4 pair adds two: 4 * 15 * 127).
 - `q4_dot32_tile(q, qi, x, xi, rows)`, `q8_dot16_tile`, `q8_dot32_tile` unpack the weight group
   once and dots it with several activation rows (row i's group at x[rows[i] + xi]), returning a
-  tuple of F32x8: the register blocking that lets a few rows share one unpack.
+  tuple of F32xN: the register blocking that lets a few rows share one unpack.
 - `q4_acc32_tile(q, qi, d, m, x, xi, rows, accs)`, `q8_acc16_tile`, `q8_acc32_tile` dequantize the
-  group first (d * q + m, one FMA per 8 weights) and add its dot product with each tile row to that
-  row's accumulator in `accs`: the wide tiles' block (no scaling per row, no mins pass).
+  group first (d * q + m, one FMA per vector of weights) and add its dot product with each tile row
+  to that row's accumulator in `accs`: the wide tiles' block (no scaling per row, no mins pass).
 - `tile_offsets(t, K, n)`: the offsets of rows t .. t + n - 1 in x.ravel(), a tuple (n a constant).
 - `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
-  conversion), `splat_at(a, i)` (one in all eight lanes), `vload(a, i)` (eight as F32x8) read
-  a float32 array, or a uint16 array of float16 bits (the numba backend's scales where they are
-  float16 values: half the memory; numba has no float16 type on the CPU), converted to float32
-  in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
-- `vzero()`, `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also
-  element-wise over tuples; s a float32 or, over tuples, a splat F32x8), `hsum(v)`,
-  `hsum_halves(v)` (lanes 0-3, 4-7), `fold4(v)` (lane k + lane k + 4).
+  conversion), `splat_at(a, i)` (one in every lane of an F32xN), `vload(a, i)` (LANES of them as
+  F32xN) read a float32 array, or a uint16 array of float16 bits (the numba backend's scales where
+  they are float16 values: half the memory; numba has no float16 type on the CPU), converted to
+  float32 in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
+- `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
+  (acc + v * s, also element-wise over tuples; s a float32 or, over tuples, a splat vector),
+  `hsum(v)`, `hsum_halves(v)` (an F32x8's lanes 0-3, 4-7), `fold4(v)` (the sums of lanes k,
+  k + 4, k + 8, ...).
 """
 from __future__ import annotations
 
@@ -43,33 +46,43 @@ from numba.core import cgutils
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic, models, register_model
 
-LANES = 8
 _f32 = ir.FloatType()
 _f16 = ir.HalfType()
 _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_vf = ir.VectorType(_f32, LANES)
-
-
-class F32x8Type(types.Type):
-    """Eight float32 lanes held in a register."""
-
-    def __init__(self) -> None:
-        super().__init__(name="F32x8")
-
-
-F32x8 = F32x8Type()
-
-
-@register_model(F32x8Type)
-class _F32x8Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _vf)
 
 
 def target_has(feature: str) -> bool:
     """Whether the CPU numba compiles for (the host unless NUMBA_CPU_NAME says otherwise) has `feature`."""
     features = cpu_target.target_context.codegen().magic_tuple()[2]
     return f"+{feature}" in features.split(",")
+
+
+class F32VecType(types.Type):
+    """`lanes` float32 values held in one register."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        super().__init__(name=f"F32x{lanes}")
+
+
+@register_model(F32VecType)
+class _F32VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_f32, fe_type.lanes))
+
+
+F32x8, F32x16 = F32VecType(8), F32VecType(16)
+# The float blocks' width: a zmm register where the compile target has AVX-512 (half the
+# instructions of ymm for the same work), a ymm register otherwise. The int8 blocks stay F32x8.
+LANES = 16 if target_has("avx512f") else 8
+F32xN = F32x16 if LANES == 16 else F32x8
+_vf = ir.VectorType(_f32, LANES)
+_vf8 = ir.VectorType(_f32, 8)
+
+
+def _is_vec(*ts) -> bool:
+    """Whether every type is the same float vector type."""
+    return isinstance(ts[0], F32VecType) and all(t == ts[0] for t in ts)
 
 
 def _load(builder, ptr):
@@ -89,7 +102,8 @@ def _call(builder, name, ret, args):
 
 
 def _fmuladd(builder, a, b, c):
-    return _call(builder, "llvm.fmuladd.v8f32", _vf, [a, b, c])
+    """a * b + c over float32 vectors of any width."""
+    return _call(builder, f"llvm.fmuladd.v{a.type.count}f32", a.type, [a, b, c])
 
 
 def _splat(builder, s, vecty):
@@ -105,32 +119,30 @@ def _check_flat(*arrays):
 
 
 def _dot_parts(builder, parts, xb):
-    """sum over (F32x8 weights, offset) parts of weights * x[offset : offset + 8] -> F32x8."""
+    """sum over (weight vector, offset) parts of weights * x[offset : offset + LANES] -> F32xN."""
     acc = None
     for fc, off in parts:
-        xv = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), _vf.as_pointer()))
+        xv = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), fc.type.as_pointer()))
         acc = builder.fmul(fc, xv) if acc is None else _fmuladd(builder, fc, xv, acc)
     return acc
 
 
 def _q4_f32(builder, qp):
-    """A packed 4-bit group -> [(F32x8 of weights, their offset in the group)]: values 0..15 from bytes 0..15's
-    nibbles, in two 8-byte loads."""
+    """A packed 4-bit group -> [(F32xN of weights, their offset in the group)]: values 0..15 from bytes 0..15's
+    low nibbles, 16..31 from their high ones, in loads of LANES bytes."""
+    vi = ir.VectorType(_i32, LANES)
     parts = []
-    for half in range(2):
-        p = builder.gep(qp, [ir.Constant(_i32, 8 * half)])
-        b = _load(builder, builder.bitcast(p, ir.VectorType(_i8, 8).as_pointer()))
-        w = builder.zext(b, ir.VectorType(_i32, 8))
-        lo = builder.and_(w, ir.Constant(ir.VectorType(_i32, 8), [15] * 8))
-        hi = builder.lshr(w, ir.Constant(ir.VectorType(_i32, 8), [4] * 8))
-        parts.append((builder.sitofp(lo, _vf), 8 * half))
-        parts.append((builder.sitofp(hi, _vf), 16 + 8 * half))
+    for h in range(0, 16, LANES):
+        b = _load(builder, builder.bitcast(builder.gep(qp, [ir.Constant(_i32, h)]), ir.VectorType(_i8, LANES).as_pointer()))
+        w = builder.zext(b, vi)
+        parts.append((builder.sitofp(builder.and_(w, ir.Constant(vi, [15] * LANES)), _vf), h))
+        parts.append((builder.sitofp(builder.lshr(w, ir.Constant(vi, [4] * LANES)), _vf), 16 + h))
     return parts
 
 
 def _q8_f32(n):
     def unpack(builder, qp):
-        """n int8 weights -> [(F32x8 of weights, their offset in the group)]."""
+        """n int8 weights -> [(F32xN of weights, their offset in the group)]."""
         b = _load(builder, builder.bitcast(qp, ir.VectorType(_i8, n).as_pointer()))
         f = builder.sitofp(builder.sext(b, ir.VectorType(_i32, n)), ir.VectorType(_f32, n))
         return [(_slice(builder, f, c * LANES, LANES), c * LANES) for c in range(n // LANES)]
@@ -167,10 +179,10 @@ def _q8_i8(builder, qp):
     if target_has("avx2"):  # |w| as unsigned, the sign moved onto x (llama.cpp's trick for vpmaddubsw)
         aw = _call(builder, "llvm.abs.v32i8", v32, [w, ir.Constant(ir.IntType(1), 0)])
         return lambda xb: builder.sitofp(
-            _madd_u8s8(builder, aw, _call(builder, "llvm.x86.avx2.psign.b", v32, [_load_x8(builder, xb), w])), _vf)
+            _madd_u8s8(builder, aw, _call(builder, "llvm.x86.avx2.psign.b", v32, [_load_x8(builder, xb), w])), _vf8)
     wide = ir.VectorType(_i32, 32)
     ws = builder.sext(w, wide)
-    return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf)
+    return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf8)
 
 
 def _q4_pair_i8(builder, qp):
@@ -194,7 +206,7 @@ def _q4_pair_i8(builder, qp):
             wide = ir.VectorType(_i32, 32)
             sums = _sum4(builder, builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
                                               builder.mul(builder.zext(hi, wide), builder.sext(xh, wide))))
-        return builder.sitofp(sums, _vf)
+        return builder.sitofp(sums, _vf8)
 
     return dot
 
@@ -236,7 +248,7 @@ def f32_at(typingctx, a, i):
 
 @intrinsic
 def splat_at(typingctx, a, i):
-    """a[i] as float32 in all eight lanes of an F32x8 (a float32 array, or float16 bits in a uint16
+    """a[i] as float32 in every lane of an F32xN (a float32 array, or float16 bits in a uint16
     array: the 16 bits are broadcast first and converted as one vector, vpbroadcastw + vcvtph2ps)."""
     if not _reads_as_f32(a):
         return None
@@ -249,7 +261,7 @@ def splat_at(typingctx, a, i):
                    ir.VectorType(_i16 if half else _f32, LANES))
         return builder.fpext(builder.bitcast(v, ir.VectorType(_f16, LANES)), _vf) if half else v
 
-    return F32x8(a, i), codegen
+    return F32xN(a, i), codegen
 
 
 @intrinsic
@@ -289,7 +301,7 @@ def pair_scales(typingctx, scale, si, d):
 
 @intrinsic
 def vload(typingctx, a, i):
-    """a[i : i + 8] as F32x8 (a float32 array, or float16 bits in a uint16 array)."""
+    """a[i : i + LANES] as F32xN (a float32 array, or float16 bits in a uint16 array)."""
     if not _reads_as_f32(a):
         return None
 
@@ -297,19 +309,19 @@ def vload(typingctx, a, i):
         aa, i_ = args
         return _load_f32(builder, _flat_ptr(context, builder, a, aa, i_), a.dtype, LANES)
 
-    return F32x8(a, i), codegen
+    return F32xN(a, i), codegen
 
 
 @intrinsic
 def vfma(typingctx, a, b, acc):
-    """acc + a * b, lane by lane (F32x8)."""
-    if not (a == b == acc == F32x8):
+    """acc + a * b, lane by lane (float vectors of one width)."""
+    if not _is_vec(a, b, acc):
         return None
 
     def codegen(context, builder, sig, args):
         return _fmuladd(builder, *args)
 
-    return F32x8(a, b, acc), codegen
+    return acc(a, b, acc), codegen
 
 
 @intrinsic
@@ -333,25 +345,29 @@ def hsum_halves(typingctx, v):
 
 @intrinsic
 def fold4(typingctx, v):
-    """(lane k + lane k + 4 for k = 0..3) of an F32x8 (float32)."""
-    if v != F32x8:
+    """(the sum of lanes k, k + 4, k + 8, ... for k = 0..3) of a float vector (float32)."""
+    if not _is_vec(v):
         return None
     ret = types.UniTuple(types.float32, 4)
 
     def codegen(context, builder, sig, args):
         (x,) = args
-        s = builder.fadd(_slice(builder, x, 0, 4), _slice(builder, x, 4, 4))
+        n = v.lanes
+        while n > 4:
+            n //= 2
+            x = builder.fadd(_slice(builder, x, 0, n), _slice(builder, x, n, n))
+        s = x
         return context.make_tuple(builder, ret, [builder.extract_element(s, ir.Constant(_i32, k)) for k in range(4)])
 
     return ret(v), codegen
 
 
-def _blocks(name, unpack, doc):
+def _blocks(name, unpack, doc, vec=F32xN):
     """A group block for one activation row and its tile form for several: the weight group is
     unpacked once and dotted with every row of the tile.
 
-    - `one(q, qi, x, xi)` -> F32x8
-    - `tile(q, qi, x, xi, rows)` -> UniTuple(F32x8, len(rows)): row i's group at x[rows[i] + xi]
+    - `one(q, qi, x, xi)` -> vec (F32xN, or F32x8 for the int8 blocks)
+    - `tile(q, qi, x, xi, rows)` -> UniTuple(vec, len(rows)): row i's group at x[rows[i] + xi]
     """
 
     def one(typingctx, q, qi, x, xi):
@@ -361,7 +377,7 @@ def _blocks(name, unpack, doc):
             qa, qi_, xa, xi_ = args
             return unpack(builder, _flat_ptr(context, builder, q, qa, qi_))(_flat_ptr(context, builder, x, xa, xi_))
 
-        return F32x8(q, qi, x, xi), codegen
+        return vec(q, qi, x, xi), codegen
 
     def tile(typingctx, q, qi, x, xi, rows):
         _check_flat(q, x)
@@ -377,7 +393,7 @@ def _blocks(name, unpack, doc):
                 outs.append(dot(_flat_ptr(context, builder, x, xa, builder.add(xi_, r))))
             return context.make_tuple(builder, sig.return_type, outs)
 
-        return types.UniTuple(F32x8, rows.count)(q, qi, x, xi, rows), codegen
+        return types.UniTuple(vec, rows.count)(q, qi, x, xi, rows), codegen
 
     one.__name__ = one.__qualname__ = name
     tile.__name__ = tile.__qualname__ = name + "_tile"
@@ -397,7 +413,7 @@ def _f32_dot(unpack):
 
 def _dequant_tile(name, unpack, doc):
     """`acc_tile(q, qi, d, m, x, xi, rows, accs)` -> accs + (d * w + m) * x for every row of the tile:
-    the group's weights dequantized once (one FMA per 8), then one FMA per 8 weights and row (no scaling
+    the group's weights dequantized once (one FMA per LANES), then one FMA per LANES weights and row (no scaling
     per row, no separate pass for the mins). A row's group is summed apart and then added to its
     accumulator: the accumulator's dependency chain is one add a group, not four FMAs (which would
     leave a tile of a few rows waiting on FMA latency)."""
@@ -406,7 +422,7 @@ def _dequant_tile(name, unpack, doc):
         _check_flat(q, x)
         if not (isinstance(rows, types.UniTuple) and isinstance(rows.dtype, types.Integer)):
             raise TypeError(f"rows must be a tuple of integers, got {rows}")
-        if d != types.float32 or m != types.float32 or accs != types.UniTuple(F32x8, rows.count):
+        if d != types.float32 or m != types.float32 or accs != types.UniTuple(F32xN, rows.count):
             return None
 
         def codegen(context, builder, sig, args):
@@ -427,7 +443,7 @@ def _dequant_tile(name, unpack, doc):
     return intrinsic(acc_tile)
 
 
-_F32_DOC = " times float32 x[xi : xi + n] -> F32x8 partial sums (not yet reduced, not yet scaled)."
+_F32_DOC = " times float32 x[xi : xi + n] -> F32xN partial sums (not yet reduced, not yet scaled)."
 _I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
 q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _f32_dot(_q4_f32), "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
 q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _f32_dot(_q8_f32(16)), "16 int8 weights at q[qi]" + _F32_DOC)
@@ -435,16 +451,42 @@ q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _f32_dot(_q8_f32(32)), "32 int8 we
 q4_acc32_tile = _dequant_tile("q4_acc32_tile", _q4_f32, "Packed 4-bit group (16 bytes at q[qi]).")
 q8_acc16_tile = _dequant_tile("q8_acc16_tile", _q8_f32(16), "16 int8 weights at q[qi].")
 q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at q[qi].")
-q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC)[0]
+q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)[0]
 q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
                      "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
-                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).")[0]
+                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).", F32x8)[0]
+
+
+@intrinsic
+def prefetch(typingctx, a, i):
+    """Ask the caches for the line holding a[i] (a software prefetch; no fault past the array's end)."""
+    _check_flat(a)
+
+    def codegen(context, builder, sig, args):
+        aa, i_ = args
+        ptr = builder.bitcast(_flat_ptr(context, builder, a, aa, i_), ir.IntType(8).as_pointer())
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _i32, _i32, _i32]), "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(a, i), codegen
 
 
 @intrinsic
 def vzero(typingctx):
+    """A zero F32xN (the float blocks' accumulator)."""
     def codegen(context, builder, sig, args):
         return ir.Constant(_vf, [0.0] * LANES)
+
+    return F32xN(), codegen
+
+
+@intrinsic
+def vzero8(typingctx):
+    """A zero F32x8 (the int8 blocks' accumulator)."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_vf8, [0.0] * 8)
 
     return F32x8(), codegen
 
@@ -467,10 +509,10 @@ def tile_offsets(typingctx, t, K, n):
 
 @intrinsic
 def vzero_tile(typingctx, rows):
-    """A zero F32x8 per element of the tuple `rows` (a tile's accumulators)."""
+    """A zero F32xN per element of the tuple `rows` (a tile's accumulators)."""
     if not isinstance(rows, types.UniTuple):
         return None
-    ret = types.UniTuple(F32x8, rows.count)
+    ret = types.UniTuple(F32xN, rows.count)
 
     def codegen(context, builder, sig, args):
         return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * rows.count)
@@ -480,21 +522,22 @@ def vzero_tile(typingctx, rows):
 
 @intrinsic
 def vfma_s(typingctx, v, s, acc):
-    """acc + v * s (s a float32 scalar, broadcast); element-wise over tuples of F32x8 too."""
-    if v == F32x8 and acc == F32x8 and s == types.float32:
+    """acc + v * s (s a float32 scalar, broadcast); element-wise over tuples of vectors too (s a scalar
+    or a vector of their width)."""
+    if _is_vec(v, acc) and s == types.float32:
         def codegen(context, builder, sig, args):
             v_, s_, acc_ = args
-            return _fmuladd(builder, v_, _splat(builder, s_, _vf), acc_)
+            return _fmuladd(builder, v_, _splat(builder, s_, v_.type), acc_)
 
-        return F32x8(v, s, acc), codegen
-    if not (v == acc and isinstance(v, types.UniTuple) and v.dtype == F32x8):
+        return acc(v, s, acc), codegen
+    if not (v == acc and isinstance(v, types.UniTuple) and isinstance(v.dtype, F32VecType)):
         return None
-    if s not in (types.float32, F32x8):
+    if s not in (types.float32, v.dtype):
         return None
 
     def codegen_tuple(context, builder, sig, args):
         v_, s_, acc_ = args
-        sv = s_ if s == F32x8 else _splat(builder, s_, _vf)
+        sv = s_ if s == v.dtype else _splat(builder, s_, ir.VectorType(_f32, v.dtype.lanes))
         outs = [_fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)]
         return context.make_tuple(builder, sig.return_type, outs)
 
@@ -503,13 +546,13 @@ def vfma_s(typingctx, v, s, acc):
 
 @intrinsic
 def hsum(typingctx, v):
-    """The sum of the eight lanes (float32)."""
-    if v != F32x8:
+    """The sum of a float vector's lanes (float32)."""
+    if not _is_vec(v):
         return None
 
     def codegen(context, builder, sig, args):
         (x,) = args
-        n = LANES
+        n = v.lanes
         while n > 1:
             n //= 2
             x = builder.fadd(_slice(builder, x, 0, n), _slice(builder, x, n, n))
@@ -518,7 +561,7 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32x8", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales",
+__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales",
            "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8", "q8_acc16_tile", "q8_acc32_tile", "q8_dot16",
            "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "tile_offsets", "vfma", "vfma_s",
-           "vload", "vzero", "vzero_tile"]
+           "vload", "vzero", "vzero8", "vzero_tile"]
