@@ -25,6 +25,7 @@ from threadpoolctl import threadpool_limits
 
 from kernels import ACTIVATIONS
 from kernels.attention_meta import AttentionMetadata
+from kernels import numba_amx
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
@@ -46,6 +47,11 @@ log = logging.getLogger("forge.kernels")
 # threads (scripts/matvec_bench.py --rows): matvec 4.5-7.3x faster at 8 rows, 1.7-3.1x at 32,
 # 1.1-2.2x at 64, and 0.86-1.6x at 128, where the panels begin to win on the larger matrices.
 MATVEC_MAX_ROWS = 64
+# Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
+# weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). On the default model's shapes,
+# 2 threads of a Xeon (`scripts/matvec_bench.py --rows`): at 16 rows about even with the matvec kernels,
+# 1.2-2.5x faster at 32, 2-4x at 64; 1.1-1.8x faster than the panels at 512.
+AMX_MIN_ROWS = 16
 # int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
 # (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
 # agreement bound).
@@ -119,6 +125,7 @@ class NumbaBackend(NumpyBackend):
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
         # Scales and mins as float16 where exact (kernels/numba_layout.py), if the CPU converts them.
         self.half_scales = target_has("f16c")
+        self.amx = numba_amx.available()  # AMX tiles for products of AMX_MIN_ROWS rows or more
         self.scale_dtypes: set[np.dtype] = set()  # those of the weights prepared so far (warm_up compiles for them)
 
     def begin_step(self, rows: int | None = None) -> None:
@@ -195,20 +202,27 @@ class NumbaBackend(NumpyBackend):
         b = w.blocked
         if w.kind == "f32":
             out = x @ w.weight.data.T
-        elif b is not None and T <= MATVEC_MAX_ROWS:
+        elif b is None or (T > MATVEC_MAX_ROWS and not self._on_amx(b, T)):
+            out = self._panels_gemm(x, w)
+        else:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
             if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
+            elif self._on_amx(b, T):
+                numba_amx.matmul_amx(b.data, b.scale, b.min, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads())
             elif b.kind == "q4":
                 matvec_q4(b.data, b.scale, b.min, x, out)
             else:
                 matvec_q8(b.data, b.scale, b.min, b.group, x, out)
-        else:
-            out = self._panels_gemm(x, w)
         if bias is not None:
             out += bias
         return out
+
+    def _on_amx(self, b: Blocked, rows: int) -> bool:
+        """Whether a product of `rows` activation rows runs on AMX tiles: enough rows, and a weight with
+        groups of 32 and float16 scales (d q is then two or three bf16 values exactly)."""
+        return self.amx and rows >= AMX_MIN_ROWS and b.group == 32 and b.scale.dtype == np.uint16
 
     def _panels_gemm(self, x: np.ndarray, w: Linear) -> np.ndarray:
         T, K = x.shape

@@ -405,3 +405,25 @@ def test_scales_are_float16_only_where_every_one_round_trips(be, rng):
     lin = be.prepare_linear(w)
     assert lin.blocked.scale.dtype == lin.blocked.min.dtype == np.float32
     np.testing.assert_array_equal(be.embedding(lin, np.arange(9)), w.dequantize())
+
+
+def test_only_the_stepping_thread_leads_a_team_of_kernel_threads():
+    """The thread that builds the backend (and warms it up) launches its kernels on one thread until it
+    calls begin_step: a second libgomp team, idle, made every launch of the stepping thread's team wait
+    for a wake-up."""
+    import threading
+
+    import numba
+
+    seen = {}
+
+    def build_then_step():
+        be = NumbaBackend(threads=2)
+        seen["built"] = numba.get_num_threads()
+        be.begin_step()
+        seen["stepping"] = numba.get_num_threads()
+
+    t = threading.Thread(target=build_then_step)
+    t.start()
+    t.join()
+    assert seen == {"built": 1, "stepping": 2}
