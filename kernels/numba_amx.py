@@ -379,6 +379,16 @@ def _store(i, p):
         tile_store(3, p, 3 * ROWS * ROWS, 64)
 
 
+@njit(**JIT)
+def _aligned(n, dtype):
+    """An empty 1-D array of n elements whose start is a multiple of 64 bytes: a tile's 64-byte rows
+    then sit in one cache line each (numpy's large arrays start 32 bytes into a line)."""
+    itemsize = np.empty(0, dtype).itemsize
+    buf = np.empty(n + 64 // itemsize, dtype)
+    skip = (-buf.ctypes.data) % 64 // itemsize
+    return buf[skip: skip + n]
+
+
 @njit(parallel=True, **JIT)
 def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
     """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 and float16
@@ -390,16 +400,16 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
     nch = (ng + GROUP - 1) // GROUP
     N4 = (N + 3) // 4 * 4
     TB = (T + ROWS - 1) // ROWS
-    xs = np.empty(PARTS * TB * ng * TILE, np.uint16)
+    xs = _aligned(PARTS * TB * ng * TILE, np.uint16)
     xsum = np.empty((TB, ng, ROWS), np.float32)
-    xsb = np.empty(PARTS * TB * nch * TILE, np.uint16)
+    xsb = _aligned(PARTS * TB * nch * TILE, np.uint16)
     split_rows(x, xs, xsum, xsb)
     has_min = minv.shape[0] > 0
     parts = 2 if packed else 3  # d q: at most 11 + 4 (q4) or 11 + 8 (q8) significant bits
     NB = (N + ROWS - 1) // ROWS
     TC = (TB + T_CHUNK - 1) // T_CHUNK
-    a_scr = np.empty((threads, PARTS * TILE), np.uint16)
-    p_scr = np.empty((threads, T_CHUNK * ROWS * ROWS), np.float32)
+    a_scr = _aligned(threads * PARTS * TILE, np.uint16).reshape(threads, PARTS * TILE)
+    p_scr = _aligned(threads * T_CHUNK * ROWS * ROWS, np.float32).reshape(threads, T_CHUNK * ROWS * ROWS)
     part, mpart = TB * ng * TILE, TB * nch * TILE
     for item in prange(NB * TC):
         tc, nb = item // NB, item % NB

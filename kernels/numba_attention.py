@@ -16,6 +16,7 @@ from numba import njit, prange
 
 from kernels.numba_jit import JIT
 from kernels.numba_math import exp32
+from kernels.simd import prefetch
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
@@ -67,6 +68,18 @@ def _softmax(s, n):
         s[l] *= inv
 
 
+@njit(**JIT)
+def _prefetch_block(cache, blk, kv0, nkv):
+    """Ask for kv heads kv0 .. kv0 + nkv - 1 of cache block blk (blocks are scattered: the hardware
+    prefetchers do not follow a block table; a decode row's next block then waits on DRAM)."""
+    bs, Hkv, Dh = cache.shape[1], cache.shape[2], cache.shape[3]
+    flat = cache.reshape(-1)
+    for off in range(bs):
+        base = ((blk * bs + off) * Hkv + kv0) * Dh
+        for i in range(0, nkv * Dh, 16):
+            prefetch(flat, base + i)
+
+
 @njit(error_model="numpy", **JIT)
 def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
     """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
@@ -74,8 +87,11 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
     block table (with every kv head, front to back through each block). s [n, n_keys]."""
     n, Dh = q.shape
     bs = k_cache.shape[1]
-    for bi in range((n_keys + bs - 1) // bs):
+    nb = (n_keys + bs - 1) // bs
+    for bi in range(nb):
         blk = table[bi]
+        if bi + 1 < nb:
+            _prefetch_block(k_cache, table[bi + 1], kv0, n // G)
         for off in range(min(bs, n_keys - bi * bs)):
             for h in range(n):
                 kvh = kv0 + h // G
@@ -87,8 +103,11 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
         _softmax(s[h], n_keys)
         for d in range(Dh):
             out[h, d] = 0.0
-    for bi in range((n_keys + bs - 1) // bs):
+    _prefetch_block(v_cache, table[0], kv0, n // G)
+    for bi in range(nb):
         blk = table[bi]
+        if bi + 1 < nb:
+            _prefetch_block(v_cache, table[bi + 1], kv0, n // G)
         for off in range(min(bs, n_keys - bi * bs)):
             for h in range(n):
                 kvh = kv0 + h // G
