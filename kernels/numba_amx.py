@@ -52,7 +52,8 @@ llb.initialize_native_asmparser()  # numba compiles inline assembly only with LL
 
 ROWS = 16  # rows of a tile: weight rows of an A tile, activation rows (a t-block) of a B tile
 GROUP = 32  # weights a group: one tile's depth (32 bf16, 64 bytes a row)
-T_CHUNK = 4  # t-blocks a work item (64 activation rows): one accumulator tile each, tmm0-3
+T_CHUNK = 4  # t-blocks a work item (64 activation rows)
+ACCS = 4  # accumulator tiles, tmm0-3: one per t-block and 16 weight rows of a work item
 PARTS = 3  # bf16 parts of a float32
 TILE = ROWS * GROUP  # uint16 values a bf16 tile
 
@@ -408,47 +409,56 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
     parts = 2 if packed else 3  # d q: at most 11 + 4 (q4) or 11 + 8 (q8) significant bits
     NB = (N + ROWS - 1) // ROWS
     TC = (TB + T_CHUNK - 1) // T_CHUNK
+    # Few t-blocks leave accumulators free: an item then takes several 16-row blocks of the weight, each
+    # reusing the B tiles the one before just brought into L1 (up to 4 accumulator tiles in all).
+    per_item = max(1, ACCS // min(T_CHUNK, TB))
+    NI = (NB + per_item - 1) // per_item
     a_scr = _aligned(threads * PARTS * TILE, np.uint16).reshape(threads, PARTS * TILE)
-    p_scr = _aligned(threads * T_CHUNK * ROWS * ROWS, np.float32).reshape(threads, T_CHUNK * ROWS * ROWS)
+    p_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
     part, mpart = TB * ng * TILE, TB * nch * TILE
-    for item in prange(NB * TC):
-        tc, nb = item // NB, item % NB
+    for item in prange(NI * TC):
+        tc, nb0 = item // NI, item % NI * per_item
+        nbs = min(per_item, NB - nb0)
         me = numba.get_thread_id()
         a, p = a_scr[me], p_scr[me]
         tb0 = tc * T_CHUNK
         nt = min(T_CHUNK, TB - tb0)
         tile_config(cfg)
-        for i in range(nt):
-            _zero(i)
+        for c in range(nbs * nt):
+            _zero(c)
         for g in range(ng):
-            _a_tiles(q, scale, packed, parts, N4, ng, nb, g, a)
-            tile_load(4, a, 0, 64)
-            tile_load(5, a, TILE, 64)
-            if parts == 3:
-                tile_load(6, a, 2 * TILE, 64)
-            for i in range(nt):
-                b = ((tb0 + i) * ng + g) * TILE
-                for s in range(PARTS):
-                    tile_load(7, xs, s * part + b, 64)
-                    _dots(i, parts)
-        if has_min:  # + sum_g m[n, g] xsum[t, g]: the mins times the group sums, as one more product
-            for c in range(nch):
-                _m_tiles(minv, N4, ng, nb, c, a)
+            for j in range(nbs):
+                _a_tiles(q, scale, packed, parts, N4, ng, nb0 + j, g, a)
                 tile_load(4, a, 0, 64)
                 tile_load(5, a, TILE, 64)
+                if parts == 3:
+                    tile_load(6, a, 2 * TILE, 64)
                 for i in range(nt):
-                    b = ((tb0 + i) * nch + c) * TILE
+                    b = ((tb0 + i) * ng + g) * TILE
                     for s in range(PARTS):
-                        tile_load(7, xsb, s * mpart + b, 64)
-                        _dots(i, 2)
-        for i in range(nt):
-            _store(i, p)
+                        tile_load(7, xs, s * part + b, 64)
+                        _dots(j * nt + i, parts)
+        if has_min:  # + sum_g m[n, g] xsum[t, g]: the mins times the group sums, as one more product
+            for c in range(nch):
+                for j in range(nbs):
+                    _m_tiles(minv, N4, ng, nb0 + j, c, a)
+                    tile_load(4, a, 0, 64)
+                    tile_load(5, a, TILE, 64)
+                    for i in range(nt):
+                        b = ((tb0 + i) * nch + c) * TILE
+                        for s in range(PARTS):
+                            tile_load(7, xsb, s * mpart + b, 64)
+                            _dots(j * nt + i, 2)
+        for c in range(nbs * nt):
+            _store(c, p)
         tile_release()
-        for i in range(nt):
-            for tt in range(ROWS):
-                t = (tb0 + i) * ROWS + tt
-                if t < T:
-                    for r in range(ROWS):
-                        n = nb * ROWS + r
-                        if n < N:
-                            out[t, n] = p[(i * ROWS + r) * ROWS + tt]
+        for j in range(nbs):
+            for i in range(nt):
+                c = j * nt + i
+                for tt in range(ROWS):
+                    t = (tb0 + i) * ROWS + tt
+                    if t < T:
+                        for r in range(ROWS):
+                            n = (nb0 + j) * ROWS + r
+                            if n < N:
+                                out[t, n] = p[(c * ROWS + r) * ROWS + tt]

@@ -49,8 +49,8 @@ log = logging.getLogger("forge.kernels")
 MATVEC_MAX_ROWS = 64
 # Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
 # weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). On the default model's shapes,
-# 2 threads of a Xeon (`scripts/matvec_bench.py --rows`): at 16 rows about even with the matvec kernels,
-# 1.2-2.5x faster at 32, 2-4x at 64; 1.1-1.8x faster than the panels at 512.
+# 2 threads of a Sapphire Rapids Xeon: 0.8-1.2x the matvec kernels' speed at 16 rows (0.5-0.8x at 8),
+# 1.4-2.4x at 32; 1.5-1.8x the panels' at 512 rows.
 AMX_MIN_ROWS = 16
 # int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
 # (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the

@@ -11,9 +11,10 @@ Times `backend.linear` for one activation row on one kernel thread with `time.th
 (112 MB of weights a token), they come from DRAM rather than the caches; `--copies 1` measures
 cache-resident weights.
 
-`--rows` instead times products of 8 to 256 activation rows on all cores (wall clock) both ways the
-backend can take them, the matvec kernel and dequantized panels + BLAS: where the two cross is
-`kernels/numba_backend.py`'s MATVEC_MAX_ROWS.
+`--rows` instead times products of 8 to 512 activation rows on all cores (wall clock) every way the
+backend can take them: the matvec kernel, dequantized panels + BLAS, and AMX tiles where the CPU has
+them (from AMX_MIN_ROWS rows): where they cross are `kernels/numba_backend.py`'s MATVEC_MAX_ROWS and
+AMX_MIN_ROWS.
 
 `--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 4, 5, 8, 9, 32 activation rows
 costs relative to T products of one row (cache-resident weights): speculative verification of k
@@ -46,13 +47,17 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
 def rows_sweep(rng: np.random.Generator) -> None:
     be = NumbaBackend()
     be.begin_step()
+    amx = be.amx
+    ways = [("matvec", 1 << 30, False), ("panels", 0, False)] + ([("amx", 0, True)] if amx else [])
     for name, kind, n, k in SHAPES:
         lin = be.prepare_linear(weight(kind, n, k, rng))
-        for rows in (8, 16, 32, 48, 64, 128, 256):
+        for rows in (8, 16, 32, 48, 64, 128, 256, 512):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
-            for way, limit in (("matvec", 1 << 30), ("panels", 0)):
-                numba_backend.MATVEC_MAX_ROWS = limit
+            for way, limit, on_amx in ways:
+                if on_amx and rows < numba_backend.AMX_MIN_ROWS:
+                    continue
+                numba_backend.MATVEC_MAX_ROWS, be.amx = limit, on_amx
                 be.linear(x, lin)
                 best = float("inf")
                 for _ in range(3 if n * k > 10_000_000 else 10):
@@ -60,8 +65,9 @@ def rows_sweep(rng: np.random.Generator) -> None:
                     be.linear(x, lin)
                     best = min(best, time.perf_counter() - t)
                 took[way] = best
-            print(f"{name:12s} rows {rows:3d}  matvec {took['matvec'] * 1e3:8.2f} ms  panels {took['panels'] * 1e3:8.2f} ms"
-                  f"  panels/matvec {took['panels'] / took['matvec']:.2f}")
+            cells = "".join(f"  {way} {took[way] * 1e3:8.2f} ms" for way in took)
+            print(f"{name:12s} rows {rows:3d}{cells}  panels/matvec {took['panels'] / took['matvec']:.2f}"
+                  + (f"  matvec/amx {took['matvec'] / took['amx']:.2f}" if "amx" in took else ""))
 
 
 def timed(be: NumbaBackend, x: np.ndarray, lin, repeats: int) -> float:
