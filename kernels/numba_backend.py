@@ -2,8 +2,9 @@
 compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
 
 Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
-short prompts) read the quantized weight directly in a parallel numba kernel. With more rows
-(prefill) each worker thread takes panels
+short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
+products of 16 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
+rounding). Otherwise, with more rows (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
 single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
 where OpenBLAS's own threads collapse (20x slower with other processes on the cores).

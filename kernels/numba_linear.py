@@ -25,6 +25,9 @@ Two activation paths:
   `pair_layout`): half the instructions of one row at a time. The min term still uses the exact
   float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 
+Each kernel asks for the weights `PREFETCH_BYTES` ahead of the group it reads (software prefetch):
+the hardware prefetchers alone did not keep a one-row product over weights from DRAM busy.
+
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
 another process does not hold the step back. The row kernels loop over a chunk's blocks
 themselves and take flat arrays with offsets: a call or an array view per block cost as much
