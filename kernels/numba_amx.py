@@ -84,10 +84,13 @@ def _asm(builder, text, operands=()):
     builder.call(ir.InlineAsm(fty, text, constraint, side_effect=True), list(operands))
 
 
+def _elem_ptr(context, builder, aty, a, i, ity):
+    """The address of element i (of integer type ity) of a 1-D array a (of type aty)."""
+    return builder.gep(context.make_array(aty)(context, builder, a).data, [context.cast(builder, i, ity, types.intp)])
+
+
 def _byte_ptr(context, builder, aty, a, i, ity):
-    data = context.make_array(aty)(context, builder, a).data
-    idx = context.cast(builder, i, ity, types.intp)
-    return builder.bitcast(builder.gep(data, [idx]), ir.IntType(8).as_pointer())
+    return builder.bitcast(_elem_ptr(context, builder, aty, a, i, ity), ir.IntType(8).as_pointer())
 
 
 def _literal(*regs):
@@ -98,7 +101,8 @@ def _literal(*regs):
 def tile_config(typingctx, cfg):
     """Load the tile configuration (`CONFIG`) on this thread."""
     def codegen(context, builder, sig, args):
-        _asm(builder, "ldtilecfg ($0)", [_byte_ptr(context, builder, cfg, args[0], context.get_constant(types.intp, 0), types.intp)])
+        zero = context.get_constant(types.intp, 0)
+        _asm(builder, "ldtilecfg ($0)", [_byte_ptr(context, builder, cfg, args[0], zero, types.intp)])
         return context.get_dummy_value()
 
     return types.none(cfg), codegen
@@ -127,34 +131,27 @@ def tile_zero(typingctx, reg):
     return types.none(reg), codegen
 
 
-@intrinsic
-def tile_load(typingctx, reg, a, i, stride):
-    """tmm[reg] = 16 rows of `stride` bytes from a[i] on (reg a constant)."""
-    if not _literal(reg):
-        return None
+def _tile_memory(template: str, doc: str):
+    """An intrinsic (reg, a, i, stride) moving tile `reg` (a constant) from or to 16 rows of `stride`
+    bytes from a[i] on: `template` is the instruction, {reg} its tile."""
+    def impl(typingctx, reg, a, i, stride):
+        if not _literal(reg):
+            return None
 
-    def codegen(context, builder, sig, args):
-        p = _byte_ptr(context, builder, a, args[1], args[2], i)
-        s = context.cast(builder, args[3], stride, types.int64)
-        _asm(builder, f"tileloadd ($0,$1,1), %tmm{reg.literal_value}", [p, s])
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            p = _byte_ptr(context, builder, a, args[1], args[2], i)
+            s = context.cast(builder, args[3], stride, types.int64)
+            _asm(builder, template.format(reg=reg.literal_value), [p, s])
+            return context.get_dummy_value()
 
-    return types.none(reg, a, i, stride), codegen
+        return types.none(reg, a, i, stride), codegen
+
+    impl.__doc__ = doc
+    return intrinsic(impl)
 
 
-@intrinsic
-def tile_store(typingctx, reg, a, i, stride):
-    """16 rows of `stride` bytes from a[i] on = tmm[reg] (reg a constant)."""
-    if not _literal(reg):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _byte_ptr(context, builder, a, args[1], args[2], i)
-        s = context.cast(builder, args[3], stride, types.int64)
-        _asm(builder, f"tilestored %tmm{reg.literal_value}, ($0,$1,1)", [p, s])
-        return context.get_dummy_value()
-
-    return types.none(reg, a, i, stride), codegen
+tile_load = _tile_memory("tileloadd ($0,$1,1), %tmm{reg}", "tmm[reg] = 16 rows of `stride` bytes from a[i] on.")
+tile_store = _tile_memory("tilestored %tmm{reg}, ($0,$1,1)", "16 rows of `stride` bytes from a[i] on = tmm[reg].")
 
 
 @intrinsic
@@ -195,8 +192,8 @@ def _scaled_group(packed):
 
         def codegen(context, builder, sig, args):
             qa, qi_, d_, _, aa, ai_ = args
-            qp = builder.gep(context.make_array(q)(context, builder, qa).data, [context.cast(builder, qi_, qi, types.intp)])
-            ap = builder.gep(context.make_array(a)(context, builder, aa).data, [context.cast(builder, ai_, ai, types.intp)])
+            qp = _elem_ptr(context, builder, q, qa, qi_, qi)
+            ap = _elem_ptr(context, builder, a, aa, ai_, ai)
             n = 16 if packed else 32
             ld = builder.load(builder.bitcast(qp, ir.VectorType(ir.IntType(8), n).as_pointer()))
             ld.align = 1

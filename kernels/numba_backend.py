@@ -24,9 +24,8 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from kernels import ACTIVATIONS
+from kernels import ACTIVATIONS, numba_amx
 from kernels.attention_meta import AttentionMetadata
-from kernels import numba_amx
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
@@ -114,7 +113,7 @@ class NumbaBackend(NumpyBackend):
         # libgomp keeps a team per launching thread, and once it manages more threads than there are
         # cores it cuts their spinning short (to ~100 rounds): with a second team, idle since
         # warm-up, a 2-core step thread's every launch waited for a wake-up (~70 us instead of
-        # ~2 us; a single-row decode step 15 ms instead of 10).
+        # ~2 us; a single-row decode step 15 ms instead of 7.5).
         numba.set_num_threads(1)
         self._lut: np.ndarray | None = None
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
@@ -211,7 +210,8 @@ class NumbaBackend(NumpyBackend):
             if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
             elif self._on_amx(b, T):
-                numba_amx.matmul_amx(b.data, b.scale, b.min, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads())
+                numba_amx.matmul_amx(b.data, b.scale, b.min, b.kind == "q4", x, out, numba_amx.CONFIG,
+                                     numba.get_num_threads())
             elif b.kind == "q4":
                 matvec_q4(b.data, b.scale, b.min, x, out)
             else:

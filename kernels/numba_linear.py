@@ -41,9 +41,10 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, q4_acc32_tile, q4_dot32, q4_dot32_tile,
-                          q4_pair_i8, q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8,
-                          q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero8, vzero_tile, LANES, prefetch)
+from kernels.simd import (LANES, f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, prefetch,
+                          q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_acc16_tile, q8_acc32_tile, q8_dot16,
+                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s,
+                          vload, vzero, vzero8, vzero_tile)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -407,7 +408,7 @@ def matvec_q8(q, scale, minv, G, x, out):
     T, K = x.shape
     N = out.shape[1]
     ng = K // G
-    xsum = np.zeros((T, ng), dtype=np.float32)
+    xsum = np.empty((T, ng), dtype=np.float32)  # read only with mins (np.zeros here: a parallel loop of its own)
     if minv.shape[0] > 0:
         group_sums(x, G, xsum)
     xs4, xf = spread4(xsum), x.reshape(T * K)

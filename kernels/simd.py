@@ -133,7 +133,8 @@ def _q4_f32(builder, qp):
     vi = ir.VectorType(_i32, LANES)
     parts = []
     for h in range(0, 16, LANES):
-        b = _load(builder, builder.bitcast(builder.gep(qp, [ir.Constant(_i32, h)]), ir.VectorType(_i8, LANES).as_pointer()))
+        p = builder.gep(qp, [ir.Constant(_i32, h)])
+        b = _load(builder, builder.bitcast(p, ir.VectorType(_i8, LANES).as_pointer()))
         w = builder.zext(b, vi)
         parts.append((builder.sitofp(builder.and_(w, ir.Constant(vi, [15] * LANES)), _vf), h))
         parts.append((builder.sitofp(builder.lshr(w, ir.Constant(vi, [4] * LANES)), _vf), 16 + h))
@@ -454,7 +455,8 @@ q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at 
 q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)[0]
 q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
                      "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
-                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).", F32x8)[0]
+                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).",
+                     F32x8)[0]
 
 
 @intrinsic
@@ -561,7 +563,7 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum", "hsum_halves", "pair_scales",
-           "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8", "q8_acc16_tile", "q8_acc32_tile", "q8_dot16",
-           "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile", "target_has", "tile_offsets", "vfma", "vfma_s",
-           "vload", "vzero", "vzero8", "vzero_tile"]
+__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum",
+           "hsum_halves", "pair_scales", "prefetch", "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+           "q8_acc16_tile", "q8_acc32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile",
+           "target_has", "tile_offsets", "vfma", "vfma_s", "vload", "vzero", "vzero8", "vzero_tile"]
