@@ -275,7 +275,9 @@ def split_rows(x, xs, xsum, xsb):
     TB = xsum.shape[0]
     nch = (ng + GROUP - 1) // GROUP
     part, mpart = TB * ng * TILE, TB * nch * TILE
-    for tb in prange(TB):  # (a whole-array `xsb[:] = 0` here would be a parallel loop of its own, an item an element)
+    # xsb is zeroed t-block by t-block: a whole-array `xsb[:] = 0` here would be a parallel loop of
+    # its own, an element a work item
+    for tb in prange(TB):
         for k in range(PARTS):
             xsb[k * mpart + tb * nch * TILE: k * mpart + (tb + 1) * nch * TILE] = 0
         for tt in range(ROWS):
@@ -323,9 +325,7 @@ def _m_tiles(minv, N4, ng, nb, c, a):
         if row < N4:
             for gg in range(min(GROUP, ng - c * GROUP)):
                 m = f32_at(minv, (row // 4 * ng + c * GROUP + gg) * 4 + row % 4)
-                hi = f32_bits(m) & np.uint32(0xFFFF0000)
-                a[r * GROUP + gg] = np.uint16(hi >> 16)
-                a[TILE + r * GROUP + gg] = np.uint16(f32_bits(m - bits_f32(hi)) >> 16)
+                a[r * GROUP + gg], a[TILE + r * GROUP + gg], _ = _split3(m)  # the third part is zero
 
 
 @njit(**JIT)
