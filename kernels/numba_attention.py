@@ -7,7 +7,9 @@ transposed scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the bloc
 then for each query row and each query head of the group: scores over the visible keys
 (vectorized over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
 An item of one row (decode) reads K and V rows in place from the cache instead: the copy would
-cost as much as the row's whole attention. The softmax's exp is `exp32` (vectorized).
+cost as much as the row's whole attention; it asks for the next cache block ahead (blocks are
+scattered, the hardware prefetchers do not follow a block table). The softmax's exp is `exp32`
+(vectorized).
 """
 from __future__ import annotations
 
@@ -16,10 +18,14 @@ from numba import njit, prange
 
 from kernels.numba_jit import JIT
 from kernels.numba_math import exp32
-from kernels.simd import prefetch
+from kernels.simd import LANES, hsum, prefetch, vfma, vfma_s, vload, vstore, vzero
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
+# From this many row tiles on (a step of many decoding sequences) a work item takes a tile's kv heads
+# together: a decode row then reads each of its K/V rows whole (all kv heads side by side) instead of
+# a third of it per item. Fewer tiles keep an item per kv head, so that the threads have work.
+TILES_TOGETHER = 16
 
 
 @njit(**JIT)
@@ -116,6 +122,40 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
                     out[h, d] += p * v_cache[blk, off, kvh, d]
 
 
+@njit(error_model="numpy", **JIT)
+def _attend_decode(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
+    """`_attend_in_place` in SIMD blocks (Dh a multiple of LANES): each score one vector dot product
+    with a K row; each output vector of a head summed over the keys in a register, not in `out`
+    (which the compiler must reload and store around every V row it might alias)."""
+    n, Dh = q.shape
+    bs, Hkv = k_cache.shape[1], k_cache.shape[2]
+    kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
+    qf, of = q.reshape(-1), out.reshape(-1)
+    nb = (n_keys + bs - 1) // bs
+    for bi in range(nb):
+        blk = table[bi]
+        if bi + 1 < nb:
+            _prefetch_block(k_cache, table[bi + 1], kv0, n // G)
+        for off in range(min(bs, n_keys - bi * bs)):
+            row = (blk * bs + off) * Hkv + kv0
+            for h in range(n):
+                base = (row + h // G) * Dh
+                acc = vzero()
+                for c in range(0, Dh, LANES):
+                    acc = vfma(vload(qf, h * Dh + c), vload(kf, base + c), acc)
+                s[h, bi * bs + off] = hsum(acc) * scale
+    for h in range(n):
+        _softmax(s[h], n_keys)
+    for h in range(n):
+        for c in range(0, Dh, LANES):
+            acc = vzero()
+            for bi in range(nb):
+                blk = table[bi]
+                for off in range(min(bs, n_keys - bi * bs)):
+                    acc = vfma_s(vload(vf, ((blk * bs + off) * Hkv + kv0 + h // G) * Dh + c), s[h, bi * bs + off], acc)
+            vstore(of, h * Dh + c, acc)
+
+
 @njit(**JIT)
 def _tiles(query_start):
     """First work-item tile of each sequence ([B + 1], cumulative)."""
@@ -141,8 +181,12 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
     if i1 - i0 == 1:
         s = np.empty(((kv1 - kv0) * G, n_keys), dtype=np.float32)
-        _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
-                         out[i0, kv0 * G : kv1 * G])
+        if Dh % LANES == 0:
+            _attend_decode(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
+                           out[i0, kv0 * G : kv1 * G])
+        else:
+            _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
+                             out[i0, kv0 * G : kv1 * G])
         return
     kt = np.empty((Dh, n_keys), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
@@ -161,10 +205,14 @@ def paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables
     """q [T, H, Dh] -> out [T, H, Dh]: causal attention of each sequence's new rows over its paged context.
 
     Query row i of sequence b (n new rows, context c) sits at position c - n + i and sees keys 0..c-n+i.
-    Work items: (row tile, kv head).
+    Work items: (row tile, kv head), or row tiles with all their kv heads from TILES_TOGETHER tiles on.
     """
     tiles = _tiles(query_start)
     Hkv = k_cache.shape[2]
+    if tiles[-1] >= TILES_TOGETHER:  # many tiles: each reads its K/V rows whole, every kv head at once
+        for tile in prange(tiles[-1]):
+            _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, 0, Hkv)
+        return
     for item in prange(tiles[-1] * Hkv):
         kvh = item % Hkv
         _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item // Hkv, kvh, kvh + 1)

@@ -30,7 +30,7 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `tile_offsets(t, K, n)`: the offsets of rows t .. t + n - 1 in x.ravel(), a tuple (n a constant).
 - `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
   conversion), `splat_at(a, i)` (one in every lane of an F32xN), `vload(a, i)` (LANES of them as
-  F32xN) read a float32 array, or a uint16 array of float16 bits (the numba backend's scales where
+  F32xN; `vstore(a, i, v)` writes them to a float32 array) read a float32 array, or a uint16 array of float16 bits (the numba backend's scales where
   they are float16 values: half the memory; numba has no float16 type on the CPU), converted to
   float32 in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
 - `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
@@ -314,6 +314,22 @@ def vload(typingctx, a, i):
 
 
 @intrinsic
+def vstore(typingctx, a, i, v):
+    """a[i : i + LANES] = v (a flat float32 array, an F32xN)."""
+    _check_flat(a)
+    if a.dtype != types.float32 or v != F32xN:
+        return None
+
+    def codegen(context, builder, sig, args):
+        aa, i_, v_ = args
+        st = builder.store(v_, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), _vf.as_pointer()))
+        st.align = 4
+        return context.get_dummy_value()
+
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
 def vfma(typingctx, a, b, acc):
     """acc + a * b, lane by lane (float vectors of one width)."""
     if not _is_vec(a, b, acc):
@@ -566,4 +582,4 @@ def hsum(typingctx, v):
 __all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum",
            "hsum_halves", "pair_scales", "prefetch", "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
            "q8_acc16_tile", "q8_acc32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile",
-           "target_has", "tile_offsets", "vfma", "vfma_s", "vload", "vzero", "vzero8", "vzero_tile"]
+           "target_has", "tile_offsets", "vfma", "vfma_s", "vload", "vstore", "vzero", "vzero8", "vzero_tile"]
