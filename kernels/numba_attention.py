@@ -90,47 +90,14 @@ def _prefetch_block(cache, blk, kv0, nkv):
 def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
     """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
     heads in groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the
-    block table (with every kv head, front to back through each block). s [n, n_keys]."""
-    n, Dh = q.shape
-    bs = k_cache.shape[1]
-    nb = (n_keys + bs - 1) // bs
-    for bi in range(nb):
-        blk = table[bi]
-        if bi + 1 < nb:
-            _prefetch_block(k_cache, table[bi + 1], kv0, n // G)
-        for off in range(min(bs, n_keys - bi * bs)):
-            for h in range(n):
-                kvh = kv0 + h // G
-                dot = f32(0.0)
-                for d in range(Dh):
-                    dot += q[h, d] * k_cache[blk, off, kvh, d]
-                s[h, bi * bs + off] = dot * scale
-    for h in range(n):
-        _softmax(s[h], n_keys)
-        for d in range(Dh):
-            out[h, d] = 0.0
-    _prefetch_block(v_cache, table[0], kv0, n // G)
-    for bi in range(nb):
-        blk = table[bi]
-        if bi + 1 < nb:
-            _prefetch_block(v_cache, table[bi + 1], kv0, n // G)
-        for off in range(min(bs, n_keys - bi * bs)):
-            for h in range(n):
-                kvh = kv0 + h // G
-                p = s[h, bi * bs + off]
-                for d in range(Dh):
-                    out[h, d] += p * v_cache[blk, off, kvh, d]
-
-
-@njit(error_model="numpy", **JIT)
-def _attend_decode(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
-    """`_attend_in_place` in SIMD blocks (Dh a multiple of LANES): each score one vector dot product
-    with a K row; each output vector of a head summed over the keys in a register, not in `out`
-    (which the compiler must reload and store around every V row it might alias)."""
+    block table. s [n, n_keys]. In SIMD blocks: each score one vector dot product with a K row; each
+    output vector of a head summed over the keys in a register, not in `out` (which the compiler must
+    reload and store around every V row it might alias); a head dim past a multiple of LANES in scalars."""
     n, Dh = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
     qf, of = q.reshape(-1), out.reshape(-1)
+    full = Dh - Dh % LANES
     nb = (n_keys + bs - 1) // bs
     for bi in range(nb):
         blk = table[bi]
@@ -141,19 +108,29 @@ def _attend_decode(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
             for h in range(n):
                 base = (row + h // G) * Dh
                 acc = vzero()
-                for c in range(0, Dh, LANES):
+                for c in range(0, full, LANES):
                     acc = vfma(vload(qf, h * Dh + c), vload(kf, base + c), acc)
-                s[h, bi * bs + off] = hsum(acc) * scale
+                dot = hsum(acc)
+                for d in range(full, Dh):
+                    dot += qf[h * Dh + d] * kf[base + d]
+                s[h, bi * bs + off] = dot * scale
     for h in range(n):
         _softmax(s[h], n_keys)
     for h in range(n):
-        for c in range(0, Dh, LANES):
+        for c in range(0, full, LANES):
             acc = vzero()
             for bi in range(nb):
                 blk = table[bi]
                 for off in range(min(bs, n_keys - bi * bs)):
                     acc = vfma_s(vload(vf, ((blk * bs + off) * Hkv + kv0 + h // G) * Dh + c), s[h, bi * bs + off], acc)
             vstore(of, h * Dh + c, acc)
+        for d in range(full, Dh):
+            t = f32(0.0)
+            for bi in range(nb):
+                blk = table[bi]
+                for off in range(min(bs, n_keys - bi * bs)):
+                    t += s[h, bi * bs + off] * vf[((blk * bs + off) * Hkv + kv0 + h // G) * Dh + d]
+            of[h * Dh + d] = t
 
 
 @njit(**JIT)
@@ -181,12 +158,8 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
     if i1 - i0 == 1:
         s = np.empty(((kv1 - kv0) * G, n_keys), dtype=np.float32)
-        if Dh % LANES == 0:
-            _attend_decode(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
-                           out[i0, kv0 * G : kv1 * G])
-        else:
-            _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
-                             out[i0, kv0 * G : kv1 * G])
+        _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
+                         out[i0, kv0 * G : kv1 * G])
         return
     kt = np.empty((Dh, n_keys), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
