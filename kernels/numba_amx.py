@@ -4,29 +4,31 @@ AMX multiplies tiles of bf16 values and adds the products up in float32 (TDPBF16
 tile times a 32 x 16 one, 8192 multiply-adds, in ~16 cycles: ~30x the float32 FMAs of a core).
 Nothing here is rounded to bf16:
 
+- weights: a group's integers q (0..15 for q4, -128..127 for q8) are bf16 values exactly: one A tile
+  (16 weight rows x the group's 32 values) with no arithmetic but a conversion;
 - activations: each float32 x is split into three bf16 parts, x = hi + mid + lo, each the next 8
   significant bits of what remains (24 in all: exact), so the tiles' products are exact and only
   their float32 sums round, as in a float32 product: sum q x = sum q hi + sum q mid + sum q lo.
   (Parts below float32's normal range, |x| < ~1e-31, are dropped: AMX reads subnormals as zero.)
-- weights: a q4 value (0..15) or q8 value (-128..127) times its group's float16 scale d has at most
-  11 + 4 or 11 + 8 significant bits: two or three bf16 values exactly (two or three A tiles of 16 rows
-  x 32), so the groups need no scaling of their own:
-  one accumulator tile adds up the whole row, out[t, n] = sum_k (d q)[n, k] x[t, k]; the mins, float16
-  values too, are one more product of two bf16 parts with the groups' sums of x (also split in three).
+
+A tile is 32 deep, one group: per group and t-block, three tile products (one per part of x) give
+P[n, t] = sum_k q[n, k] x[t, k] in an accumulator tile, which goes to memory and into the float32
+result as the matrix-vector kernels do it, acc[n, t] += d[n, g] P[n, t] + m[n, g] xsum[t, g] (16
+values of t a vector; xsum: the group's sum of x).
 
 A work item is 16 weight rows and up to four t-blocks of 16 activation rows: four accumulator tiles
-(tmm0-3), the weight parts of a group (tmm4-6) and one B tile at a time (tmm7); per group and t-block,
-2 x 3 (q4) or 3 x 3 (q8) tile products.
+(tmm0-3), the weight's A tile (tmm4) and one B tile at a time (tmm7). With fewer t-blocks an item
+takes several 16-row blocks of the weight (up to four accumulator tiles in all). Items go chunk of
+t-blocks by chunk, so that a chunk's B tiles stay in L2 while its items pass. An item's weight rows
+are one contiguous stretch of the backend's blocked layout (kernels/numba_layout.py): while it works it
+prefetches the stretch of the item its thread most likely takes next (weights come from DRAM).
 
-Layouts: the weight stays in the backend's blocked layout (kernels/numba_layout.py); a work item
-converts its 16 rows' group to A tiles in a per-thread scratch. The activations are split once per
-call into B tiles (`split_rows`): tile (part, t-block, group) holds 16 rows of 32 bf16, row kp being
-[x[t, 2kp], x[t, 2kp + 1] for t = 0..15] (AMX's pair layout for B). Items go chunk of t-blocks by
-chunk, so that a chunk's B tiles stay in L2 while its items pass.
+The activations are split once per call into B tiles (`split_rows`): tile (part, t-block, group)
+holds 16 rows of 32 bf16, row kp being [x[t, 2kp], x[t, 2kp + 1] for t = 0..15] (AMX's pair layout
+for B): a 16 x 16 transpose of 32-bit pairs, done in registers (`split_block`).
 
 Inside a parallel kernel no whole-array expression (`a[:] = 0`): numba makes it a parallel loop of its
-own, and with the backend's chunk size of 1 (`numba.set_parallel_chunksize`) an element a work item
-(17x slower `split_rows` at 512 rows).
+own, and with the backend's chunk size of 1 (`numba.set_parallel_chunksize`) an element a work item.
 
 Linux hands a process the tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, process
 wide); `available()` asks once. The tile instructions are inline assembly (numba has no AMX types):
@@ -45,8 +47,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import f32_at, target_has
+from kernels.numba_jit import JIT
+from kernels.simd import f32_at, prefetch, target_has, vfma_s, vload, vstore
 
 llb.initialize_native_asmparser()  # numba compiles inline assembly only with LLVM's parser loaded
 
@@ -54,7 +56,7 @@ ROWS = 16  # rows of a tile: weight rows of an A tile, activation rows (a t-bloc
 GROUP = 32  # weights a group: one tile's depth (32 bf16, 64 bytes a row)
 T_CHUNK = 4  # t-blocks a work item (64 activation rows)
 ACCS = 4  # accumulator tiles, tmm0-3: one per t-block and 16 weight rows of a work item
-PARTS = 3  # bf16 parts of a float32
+PARTS = 3  # bf16 parts of a float32 activation
 TILE = ROWS * GROUP  # uint16 values a bf16 tile
 
 # palette 1; tiles 0-7 of 16 rows x 64 bytes
@@ -172,160 +174,144 @@ def tile_dot(typingctx, c, a, b):
 _I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
 
 
-def _split_store(builder, f, ptr, parts, stride):
-    """float32 vector f -> `parts` bf16 vectors, f = sum of them (exact when f has at most 8 * parts
-    significant bits), stored at ptr, ptr + stride, ... (i16 pointers, stride in elements)."""
-    n = f.type.count
-    vi = ir.VectorType(_I32, n)
-    for k in range(parts):
-        hi = builder.and_(builder.bitcast(f, vi), ir.Constant(vi, [0xFFFF0000] * n))
-        dst = builder.bitcast(builder.gep(ptr, [ir.Constant(_I32, k * stride)]), ir.VectorType(_I16, n).as_pointer())
-        st = builder.store(builder.trunc(builder.lshr(hi, ir.Constant(vi, [16] * n)), ir.VectorType(_I16, n)), dst)
-        st.align = 2
-        f = builder.fsub(f, builder.bitcast(hi, f.type))
-
-
-def _scaled_group(packed):
-    def impl(typingctx, q, qi, d, parts, a, ai):
-        if d != types.float32 or not _literal(parts):
-            return None
-
+def _q_group(packed):
+    def impl(typingctx, q, qi, a, ai):
         def codegen(context, builder, sig, args):
-            qa, qi_, d_, _, aa, ai_ = args
+            qa, qi_, aa, ai_ = args
             qp = _elem_ptr(context, builder, q, qa, qi_, qi)
-            ap = _elem_ptr(context, builder, a, aa, ai_, ai)
             n = 16 if packed else 32
             ld = builder.load(builder.bitcast(qp, ir.VectorType(ir.IntType(8), n).as_pointer()))
             ld.align = 1
-            vi, vf = ir.VectorType(_I32, n), ir.VectorType(_F32, n)
+            vi, v32 = ir.VectorType(_I32, n), ir.VectorType(_I32, 32)
             if packed:  # values 0..15: low nibbles; 16..31: high nibbles
                 w = builder.zext(ld, vi)
-                lo = builder.uitofp(builder.and_(w, ir.Constant(vi, [15] * n)), vf)
-                hi = builder.uitofp(builder.lshr(w, ir.Constant(vi, [4] * n)), vf)
-                f = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+                lo = builder.and_(w, ir.Constant(vi, [15] * n))
+                hi = builder.lshr(w, ir.Constant(vi, [4] * n))
+                f = builder.uitofp(builder.shuffle_vector(lo, hi, ir.Constant(v32, list(range(32)))),
+                                   ir.VectorType(_F32, 32))
             else:
-                f = builder.sitofp(builder.sext(ld, vi), vf)
-            undef = ir.Constant(ir.VectorType(_F32, 32), ir.Undefined)
-            dv = builder.shuffle_vector(builder.insert_element(undef, d_, ir.Constant(_I32, 0)), undef,
-                                        ir.Constant(ir.VectorType(_I32, 32), [0] * 32))
-            _split_store(builder, builder.fmul(f, dv), ap, parts.literal_value, TILE)
+                f = builder.sitofp(builder.sext(ld, vi), ir.VectorType(_F32, 32))
+            # an integer of at most 8 significant bits: its float32 bits' top half is its bf16 exactly
+            bits = builder.trunc(builder.lshr(builder.bitcast(f, v32), ir.Constant(v32, [16] * 32)),
+                                 ir.VectorType(_I16, 32))
+            dst = builder.bitcast(_elem_ptr(context, builder, a, aa, ai_, ai), ir.VectorType(_I16, 32).as_pointer())
+            builder.store(bits, dst).align = 2
             return context.get_dummy_value()
 
-        return types.none(q, qi, d, parts, a, ai), codegen
+        return types.none(q, qi, a, ai), codegen
 
-    impl.__name__ = "q4_scaled_bf16" if packed else "q8_scaled_bf16"
-    impl.__doc__ = (("16 bytes of packed nibbles" if packed else "32 int8 weights") + " at q[qi] times d -> `parts` "
-                    "rows of 32 bf16 at a[ai], a[ai + TILE], ... that add up to them (exact for d a float16 value "
-                    "and parts 2 (q4) or 3 (q8)).")
+    impl.__name__ = "q4_bf16" if packed else "q8_bf16"
+    impl.__doc__ = (("16 bytes of packed nibbles (0..15)" if packed else "32 int8 weights") + " at q[qi] -> 32 bf16 "
+                    "at a[ai], the same integers exactly.")
     return intrinsic(impl)
 
 
-q4_scaled_bf16 = _scaled_group(True)
-q8_scaled_bf16 = _scaled_group(False)
+q4_bf16 = _q_group(True)
+q8_bf16 = _q_group(False)
+
+
+def _transpose16(builder, rows):
+    """16 vectors of 16 lanes -> the 16 columns: four rounds of interleaving row i with row i + 8."""
+    v16 = ir.VectorType(_I32, 16)
+    lo = ir.Constant(v16, [k // 2 + (k % 2) * 16 for k in range(16)])
+    hi = ir.Constant(v16, [8 + k // 2 + (k % 2) * 16 for k in range(16)])
+    for _ in range(4):
+        rows = [builder.shuffle_vector(rows[i], rows[i + 8], m) for i in range(8) for m in (lo, hi)]
+    return rows
 
 
 @intrinsic
-def f32_bits(typingctx, v):
-    """The bits of a float32, as uint32."""
-    if v != types.float32:
-        return None
-
+def split_block(typingctx, x, xi, stride, xs, oi, part):
+    """16 rows of 32 float32 (row t at x[xi + t * stride]) -> three bf16 B tiles that add up to them
+    exactly, at xs[oi], xs[oi + part], xs[oi + 2 part]: each part the next 8 significant bits of what
+    remains (24 in all), in AMX's pair layout (tile row kp: [x[t, 2kp], x[t, 2kp + 1] for t = 0..15])."""
     def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _I32)
+        xa, xi_, st, xsa, oi_, pt = args
+        v32, v16, f32v = ir.VectorType(_I32, 32), ir.VectorType(_I32, 16), ir.VectorType(_F32, 32)
+        mask32 = ir.Constant(v32, [0xFFFF0000] * 32)
+        even = ir.Constant(v16, list(range(0, 32, 2)))
+        odd = ir.Constant(v16, list(range(1, 32, 2)))
+        parts = [[], [], []]
+        for t in range(ROWS):
+            i = builder.add(context.cast(builder, xi_, xi, types.intp),
+                            builder.mul(context.cast(builder, st, stride, types.intp), ir.Constant(ir.IntType(64), t)))
+            ld = builder.load(builder.bitcast(_elem_ptr(context, builder, x, xa, i, types.intp), f32v.as_pointer()))
+            ld.align = 4
+            f = ld
+            for k in range(3):  # the top 16 bits of what remains; the third part's low 16 are zero
+                bits = builder.and_(builder.bitcast(f, v32), mask32)
+                pairs = builder.or_(builder.lshr(builder.shuffle_vector(bits, bits, even), ir.Constant(v16, [16] * 16)),
+                                    builder.shuffle_vector(bits, bits, odd))
+                parts[k].append(pairs)
+                f = builder.fsub(f, builder.bitcast(bits, f32v))
+        base = context.cast(builder, oi_, oi, types.intp)
+        for k in range(3):
+            off = builder.add(base, builder.mul(context.cast(builder, pt, part, types.intp), ir.Constant(ir.IntType(64), k)))
+            for kp, col in enumerate(_transpose16(builder, parts[k])):
+                dst = _elem_ptr(context, builder, xs, xsa, builder.add(off, ir.Constant(ir.IntType(64), kp * GROUP)),
+                                types.intp)
+                builder.store(col, builder.bitcast(dst, v16.as_pointer())).align = 4
+        return context.get_dummy_value()
 
-    return types.uint32(v), codegen
+    return types.none(x, xi, stride, xs, oi, part), codegen
 
 
-@intrinsic
-def bits_f32(typingctx, u):
-    """The float32 with these bits (the low 32 of an integer)."""
-    if not isinstance(u, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width != 32:
-            v = builder.trunc(v, _I32)
-        return builder.bitcast(v, _F32)
-
-    return types.float32(u), codegen
-
-
-@njit(**JIT_EXACT)
-def _split3(v):
-    """A float32 as three bf16 values (bits) adding up to it exactly: each the next 8 significant bits."""
-    mask = np.uint32(0xFFFF0000)
-    hi = f32_bits(v) & mask
-    r = v - bits_f32(hi)
-    mid = f32_bits(r) & mask
-    lo = f32_bits(r - bits_f32(mid))  # at most 8 significant bits left: a bf16 value
-    return np.uint16(hi >> 16), np.uint16(mid >> 16), np.uint16(lo >> 16)
-
-
-@njit(parallel=True, **JIT_EXACT)
-def split_rows(x, xs, xsum, xsb):
-    """x [T, K] -> B tiles of its bf16 parts and of its groups' sums.
+@njit(parallel=True, **JIT)
+def split_rows(x, xs, xsum):
+    """x [T, K] -> B tiles of its bf16 parts, and its groups' sums.
 
     xs: (3 parts, ceil(T / 16) t-blocks, K / 32 groups, 16 pair rows, 32), flat uint16, x = the
-    three parts' sum exactly; rows past T are zero. xsum [t-blocks, groups, 16]: each group's float32
-    sum; xsb: the same three parts of xsum as B tiles over groups (3, t-blocks, chunks of 32 groups,
-    16, 32)."""
+    three parts' sum exactly; rows past T are zero. xsum: (t-blocks, groups, 16), flat: each group's
+    float32 sum (zero past T)."""
     T, K = x.shape
     ng = K // GROUP
-    TB = xsum.shape[0]
-    nch = (ng + GROUP - 1) // GROUP
-    part, mpart = TB * ng * TILE, TB * nch * TILE
-    # xsb is zeroed t-block by t-block: a whole-array `xsb[:] = 0` here would be a parallel loop of
-    # its own, an element a work item
+    TB = (T + ROWS - 1) // ROWS
+    part = TB * ng * TILE
+    flat = x.reshape(T * K)
+    tail = np.empty(ROWS * K, np.float32)  # the last t-block's rows, zero past T
+    t0 = (TB - 1) * ROWS
+    for u in range(ROWS * K):
+        tail[u] = flat[t0 * K + u] if t0 * K + u < T * K else np.float32(0.0)
     for tb in prange(TB):
-        for k in range(PARTS):
-            xsb[k * mpart + tb * nch * TILE: k * mpart + (tb + 1) * nch * TILE] = 0
-        for tt in range(ROWS):
-            t = tb * ROWS + tt
-            for g in range(ng):
+        for g in range(ng):
+            if tb < TB - 1:
+                split_block(flat, (tb * ROWS) * K + g * GROUP, K, xs, (tb * ng + g) * TILE, part)
+            else:
+                split_block(tail, g * GROUP, K, xs, (tb * ng + g) * TILE, part)
+            for tt in range(ROWS):
+                t = tb * ROWS + tt
                 s = np.float32(0.0)
-                base = (tb * ng + g) * TILE + tt * 2
-                for kk in range(GROUP):
-                    v = x[t, g * GROUP + kk] if t < T else np.float32(0.0)
-                    s += v
-                    i = base + (kk // 2) * GROUP + kk % 2
-                    xs[i], xs[part + i], xs[2 * part + i] = _split3(v)
-                xsum[tb, g, tt] = s
-                c, gg = g // GROUP, g % GROUP
-                i = (tb * nch + c) * TILE + (gg // 2) * GROUP + tt * 2 + gg % 2
-                xsb[i], xsb[mpart + i], xsb[2 * mpart + i] = _split3(s)
+                if t < T:
+                    for kk in range(GROUP):
+                        s += x[t, g * GROUP + kk]
+                xsum[(tb * ng + g) * ROWS + tt] = s
 
 
 @njit(**JIT)
-def _a_tiles(q, scale, packed, parts, N4, ng, nb, g, a):
-    """The 16 weight rows nb * 16 .. of group g, scaled (d q), as `parts` bf16 A tiles in `a` (rows past
-    N4 zero)."""
+def _q_tile(q, packed, N4, ng, nb, g, a):
+    """The 16 weight rows nb * 16 .. of group g, their integers q, as one bf16 A tile in `a` (rows
+    past N4 zero)."""
     per = GROUP // 2 if packed else GROUP
     for r in range(ROWS):
         row = nb * ROWS + r
         if row < N4:
             si = (row // 4 * ng + g) * 4 + row % 4
-            d = f32_at(scale, si)
             if packed:
-                q4_scaled_bf16(q, si * per, d, 2, a, r * GROUP)
+                q4_bf16(q, si * per, a, r * GROUP)
             else:
-                q8_scaled_bf16(q, si * per, d, 3, a, r * GROUP)
+                q8_bf16(q, si * per, a, r * GROUP)
         else:
-            for k in range(parts):
-                a[k * TILE + r * GROUP: k * TILE + (r + 1) * GROUP] = 0
+            for k in range(GROUP):
+                a[r * GROUP + k] = 0
 
 
 @njit(**JIT)
-def _m_tiles(minv, N4, ng, nb, c, a):
-    """The mins of the 16 weight rows nb * 16 .. for groups c * 32 .. as two bf16 A tiles (a float16
-    value is two bf16 exactly; groups past ng and rows past N4 zero)."""
-    a[: 2 * TILE] = 0
-    for r in range(ROWS):
-        row = nb * ROWS + r
-        if row < N4:
-            for gg in range(min(GROUP, ng - c * GROUP)):
-                m = f32_at(minv, (row // 4 * ng + c * GROUP + gg) * 4 + row % 4)
-                a[r * GROUP + gg], a[TILE + r * GROUP + gg], _ = _split3(m)  # the third part is zero
+def _prefetch_part(a, start, stop, g, ng):
+    """Prefetch the g-th of ng slices of a[start:stop] (cache lines of it)."""
+    step = max(1, 64 // a.itemsize)
+    lines = (stop - start + step - 1) // step
+    for ln in range(g * lines // ng, (g + 1) * lines // ng):
+        prefetch(a, start + ln * step)
 
 
 @njit(**JIT)
@@ -341,28 +327,16 @@ def _zero(i):
 
 
 @njit(**JIT)
-def _dots(i, parts):
-    """C tile i (tmm i) += each A part (tmm 4, 5, 6) times the B tile in tmm 7."""
+def _dot(i):
+    """C tile i (tmm i) += the A tile in tmm 4 times the B tile in tmm 7."""
     if i == 0:
         tile_dot(0, 4, 7)
-        tile_dot(0, 5, 7)
-        if parts == 3:
-            tile_dot(0, 6, 7)
     elif i == 1:
         tile_dot(1, 4, 7)
-        tile_dot(1, 5, 7)
-        if parts == 3:
-            tile_dot(1, 6, 7)
     elif i == 2:
         tile_dot(2, 4, 7)
-        tile_dot(2, 5, 7)
-        if parts == 3:
-            tile_dot(2, 6, 7)
     else:
         tile_dot(3, 4, 7)
-        tile_dot(3, 5, 7)
-        if parts == 3:
-            tile_dot(3, 6, 7)
 
 
 @njit(**JIT)
@@ -389,65 +363,71 @@ def _aligned(n, dtype):
 
 @njit(parallel=True, **JIT)
 def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
-    """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 and float16
-    scales (and mins), on AMX tiles (`cfg`: CONFIG; `threads`: numba's thread count now, for the
-    per-thread scratch)."""
+    """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`cfg`:
+    CONFIG; `threads`: numba's thread count now, for the per-thread scratch)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // GROUP
-    nch = (ng + GROUP - 1) // GROUP
     N4 = (N + 3) // 4 * 4
     TB = (T + ROWS - 1) // ROWS
     xs = _aligned(PARTS * TB * ng * TILE, np.uint16)
-    xsum = np.empty((TB, ng, ROWS), np.float32)
-    xsb = _aligned(PARTS * TB * nch * TILE, np.uint16)
-    split_rows(x, xs, xsum, xsb)
+    xsum = np.empty(TB * ng * ROWS, np.float32)
+    split_rows(x, xs, xsum)
     has_min = minv.shape[0] > 0
-    parts = 2 if packed else 3  # d q: at most 11 + 4 (q4) or 11 + 8 (q8) significant bits
     NB = (N + ROWS - 1) // ROWS
     TC = (TB + T_CHUNK - 1) // T_CHUNK
     # Few t-blocks leave accumulators free: an item then takes several 16-row blocks of the weight, each
     # reusing the B tiles the one before just brought into L1 (up to 4 accumulator tiles in all).
     per_item = max(1, ACCS // min(T_CHUNK, TB))
     NI = (NB + per_item - 1) // per_item
-    a_scr = _aligned(threads * PARTS * TILE, np.uint16).reshape(threads, PARTS * TILE)
-    p_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
-    part, mpart = TB * ng * TILE, TB * nch * TILE
+    a_scr = _aligned(threads * TILE, np.uint16).reshape(threads, TILE)
+    sums_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
+    acc_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
+    part = TB * ng * TILE
     for item in prange(NI * TC):
         tc, nb0 = item // NI, item % NI * per_item
         nbs = min(per_item, NB - nb0)
         me = numba.get_thread_id()
-        a, p = a_scr[me], p_scr[me]
+        a, sums, acc = a_scr[me], sums_scr[me], acc_scr[me]  # A tile, a group's tile sums, the results
         tb0 = tc * T_CHUNK
         nt = min(T_CHUNK, TB - tb0)
+        for u in range(nbs * nt * ROWS * ROWS):
+            acc[u] = 0
         tile_config(cfg)
-        for c in range(nbs * nt):
-            _zero(c)
+        # An item's weight rows are one contiguous stretch of each array (the layout's row blocks): while
+        # it works, it asks for the stretch of the item this thread most likely takes next, a slice a group.
+        nxt = (item + threads) % (NI * TC) % NI * per_item
+        n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng  # their (row, group) range
         for g in range(ng):
+            _prefetch_part(q, n0 * (GROUP // 2 if packed else GROUP), n1 * (GROUP // 2 if packed else GROUP), g, ng)
+            _prefetch_part(scale, n0, n1, g, ng)
+            if has_min:
+                _prefetch_part(minv, n0, n1, g, ng)
             for j in range(nbs):
-                _a_tiles(q, scale, packed, parts, N4, ng, nb0 + j, g, a)
+                _q_tile(q, packed, N4, ng, nb0 + j, g, a)
                 tile_load(4, a, 0, 64)
-                tile_load(5, a, TILE, 64)
-                if parts == 3:
-                    tile_load(6, a, 2 * TILE, 64)
                 for i in range(nt):
+                    c = j * nt + i
+                    _zero(c)
                     b = ((tb0 + i) * ng + g) * TILE
                     for s in range(PARTS):
                         tile_load(7, xs, s * part + b, 64)
-                        _dots(j * nt + i, parts)
-        if has_min:  # + sum_g m[n, g] xsum[t, g]: the mins times the group sums, as one more product
-            for c in range(nch):
+                        _dot(c)
+            for c in range(nbs * nt):
+                _store(c, sums)
+            # acc[n, t] += d[n, g] sum_k q[n, k] x[t, k] (+ m[n, g] xsum[t, g])
+            for i in range(nt):
+                xv = vload(xsum, ((tb0 + i) * ng + g) * ROWS)
                 for j in range(nbs):
-                    _m_tiles(minv, N4, ng, nb0 + j, c, a)
-                    tile_load(4, a, 0, 64)
-                    tile_load(5, a, TILE, 64)
-                    for i in range(nt):
-                        b = ((tb0 + i) * nch + c) * TILE
-                        for s in range(PARTS):
-                            tile_load(7, xsb, s * mpart + b, 64)
-                            _dots(j * nt + i, 2)
-        for c in range(nbs * nt):
-            _store(c, p)
+                    for r in range(ROWS):
+                        row = (nb0 + j) * ROWS + r
+                        if row < N4:
+                            si = (row // 4 * ng + g) * 4 + row % 4
+                            o = ((j * nt + i) * ROWS + r) * ROWS
+                            v = vfma_s(vload(sums, o), f32_at(scale, si), vload(acc, o))
+                            if has_min:
+                                v = vfma_s(xv, f32_at(minv, si), v)
+                            vstore(acc, o, v)
         tile_release()
         for j in range(nbs):
             for i in range(nt):
@@ -458,4 +438,4 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
                         for r in range(ROWS):
                             n = (nb0 + j) * ROWS + r
                             if n < N:
-                                out[t, n] = p[(c * ROWS + r) * ROWS + tt]
+                                out[t, n] = acc[(c * ROWS + r) * ROWS + tt]
