@@ -192,8 +192,8 @@ def _q_group(packed):
             else:
                 f = builder.sitofp(builder.sext(ld, vi), ir.VectorType(_F32, 32))
             # an integer of at most 8 significant bits: its float32 bits' top half is its bf16 exactly
-            bits = builder.trunc(builder.lshr(builder.bitcast(f, v32), ir.Constant(v32, [16] * 32)),
-                                 ir.VectorType(_I16, 32))
+            w16 = builder.bitcast(f, ir.VectorType(_I16, 64))
+            bits = builder.shuffle_vector(w16, w16, ir.Constant(v32, list(range(1, 64, 2))))
             dst = builder.bitcast(_elem_ptr(context, builder, a, aa, ai_, ai), ir.VectorType(_I16, 32).as_pointer())
             builder.store(bits, dst).align = 2
             return context.get_dummy_value()
