@@ -381,14 +381,16 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
     per_item = max(1, ACCS // min(T_CHUNK, TB))
     NI = (NB + per_item - 1) // per_item
     a_scr = _aligned(threads * TILE, np.uint16).reshape(threads, TILE)
-    sums_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
-    acc_scr = _aligned(threads * ACCS * ROWS * ROWS, np.float32).reshape(threads, ACCS * ROWS * ROWS)
+    # a thread's tile sums and results, 64 bytes more than 4 KiB apart: at a multiple of 4 KiB the
+    # loads of one after stores to the other would wait on each other (4K aliasing)
+    acc_at = ACCS * ROWS * ROWS + 16
+    scr = _aligned(threads * 2 * acc_at, np.float32).reshape(threads, 2 * acc_at)
     part = TB * ng * TILE
     for item in prange(NI * TC):
         tc, nb0 = item // NI, item % NI * per_item
         nbs = min(per_item, NB - nb0)
         me = numba.get_thread_id()
-        a, sums, acc = a_scr[me], sums_scr[me], acc_scr[me]  # A tile, a group's tile sums, the results
+        a, sums, acc = a_scr[me], scr[me, :acc_at], scr[me, acc_at:]  # A tile, a group's tile sums, the results
         tb0 = tc * T_CHUNK
         nt = min(T_CHUNK, TB - tb0)
         for u in range(nbs * nt * ROWS * ROWS):
@@ -416,17 +418,18 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
             for c in range(nbs * nt):
                 _store(c, sums)
             # acc[n, t] += d[n, g] sum_k q[n, k] x[t, k] (+ m[n, g] xsum[t, g])
-            for i in range(nt):
-                xv = vload(xsum, ((tb0 + i) * ng + g) * ROWS)
-                for j in range(nbs):
-                    for r in range(ROWS):
-                        row = (nb0 + j) * ROWS + r
-                        if row < N4:
-                            si = (row // 4 * ng + g) * 4 + row % 4
+            for j in range(nbs):
+                for r in range(ROWS):
+                    row = (nb0 + j) * ROWS + r
+                    if row < N4:
+                        si = (row // 4 * ng + g) * 4 + row % 4
+                        d = f32_at(scale, si)
+                        mn = f32_at(minv, si) if has_min else np.float32(0.0)
+                        for i in range(nt):
                             o = ((j * nt + i) * ROWS + r) * ROWS
-                            v = vfma_s(vload(sums, o), f32_at(scale, si), vload(acc, o))
+                            v = vfma_s(vload(sums, o), d, vload(acc, o))
                             if has_min:
-                                v = vfma_s(xv, f32_at(minv, si), v)
+                                v = vfma_s(vload(xsum, ((tb0 + i) * ng + g) * ROWS), mn, v)
                             vstore(acc, o, v)
         tile_release()
         for j in range(nbs):
