@@ -3,7 +3,7 @@ compiled kernels (kernels/numba_*.py); everything else is inherited from the Num
 
 Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
-products of 16 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
+products of 12 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
 rounding). Otherwise, with more rows (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
 single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
@@ -49,9 +49,10 @@ log = logging.getLogger("forge.kernels")
 MATVEC_MAX_ROWS = 64
 # Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
 # weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). On the default model's shapes,
-# 2 threads of a Sapphire Rapids Xeon: 0.8-1.2x the matvec kernels' speed at 16 rows (0.5-0.8x at 8),
-# 1.4-2.4x at 32; 1.5-1.8x the panels' at 512 rows.
-AMX_MIN_ROWS = 16
+# 2 threads of a Sapphire Rapids Xeon, a whole step's products (scripts/matvec_bench.py --rows): about
+# the matvec kernels' time at 8 rows (in a real 8-sequence decode no faster), 1.6x faster at 12, 1.8x at
+# 16, 2-3x at 32; 1.5-2x faster than the panels at 512 rows.
+AMX_MIN_ROWS = 12
 # int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
 # (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
 # agreement bound).

@@ -51,7 +51,7 @@ def rows_sweep(rng: np.random.Generator) -> None:
     ways = [("matvec", 1 << 30, False), ("panels", 0, False)] + ([("amx", 0, True)] if amx else [])
     for name, kind, n, k in SHAPES:
         lin = be.prepare_linear(weight(kind, n, k, rng))
-        for rows in (8, 16, 32, 48, 64, 128, 256, 512):
+        for rows in (8, 12, 16, 32, 48, 64, 128, 256, 512):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
             for way, limit, on_amx in ways:
