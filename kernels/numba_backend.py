@@ -49,9 +49,9 @@ log = logging.getLogger("forge.kernels")
 MATVEC_MAX_ROWS = 64
 # Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
 # weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). On the default model's shapes,
-# 2 threads of a Sapphire Rapids Xeon, a whole step's products (scripts/matvec_bench.py --rows): about
-# the matvec kernels' time at 8 rows (in a real 8-sequence decode no faster), 1.6x faster at 12, 1.8x at
-# 16, 2-3x at 32; 1.5-2x faster than the panels at 512 rows.
+# 2 threads of a Sapphire Rapids Xeon: a whole step's products about tie with the matvec kernels at 8
+# rows (and a real 8-sequence decode was no faster); per weight (scripts/matvec_bench.py --rows)
+# 1.35-1.95x faster at 12 rows, 1.6-2.15x at 16, 2.1-2.7x at 32; 1.3-2.1x the panels' speed at 512.
 AMX_MIN_ROWS = 12
 # int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
 # (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
