@@ -374,6 +374,7 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
     xsum = np.empty(TB * ng * ROWS, np.float32)
     split_rows(x, xs, xsum)
     has_min = minv.shape[0] > 0
+    per = GROUP // 2 if packed else GROUP  # weight bytes a row's group
     NB = (N + ROWS - 1) // ROWS
     TC = (TB + T_CHUNK - 1) // T_CHUNK
     # Few t-blocks leave accumulators free: an item then takes several 16-row blocks of the weight, each
@@ -401,7 +402,7 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
         nxt = (item + threads) % (NI * TC) % NI * per_item
         n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng  # their (row, group) range
         for g in range(ng):
-            _prefetch_part(q, n0 * (GROUP // 2 if packed else GROUP), n1 * (GROUP // 2 if packed else GROUP), g, ng)
+            _prefetch_part(q, n0 * per, n1 * per, g, ng)
             _prefetch_part(scale, n0, n1, g, ng)
             if has_min:
                 _prefetch_part(minv, n0, n1, g, ng)

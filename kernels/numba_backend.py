@@ -201,16 +201,17 @@ class NumbaBackend(NumpyBackend):
         """x [T, K] times the weight [N, K] -> [T, N] (+ bias)."""
         T = x.shape[0]
         b = w.blocked
+        amx = b is not None and self._on_amx(b, T)
         if w.kind == "f32":
             out = x @ w.weight.data.T
-        elif b is None or (T > MATVEC_MAX_ROWS and not self._on_amx(b, T)):
+        elif b is None or (T > MATVEC_MAX_ROWS and not amx):
             out = self._panels_gemm(x, w)
         else:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
             if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
-            elif self._on_amx(b, T):
+            elif amx:
                 numba_amx.matmul_amx(b.data, b.scale, b.min, b.kind == "q4", x, out, numba_amx.CONFIG,
                                      numba.get_num_threads())
             elif b.kind == "q4":
@@ -223,7 +224,8 @@ class NumbaBackend(NumpyBackend):
 
     def _on_amx(self, b: Blocked, rows: int) -> bool:
         """Whether a product of `rows` activation rows runs on AMX tiles: enough rows, and a weight with
-        groups of 32 and float16 scales (d q is then two or three bf16 values exactly)."""
+        groups of 32 (one tile deep) and float16 scales (GGUF Q4_0/Q4_1/Q8_0: what the tiles were
+        measured and tested on)."""
         return self.amx and rows >= AMX_MIN_ROWS and b.group == 32 and b.scale.dtype == np.uint16
 
     def _panels_gemm(self, x: np.ndarray, w: Linear) -> np.ndarray:

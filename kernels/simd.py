@@ -373,8 +373,7 @@ def fold4(typingctx, v):
         while n > 4:
             n //= 2
             x = builder.fadd(_slice(builder, x, 0, n), _slice(builder, x, n, n))
-        s = x
-        return context.make_tuple(builder, ret, [builder.extract_element(s, ir.Constant(_i32, k)) for k in range(4)])
+        return context.make_tuple(builder, ret, [builder.extract_element(x, ir.Constant(_i32, k)) for k in range(4)])
 
     return ret(v), codegen
 

@@ -5,7 +5,10 @@ and every GGML type the loader keeps: block types as q4/q8 weights, F16/BF16/F32
 """
 from __future__ import annotations
 
+import threading
+
 import gguf
+import numba
 import numpy as np
 import pytest
 from test_dequant import QUANTIZED, random_blocks
@@ -411,10 +414,6 @@ def test_only_the_stepping_thread_leads_a_team_of_kernel_threads():
     """The thread that builds the backend (and warms it up) launches its kernels on one thread until it
     calls begin_step: a second libgomp team, idle, made every launch of the stepping thread's team wait
     for a wake-up."""
-    import threading
-
-    import numba
-
     seen = {}
 
     def build_then_step():
