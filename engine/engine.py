@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from threadpoolctl import threadpool_limits
@@ -49,6 +49,8 @@ def parse_size(text: str | int) -> int:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
+    samples: int = 1
+    finished: set[int] = field(default_factory=set)  # sample indices whose final event was sent
 
 
 class RequestStream:
@@ -125,6 +127,7 @@ class Engine:
         activations: str = "f32",
         progress: Callable[[str], None] | None = None,
         speculative: str = "ngram",
+        spec_row_cost: float | None = None,
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
@@ -133,7 +136,9 @@ class Engine:
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `activations="q8"`: int8 activations in the numba backend's
         decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
-        line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose.
+        line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose;
+        `spec_row_cost`: a draft row's cost relative to a one-row step, fixed (None: measured online, so what is
+        drafted depends on this machine's load).
         """
         t0 = time.perf_counter()
 
@@ -160,7 +165,7 @@ class Engine:
             be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
             say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
-                              SpecConfig(mode=speculative))
+                              SpecConfig(mode=speculative, row_cost=spec_row_cost))
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
@@ -244,7 +249,7 @@ class Engine:
                     f"server overloaded: {self.core.config.max_waiting} requests are already waiting"
                 )
             self._submitted += 1
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request.params.n)
         self._active.add(request.request_id)
         # The stream travels with the request: the step thread routes its events (an abort of an
         # earlier request with the same id can never reach this one).
@@ -325,10 +330,29 @@ class Engine:
                     cmd[1].set_exception(exc)
 
     def _dispatch(self, events: list[GenerationEvent]) -> None:
+        """Send a step's events: one wake-up per caller's event loop, however many streams it serves."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
         for event in events:
-            self._send(event.request_id, event)
-            if event.final and not self.core.is_running(event.request_id):
-                self._routes.pop(event.request_id, None)
+            stream = self._routes.get(event.request_id)
+            if stream is None:
+                continue
+            if event.final:
+                stream.finished.add(event.index)
+            batches.setdefault(stream.loop, []).append((stream.events, event))
+        # Routes go only after the whole batch is queued: samples of one request that finish in the same
+        # step all leave the core's group inside the step, before the first of their final events is sent.
+        for request_id in [r for r in self._routes if not self.core.is_running(r)]:
+            stream = self._routes.pop(request_id)
+            # A backstop: a sample whose final event never came (a bug) gets one; no consumer waits forever.
+            for index in sorted(set(range(stream.samples)) - stream.finished):
+                log.error("request %s ended without a final event for sample %d", request_id, index)
+                lost = GenerationEvent(request_id, index, finish_reason="error", error="the sample's end was lost")
+                batches.setdefault(stream.loop, []).append((stream.events, lost))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                self._drop_loop(loop)
 
     def _send(self, request_id: str, item: GenerationEvent | BaseException) -> None:
         stream = self._routes.get(request_id)
@@ -337,5 +361,15 @@ class Engine:
         try:
             stream.loop.call_soon_threadsafe(stream.events.put_nowait, item)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self._drop_loop(stream.loop)
+
+    def _drop_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Abort every request whose events would go to `loop` (closed)."""
+        for request_id in [r for r, s in self._routes.items() if s.loop is loop]:
             self._routes.pop(request_id, None)
-            self._dispatch(self.core.abort(request_id))
+            self.core.abort(request_id)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for events, item in items:
+        events.put_nowait(item)

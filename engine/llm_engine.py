@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,8 +97,28 @@ class LLMEngine:
         req.params.validate(vocab)
         if req.timeout_s is not None and not req.timeout_s > 0:
             raise InvalidRequest("timeout must be > 0 seconds", param="timeout")
+        self._check_fits(len(ids), req.params.n, req.params.max_tokens)
         if req.params.response_format is not None:
             self.grammars.compile(req.params.response_format)
+
+    def _check_fits(self, prompt_len: int, n: int, max_tokens: int) -> None:
+        """Refuse n samples that could never hold their KV at once: each holds a block for every
+        `block_size` of its tokens but the last (one that reaches the context's end stops there), and
+        the prompt's full blocks are computed once and shared (the prefix cache always leaves the
+        prompt's last token to compute, so its block is each sample's own)."""
+        bs, total = self.blocks.block_size, self.blocks.num_blocks
+
+        def blocks(length: int) -> int:
+            shared = (prompt_len - 1) // bs
+            return shared + n * (-(-(min(length, self.max_context) - 1) // bs) - shared)
+
+        need = blocks(prompt_len + max_tokens)
+        if need > total:
+            param = "max_tokens" if blocks(prompt_len + 1) <= total else "n"
+            raise InvalidRequest(
+                f"{n} samples of a {prompt_len}-token prompt plus up to {max_tokens} tokens need {need} KV blocks of "
+                f"{bs} tokens; this engine holds {total}: ask for fewer samples (n) or a shorter reply (max_tokens)",
+                param=param)
 
     def add_request(self, req: GenerationRequest, arrival: float | None = None) -> None:
         self.validate(req)
@@ -312,8 +333,12 @@ class LLMEngine:
         self.blocks.commit(seq)
         if seq.matcher is not None and reason is None and not seq.matcher.consume_tokens(tokens):
             return [self._finish(seq, "error", f"grammar refused a sampled token: {seq.matcher.get_error()}")]
-        delta = GenerationEvent(seq.request_id, seq.index, "".join(parts), tokens,
-                                logprobs[: len(tokens)] if logprobs is not None else None)
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]
+            for lp in logprobs:  # a token the constraint or the sampler rules out (-inf) is no alternative
+                if lp.top and not math.isfinite(lp.top[-1][1]):
+                    lp.top = [t for t in lp.top if math.isfinite(t[1])]
+        delta = GenerationEvent(seq.request_id, seq.index, "".join(parts), tokens, logprobs)
         if reason is None:
             return [delta]
         return [delta, self._finish(seq, reason)]

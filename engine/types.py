@@ -77,8 +77,8 @@ class SamplingParams:
             (_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0"),
             (real(self.top_p, 0.0, 1.0) and self.top_p > 0.0, "top_p", "must be a number in (0, 1]"),
             (real(self.min_p, 0.0, 1.0), "min_p", "must be a number in [0, 1]"),
-            (real(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0.0, "repetition_penalty",
-             "must be a number in (0, 10]"),
+            (real(self.repetition_penalty, 0.01, 10.0), "repetition_penalty",  # dividing by less overflows float32
+             "must be a number in [0.01, 10]"),
             (real(self.presence_penalty, -2.0, 2.0), "presence_penalty", "must be a number in [-2, 2]"),
             (real(self.frequency_penalty, -2.0, 2.0), "frequency_penalty", "must be a number in [-2, 2]"),
             (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs",
@@ -87,8 +87,9 @@ class SamplingParams:
             (self.seed is None or _is_int(self.seed), "seed", "must be null or an integer"),
             (isinstance(self.stop, list) and len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
              "stop", "at most 16 non-empty strings"),
-            (all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids",
-             f"ids must be in [0, {vocab_size})"),
+            (isinstance(self.stop_token_ids, list) and len(self.stop_token_ids) <= 64
+             and all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids",
+             f"at most 64 ids in [0, {vocab_size})"),
             (self.speculative is None or self.speculative in SPECULATIVE_MODES, "speculative",
              f"must be one of {', '.join(SPECULATIVE_MODES)}"),
             (self.response_format is None or (isinstance(self.response_format, ResponseFormat)

@@ -149,7 +149,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The shared server: API key and admin token set, SSE keep-alive every 0.05 s, a small default reply cap."""
     tmp = tmp_path_factory.mktemp("forge-server")
     srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
-                        env={"FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS)})
+                        env={"FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
+                             # what is drafted must not depend on this machine's load (engine/spec_policy.py)
+                             "FORGE_SPEC_ROW_COST": "0.5"})
     srv.start()
     try:
         yield srv

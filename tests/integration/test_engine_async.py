@@ -97,7 +97,7 @@ async def test_shutdown_aborts_in_flight(default_model):
     task = asyncio.create_task(consume())
     await wait_until(lambda: len(events) >= 2)
     await eng.shutdown()
-    await asyncio.wait_for(task, 10)
+    await asyncio.wait_for(task, 60)  # a hang detector: the abort comes within a step, however busy the machine
     assert events[-1].finish_reason == "abort"
 
 

@@ -73,7 +73,7 @@ async def test_a_reader_that_stops_reading_is_cut_off(small_outbox: ServerProces
         while True:  # what was already on the way, then the close frame
             await asyncio.wait_for(slow.recv(), TIMEOUT)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4008
-    for _ in range(200):
+    for _ in range(1200):  # up to a minute: the stored reply follows the abort, however busy the machine
         reply = (await http.get(f"/api/sessions/{sid}")).json()["messages"][-1]
         if reply["status"] != "streaming":
             break

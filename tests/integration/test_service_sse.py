@@ -101,7 +101,7 @@ def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess
         lines.close()
     after = wait_idle(server)  # the sequence is gone ...
     assert after["engine"]["kv_blocks_used"] == before  # ... and its blocks are free
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # the stored reply follows the abort: however busy the machine
     while True:
         reply = http.get(f"/api/sessions/{sid}").json()["messages"][-1]
         if reply["status"] != "streaming" or time.monotonic() > deadline:

@@ -257,7 +257,7 @@ async def test_closing_the_socket_aborts_and_frees_blocks(server: ServerProcess)
     await ws.close()
     after = wait_idle(server)
     assert after["engine"]["kv_blocks_used"] == before
-    for _ in range(100):
+    for _ in range(1200):  # up to a minute: the stored reply follows the abort, however busy the machine
         reply = stored(server, sid)[-1]
         if reply["status"] != "streaming":
             break
