@@ -12,13 +12,13 @@ import asyncio
 import logging
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
+from app.admission import Admission, QueueFull, QueueTimeout, Ticket
 from app.api.bodies import DEFAULT_TITLE
 from app.api.errors import ServiceError
 from app.api.response_format import ResponseFormatField, compile_response_format
@@ -32,6 +32,7 @@ SAVE_INTERVAL_S = 0.5
 FINAL_TRIES = 2
 TITLE_CHARS = 60
 Sink = Callable[[dict[str, Any] | None], None]  # receives events, then None when the turn is over
+Queued = Callable[[], None]  # told when a turn has to wait in the admission queue
 
 _STATUS = {"stop": "complete", "length": "complete", "timeout": "stopped", "error": "error"}
 
@@ -47,6 +48,7 @@ class Turn:
     title: str
     sink: Sink
     client_id: str | None = None
+    ticket: Ticket | None = None  # its admission; released when the generation ends
     task: asyncio.Task | None = None
     cancelled: bool = False
     done: bool = False
@@ -78,18 +80,25 @@ def _not_found(session_id: str) -> ServiceError:
     return ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
 
 
-class ChatService:
-    """Starts, tracks and cancels chat turns; at most one running turn per session, at most
-    `turns_per_key` running generations (turns and /v1 requests) per owner."""
+def engine_capacity(engine: Any) -> int:
+    """Sequences the engine runs in one step: what admission lets in at once."""
+    config = getattr(getattr(engine, "core", None), "config", None)
+    return max(1, int(getattr(config, "max_num_seqs", 64)))
 
-    def __init__(self, engine: Any, store: Store, metrics: Metrics, turns_per_key: int = 16) -> None:
+
+class ChatService:
+    """Starts, tracks and cancels chat turns; at most one running turn per session. Every generation (turns
+    and /v1 requests) goes through `admission` (app/admission.py): past the engine's capacity it waits in a
+    queue fair across owners."""
+
+    def __init__(self, engine: Any, store: Store, metrics: Metrics, admission: Admission | None = None) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
-        self.turns_per_key = turns_per_key
+        self.admission = admission if admission is not None else Admission(engine_capacity(engine))
+        metrics.bind_admission(self.admission)
         self.turns: dict[str, Turn] = {}  # session id -> running turn
-        self._reserved: set[str] = set()  # sessions whose turn is being set up
-        self._slots: Counter[str] = Counter()  # owner -> generations running
+        self._reserved: set[str] = set()  # sessions whose turn is being set up (or waits to be admitted)
         self._open: dict[str, list[Any]] = {}  # session id -> [title, sockets showing it]
         self.shutting_down = False
 
@@ -97,27 +106,32 @@ class ChatService:
 
     async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
                    idempotency_key: str | None = None,
-                   response_format: ResponseFormatField | None = None) -> Turn | None:
+                   response_format: ResponseFormatField | None = None, queued: Queued | None = None) -> Turn | None:
         """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
-        ServiceError before storing anything.
+        ServiceError before storing anything. Past the engine's capacity this waits to be admitted (`queued` is
+        called when it starts waiting); a full queue or a passed deadline raises ServiceError with
+        `retry_after_s`.
 
         A send whose `idempotency_key` the session already holds stores nothing: the sink gets the
         session's `history` (that message and its reply as stored now) and None is returned."""
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
         return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_send(s, msgs, content),
-                                 idempotency_key, response_format)
+                                 idempotency_key, response_format, queued)
 
     async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
-                   client_id: str | None = None) -> Turn:
+                   client_id: str | None = None, queued: Queued | None = None) -> Turn:
         """A new branch: the user message `message_id` (on the chosen branch) gets a sibling holding
         `content`, and a reply to it streams."""
         return await self._begin(session_id, owner, sink, client_id,
-                                 lambda s, msgs: self._plan_edit(msgs, session_id, message_id, content))
+                                 lambda s, msgs: self._plan_edit(msgs, session_id, message_id, content),
+                                 queued=queued)
 
-    async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None) -> Turn:
+    async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None,
+                         queued: Queued | None = None) -> Turn:
         """A new branch: the last reply (if the session ends with one) gets a sibling, streamed anew."""
-        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs))
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: self._plan_regenerate(msgs),
+                                 queued=queued)
 
     async def select(self, session_id: str, owner: str, message_id: str
                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -178,13 +192,15 @@ class ChatService:
 
     async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None,
                      plan_for: Callable[[dict[str, Any], list[dict[str, Any]]], _Plan],
-                     idempotency_key: str | None = None, response_format: ResponseFormatField | None = None) -> Turn:
+                     idempotency_key: str | None = None, response_format: ResponseFormatField | None = None,
+                     queued: Queued | None = None) -> Turn:
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
         if session_id in self.turns or session_id in self._reserved:
             raise ServiceError("busy", f"a reply is already being generated in session '{session_id}'", param="session_id")
         self._reserved.add(session_id)
         gen: Any = None
+        held: Ticket | None = None  # admitted, and no turn owns it yet
         try:
             found = await self.store.get_history(session_id, owner)
             if found is None:
@@ -196,12 +212,10 @@ class ChatService:
             params = self._sampling(before["settings"], len(prompt))
             params.response_format = await compile_response_format(self.engine, response_format)
             req = GenerationRequest(prompt_token_ids=prompt, params=params)
-            self.take_slot(owner)  # given back by the turn's task, or in `finally` when there is none
-            try:
-                gen = self._admit(req)
-            except ServiceError:
-                self.free_slot(owner)
-                raise
+            held = await self.admit(owner, params.n, queued)  # nothing is stored before this
+            if self.shutting_down:
+                raise ServiceError("unavailable", "the server is shutting down")
+            gen = self._admit(req)
             started = await self.store.start_reply(session_id, owner, parent_id=plan.parent_id,
                                                    user_content=plan.user_content, idempotency_key=idempotency_key,
                                                    title=plan.title)
@@ -210,7 +224,7 @@ class ChatService:
             session, branch = started
             reply = branch[-1]
             turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
-                        title=session["title"], sink=sink, client_id=client_id)
+                        title=session["title"], sink=sink, client_id=client_id, ticket=held)
             if plan.branches:
                 turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
             else:
@@ -220,7 +234,7 @@ class ChatService:
                 turn.emit({"type": "session", "session": session})
             self.turns[session_id] = turn
             turn.task = asyncio.create_task(self._run(turn, gen, len(prompt)), name=f"turn-{session_id}")
-            gen = None  # the turn owns it now
+            gen = held = None  # the turn owns them now
             return turn
         except Conflict:
             raise ServiceError("busy", "this idempotency key was just used in the session", param="idempotency_key") \
@@ -229,7 +243,8 @@ class ChatService:
             self._reserved.discard(session_id)
             if gen is not None:  # admitted, but no turn runs it
                 await gen.aclose()
-                self.free_slot(owner)
+            if held is not None:
+                self.release(held)
 
     def _admit(self, req: GenerationRequest) -> Any:
         """The engine takes the request now or refuses it: nothing is stored for a refused turn."""
@@ -240,17 +255,43 @@ class ChatService:
         except InvalidRequest as e:
             raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
 
-    def take_slot(self, owner: str) -> None:
-        """Count one more running generation for `owner`; ServiceError("rate_limited") past turns_per_key."""
-        if self._slots[owner] >= self.turns_per_key:
-            raise ServiceError("rate_limited", f"{self.turns_per_key} replies are already being generated for this "
-                               "API key; wait for one to finish")
-        self._slots[owner] += 1
+    # -- admission (turns and /v1 requests) ------------------------------------------------
 
-    def free_slot(self, owner: str) -> None:
-        self._slots[owner] -= 1
-        if self._slots[owner] <= 0:
-            del self._slots[owner]
+    def enter(self, owner: str, cost: int = 1) -> Ticket:
+        """A place for one generation of `cost` sequences: granted at once, or waiting (then `wait`).
+        ServiceError("queue_full") when the queue is full."""
+        try:
+            ticket = self.admission.enter(owner, cost)
+        except QueueFull as e:
+            raise ServiceError("queue_full", f"the server is busy: {e}", retry_after_s=e.retry_after_s) from None
+        if ticket.granted:
+            self.metrics.admitted(0.0)
+        return ticket
+
+    async def wait(self, ticket: Ticket) -> None:
+        """Until `ticket` is admitted; ServiceError("queue_timeout") past the deadline. Cancelled, it leaves
+        the queue."""
+        if ticket.granted:
+            return
+        try:
+            await self.admission.wait(ticket)
+        except QueueTimeout as e:
+            raise ServiceError("queue_timeout", f"the server is busy: {e}", retry_after_s=e.retry_after_s) from None
+        self.metrics.admitted(ticket.waited_s)
+
+    async def admit(self, owner: str, cost: int = 1, queued: Queued | None = None) -> Ticket:
+        """`enter`, then `wait` (telling `queued` first) when it could not be admitted at once."""
+        ticket = self.enter(owner, cost)
+        if not ticket.granted:
+            if queued is not None:
+                queued()
+            await self.wait(ticket)
+        return ticket
+
+    def release(self, ticket: Ticket | None) -> None:
+        """The generation ended, or never started: give its place back (or leave the queue)."""
+        if ticket is not None:
+            self.admission.withdraw(ticket)
 
     def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
         msgs: list[dict[str, str]] = []
@@ -316,7 +357,7 @@ class ChatService:
             failure = "generation failed"
         finally:
             tracker.close()
-            self.free_slot(turn.owner)
+            self.release(turn.ticket)
         try:
             await self._finish(turn, parts, completion, final, failure, killed, prompt_len)
         except Exception:

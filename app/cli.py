@@ -1,4 +1,4 @@
-"""`forge serve | migrate | generate | chat | bench`."""
+"""`forge serve | migrate | generate | chat | bench | synth`."""
 from __future__ import annotations
 
 import argparse
@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
+    p.add_argument("--queue-size", type=int, default=None,
+                   help="generations that may wait for the engine, served round-robin by API key (default 1024); "
+                        "one more is refused with 429")
+    p.add_argument("--queue-timeout-s", type=float, default=None,
+                   help="how long a generation may wait for the engine before a 503 (default 60)")
+    p.add_argument("--max-concurrent-per-key", type=int, default=None,
+                   help="generations one API key may run at once; more wait in the queue (default: no cap)")
 
     p = sub.add_parser("migrate", help="apply database migrations up to head")
     p.add_argument("--db", dest="database_url", default=None)
@@ -73,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
     p.add_argument("--profile", action="store_true", help="also time every op of a single-stream decode step")
+
+    p = sub.add_parser("synth", help="write a GGUF with random weights of a given shape, for benchmarking",
+                       description="Write a GGUF file with random weights of a Llama shape: Forge and llama.cpp both "
+                                   "load it, so both can be timed on the same bytes. It carries the default model's "
+                                   "tokenizer and chat template, so its vocabulary is 49152 tokens whatever the shape "
+                                   "says. The text it generates means nothing; only speed and memory are real.")
+    shape = p.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--shape", help="a preset: smollm2-135m, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b")
+    shape.add_argument("--config", help="a HF config.json (LlamaForCausalLM fields)")
+    p.add_argument("--quant", default="q4_0", help="q4_0 (default), q4_1, q8_0, q4_k, q6_k or f16")
+    p.add_argument("--out", required=True, help="the .gguf file to write")
+    p.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     return parser
 
 
@@ -87,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             overrides = {k: getattr(args, k) for k in (
                 "model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                 "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
+                "queue_size", "queue_timeout_s", "max_concurrent_per_key",
             )}
             serve(Settings.from_env(**overrides))
         elif args.command == "migrate":
@@ -104,11 +124,23 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(_generate(_load(args), args))
         elif args.command == "chat":
             asyncio.run(_chat(_load(args), args))
+        elif args.command == "synth":
+            _synth(args)
     except (ModelLoadError, BackendUnavailable, InvalidRequest, EngineOverloaded, ValueError) as exc:
         print(f"forge {args.command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+def _synth(args: argparse.Namespace) -> None:
+    from engine.loader.synth import preset, shape_from_config_file, write_synthetic
+
+    shape = preset(args.shape) if args.shape else shape_from_config_file(args.config)
+    r = write_synthetic(shape, args.quant, args.out, seed=args.seed,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"wrote {r.path}: {shape.name} ({shape.layers} layers, hidden {shape.hidden}), {args.quant}, "
+          f"{r.params / 1e9:.2f} B parameters, {r.file_bytes / 1e6:.0f} MB in {r.seconds:.1f} s")
 
 
 def _load(args: argparse.Namespace) -> Engine:

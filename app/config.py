@@ -23,6 +23,7 @@ class Settings:
     backend: str = "auto"
     kv_memory: str = "1GiB"
     speculative: str = "ngram"  # n-gram speculative decoding by default ("off" to disable); requests may override
+    spec_row_cost: float | None = None  # a draft row's cost relative to a one-row step; None: measured (tests pin it)
     api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
     admin_token: str | None = None
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted besides the served host's own
@@ -38,7 +39,10 @@ class Settings:
     outbox_bytes: int = 1 << 20  # ... or this many bytes of them
     ws_sessions: int = 64  # sessions one WebSocket may watch
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
-    turns_per_key: int = 16  # replies generating at once per API key (per server without keys)
+    # Admission (app/admission.py): past the engine's capacity, generations wait in a queue fair across keys
+    queue_size: int = 1024  # generations that may wait; one more is refused with 429
+    queue_timeout_s: float = 60.0  # how long one may wait; then 503
+    max_concurrent_per_key: int | None = None  # generations one API key may run at once (None: no cap)
     import_messages: int = 10_000  # messages in one imported session
     default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.defaults)
 
@@ -84,6 +88,8 @@ class Settings:
             raise ValueError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
         if self.speculative not in ("off", "ngram"):
             raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
+        if self.spec_row_cost is not None and not 0 <= self.spec_row_cost < 1e6:
+            raise ValueError(f"spec_row_cost must be >= 0 and finite (leave it unset to measure), got {self.spec_row_cost}")
         if self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:
@@ -93,10 +99,16 @@ class Settings:
                              "an HTTP header); auth is off only when no key is given")
         if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
             raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
-        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key", "import_messages",
-                     "default_max_tokens"):
+        for name in ("outbox_events", "outbox_bytes", "ws_sessions", "import_messages", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_concurrent_per_key is not None and self.max_concurrent_per_key < 1:
+            raise ValueError(f"max_concurrent_per_key must be >= 1 (leave it unset for no cap), got "
+                             f"{self.max_concurrent_per_key}")
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
+        if not 0 < self.queue_timeout_s < 1e6:
+            raise ValueError(f"queue_timeout_s must be > 0 and finite, got {self.queue_timeout_s}")
         if not self.ws_commands_per_s > 0:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
         check_activations(self.activations, self.backend)
@@ -104,9 +116,9 @@ class Settings:
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "turns_per_key",
-               "import_messages", "default_max_tokens"}
-_FLOAT_FIELDS = {"keepalive_s", "shutdown_grace_s", "ws_commands_per_s"}
+_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "queue_size",
+               "max_concurrent_per_key", "import_messages", "default_max_tokens"}
+_FLOAT_FIELDS = {"spec_row_cost", "keepalive_s", "shutdown_grace_s", "ws_commands_per_s", "queue_timeout_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}
 _ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}

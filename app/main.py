@@ -15,13 +15,16 @@ from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
+from app.admission import Admission
 from app.api import admin, openai, pages, search, sessions, ws
+from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
+from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
 from app.api.state import Services
 from app.api.typed import TypedRequest
-from app.chat import ChatService
+from app.chat import ChatService, engine_capacity
 from app.config import Settings
 from app.metrics import Metrics
 from app.store import Store
@@ -37,7 +40,8 @@ def _load_engine(settings: Settings) -> Any:
 
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
-                       activations=settings.activations, speculative=settings.speculative)
+                       activations=settings.activations, speculative=settings.speculative,
+                       spec_row_cost=settings.spec_row_cost)
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
@@ -58,7 +62,9 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
         svc.store, svc.engine = store, eng
         svc.metrics.bind_engine(eng)
-        svc.chat = ChatService(eng, store, svc.metrics, turns_per_key=settings.turns_per_key)
+        svc.chat = ChatService(eng, store, svc.metrics, Admission(
+            engine_capacity(eng), queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
+            per_owner=settings.max_concurrent_per_key))
         svc.started_at = time.time()
         log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
                  store.engine.url.render_as_string(hide_password=True))
@@ -79,7 +85,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         middleware=[DefineMiddleware(Gate, settings=settings)],
-        before_send=[security_headers],
+        before_send=[security_headers, allow_header],
+        plugins=[StructSchemas()],  # before Litestar's own: refused extra fields in the schema
         request_class=TypedRequest,
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",

@@ -64,6 +64,10 @@ class Metrics:
         self.ws_active = Gauge("forge_websocket_connections_active", "WebSocket connections open now.", registry=r)
         self.http_requests = Counter("forge_generation_requests", "Generation requests by entry point.",
                                      ["api"], registry=r)
+        self.admission_wait = Histogram("forge_admission_wait_seconds", "Time an admitted generation waited in "
+                                        "the admission queue (0 when admitted at once).",
+                                        buckets=(0.0,) + LATENCY_BUCKETS, registry=r)
+        self.admission: Any = None  # app.admission.Admission, read at scrape time
         r.register(_EngineCollector(self))
         self._ttft_window = _Window()
         self._itl_window = _Window()
@@ -77,6 +81,13 @@ class Metrics:
     def ws_closed(self) -> None:
         self.ws_active.dec()
         self.ws_open -= 1
+
+    def bind_admission(self, admission: Any) -> None:
+        self.admission = admission
+
+    def admitted(self, waited_s: float) -> None:
+        """One generation was admitted after waiting `waited_s` seconds in the queue."""
+        self.admission_wait.observe(waited_s)
 
     def bind_engine(self, engine: Any) -> None:
         self.engine_stats = engine.stats
@@ -107,6 +118,9 @@ class Metrics:
             "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "count": len(itl)},
             "tokens_per_s": round(tokens / span, 3),
             "websocket_connections": self.ws_open,
+            "admission": None if self.admission is None else {
+                "queue_depth": self.admission.depth, "in_use": self.admission.in_use,
+                "capacity": self.admission.capacity},
             "uptime_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -163,6 +177,21 @@ class _EngineCollector:
         return []  # dynamic: don't let the registry call collect() at registration
 
     def collect(self):  # type: ignore[no-untyped-def]
+        adm = self.m.admission
+        if adm is not None:
+            yield GaugeMetricFamily("forge_admission_queue_depth", "Generations waiting to be admitted.",
+                                    value=float(adm.depth))
+            yield GaugeMetricFamily("forge_admission_in_use", "Engine sequences held by admitted generations.",
+                                    value=float(adm.in_use))
+            yield GaugeMetricFamily("forge_admission_capacity", "Engine sequences admission lets in at once.",
+                                    value=float(adm.capacity))
+            refused = CounterMetricFamily("forge_admission_refused", "Generations refused by admission, by "
+                                          "reason (queue_full: 429, queue_timeout: 503).", labels=["reason"])
+            refused.add_metric(["queue_full"], float(adm.stats.refused_full))
+            refused.add_metric(["queue_timeout"], float(adm.stats.refused_timeout))
+            yield refused
+            yield CounterMetricFamily("forge_admission_queued", "Generations that had to wait for admission.",
+                                      value=float(adm.stats.queued))
         if self.m.model_info:
             info = InfoMetricFamily("forge_model", "The model being served.")
             info.add_metric([], {k: str(self.m.model_info.get(k, "")) for k in ("name", "arch", "quant", "backend")})

@@ -8,13 +8,17 @@
 
     python scripts/served_speed.py [--max-tokens 128] [--repeats 3] [--threads N]
 
-Prints both medians and their ratio (the service's overhead: HTTP, SSE framing, the event loop).
-A measurement script, not a test: the numbers go in the README.
+Prints both medians and their ratio (the service's overhead: HTTP, SSE framing, the event loop), and
+where the served run's CPU went per token: the server's event-loop thread, its other threads (the
+engine's own thread and the kernels' workers), and this client (the openai SDK parsing each chunk). On
+a machine with as many cores as engine threads, every other thread's CPU is taken from the kernels.
+A measurement script, not a test: the numbers go in docs/performance.md.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -33,8 +37,30 @@ KEY = "served-speed"
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
 
-def served(srv: Server, max_tokens: int) -> float:
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread of `pid`, by thread name; the main thread runs the event loop."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        key = "event loop" if task.name == str(pid) else name
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+CPU: dict[str, float] = {}  # the measured runs' CPU seconds by where, summed
+TOKENS = [0]
+
+
+def served(srv: Server, max_tokens: int, measure: bool = True) -> float:
     client = OpenAI(base_url=srv.url + "/v1", api_key=KEY)
+    assert srv.proc is not None
+    before, client_before = thread_cpu_s(srv.proc.pid), time.process_time()
     stream = client.chat.completions.create(
         model="default", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True,
         stream_options={"include_usage": True}, extra_body={"speculative": "off"})
@@ -45,6 +71,13 @@ def served(srv: Server, max_tokens: int) -> float:
             stamps.append(time.perf_counter())
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
+    if measure:
+        after = thread_cpu_s(srv.proc.pid)
+        for name, cpu in after.items():
+            where = name if name == "event loop" else "other threads (engine, kernels)"
+            CPU[where] = CPU.get(where, 0.0) + cpu - before.get(name, 0.0)
+        CPU["client"] = CPU.get("client", 0.0) + time.process_time() - client_before
+        TOKENS[0] += tokens
     # One token a chunk here (no speculation); the first waits for the prefill.
     return (tokens - 1) / (stamps[-1] - stamps[0])
 
@@ -77,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         srv = Server(Path(tmp), [KEY], env).start()
         try:
-            served(srv, 8)  # warm-up
+            served(srv, 8, measure=False)  # warm-up
             over_http = [served(srv, args.max_tokens) for _ in range(args.repeats)]
         finally:
             srv.stop()
@@ -86,6 +119,8 @@ def main() -> None:
     print(f"served decode      {a:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in over_http)})")
     print(f"in-process decode  {b:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in direct)})")
     print(f"served / in-process  {a / b:.2f}")
+    print("served CPU per token: " + ", ".join(f"{where} {cpu / TOKENS[0] * 1e6:.0f} us"
+                                                for where, cpu in sorted(CPU.items())))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger("forge.api")
 
@@ -20,8 +21,10 @@ STATUS = {
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "rate_limited": 429,
+    "queue_full": 429,
     "overloaded": 503,
     "unavailable": 503,
+    "queue_timeout": 503,
     "internal": 500,
     # OpenAI shim codes
     "unsupported_parameter": 400,
@@ -36,13 +39,15 @@ _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_
 class ServiceError(Exception):
     """A refusal with a stable `code`, a message naming the problem and, where one field is at fault, `param`."""
 
-    def __init__(self, code: str, message: str, param: str | None = None, status: int | None = None) -> None:
+    def __init__(self, code: str, message: str, param: str | None = None, status: int | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         assert code in STATUS, code
         self.code = code
         self.message = message
         self.param = param
         self.status = status or STATUS[code]
+        self.retry_after_s = retry_after_s  # the `Retry-After` header / the event's `retry_after_s`
 
     def body(self) -> dict[str, Any]:
         kind = _TYPES.get(self.status, "invalid_request_error")
@@ -53,6 +58,8 @@ class ServiceError(Exception):
         ev: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
         if self.param is not None:
             ev["param"] = self.param
+        if self.retry_after_s is not None:
+            ev["retry_after_s"] = self.retry_after_s
         ev.update({k: v for k, v in extra.items() if v is not None})
         return ev
 
@@ -63,6 +70,8 @@ def error_response(err: ServiceError, headers: dict[str, str] | None = None) -> 
 
 def _service_error_handler(_: Request, exc: ServiceError) -> Response:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return error_response(exc, headers)
 
 
@@ -85,15 +94,46 @@ def _http_error_handler(request: Request, exc: HTTPException) -> Response:
         else:
             log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
         message = "internal server error"
-    elif isinstance(exc, ValidationException):  # a required body was left out (app.api.typed decodes the rest)
-        message = "the request body is missing; expected a JSON object"
+    elif isinstance(exc, ValidationException):
+        message, param = _validation_message(exc)
+        code = "invalid_parameter" if param else code
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+        return Response(body, status_code=status)
     else:
         message = str(exc.detail)
     body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": code}}
     return Response(body, status_code=status, headers=getattr(exc, "headers", None))
 
 
+def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
+    """Litestar's refusal of a query parameter, named; or of a missing body (app.api.typed decodes bodies)."""
+    problems = exc.extra if isinstance(exc.extra, list) else []
+    for p in problems:
+        if isinstance(p, dict) and str(p.get("source", "")).lower().endswith("query") and p.get("key"):
+            key = str(p["key"])
+            return f"'{key}' is invalid: {p.get('message', '')}", key
+    detail = str(exc.detail)
+    if detail.startswith("Missing required query parameter '"):
+        key = detail.split("'")[1]
+        return f"'{key}' is required", key
+    return "the request body is missing; expected a JSON object", None
+
+
+DB_BUSY_RETRY_S = 1
+
+
+def busy_database(exc: Exception) -> ServiceError | None:
+    """A database that stayed locked past its busy timeout (SQLite, another long write): a 503 to retry, not a 500."""
+    if isinstance(exc, OperationalError) and "database is locked" in str(exc):
+        log.warning("database busy: %s", str(exc).splitlines()[0])
+        return ServiceError("unavailable", "the database is busy; retry shortly", retry_after_s=DB_BUSY_RETRY_S)
+    return None
+
+
 def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    busy = busy_database(exc)
+    if busy is not None:
+        return _service_error_handler(request, busy)
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(ServiceError("internal", "internal server error"))
 

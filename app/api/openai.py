@@ -6,7 +6,6 @@ Prefix reuse still applies across requests: the engine's cache keys on token ids
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -14,19 +13,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath, JSONBody
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import Stream
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
 from app.api.errors import ServiceError
 from app.api.gate import owner
+from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
 from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
 from app.api.outbox import Outbox
 from app.api.response_format import compile_response_format
-from app.api.sse import keepalive, with_keepalives
+from app.api.sse import with_keepalives
 from app.api.state import Services, ready_services
 from app.defaults import openai_defaults
 
@@ -166,7 +167,8 @@ async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
 class _Job:
     """An engine request pumped into a bounded outbox by its own task (so a slow reader can time out and
     send keep-alives without cancelling the engine stream; a stalled one has its request aborted).
-    `start` admits it to the engine (raising a ServiceError before anything is answered); `cancel` aborts."""
+    `enter` takes its place in admission (app/admission.py; True when admitted at once, else `wait`), `start`
+    hands it to the engine (both raise a ServiceError); `cancel` aborts it or leaves the queue."""
 
     def __init__(self, svc: Services, call: _Call, owner_id: str, chat: bool) -> None:
         self.svc = svc
@@ -175,14 +177,21 @@ class _Job:
         self.req = GenerationRequest(prompt_token_ids=call.prompt, params=call.params, request_id=call.request_id)
         self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self.cancel)
         self.task: asyncio.Task | None = None
+        self.ticket: Any = None
+
+    def enter(self) -> bool:
+        self.ticket = self.svc.chat.enter(self.owner, self.req.params.n)
+        return self.ticket.granted
+
+    async def wait(self) -> None:
+        await self.svc.chat.wait(self.ticket)
 
     def start(self) -> None:
-        chat = self.svc.chat
-        chat.take_slot(self.owner)
+        assert self.ticket is not None and self.ticket.granted, "start() follows admission"
         try:
             gen = self.svc.engine.generate(self.req)
         except Exception as e:
-            chat.free_slot(self.owner)
+            self.svc.chat.release(self.ticket)
             raise _engine_error(e, self.chat) from None
         self.tracker = self.svc.metrics.tracker("openai")
         self.task = asyncio.create_task(self._pump(gen), name=f"openai-{self.req.request_id}")
@@ -197,13 +206,16 @@ class _Job:
         finally:
             await gen.aclose()
             self.tracker.close()
-            self.svc.chat.free_slot(self.owner)
+            self.svc.chat.release(self.ticket)
             self.outbox.put(None)
 
     def cancel(self) -> None:
         # An abort, not task.cancel(): the pump then ends on the engine's final event and always cleans up.
-        if self.task is not None and not self.task.done():
-            self.svc.engine.abort(self.req.request_id)
+        if self.task is not None:
+            if not self.task.done():
+                self.svc.engine.abort(self.req.request_id)
+        elif self.ticket is not None:  # never started: leave the queue, or give back what was granted
+            self.svc.chat.release(self.ticket)
 
 
 def _engine_error(e: Exception, chat: bool = False) -> ServiceError:
@@ -288,9 +300,17 @@ def _generation_failed(item: Any) -> ServiceError:
 async def _collect(request: Request, job: _Job, n: int) -> tuple[list[_Choice], _Usage]:
     choices = [_Choice() for _ in range(n)]
     usage = _Usage(len(job.req.prompt_token_ids))
-    job.start()
+    admitted = job.enter()
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
+        if not admitted:  # wait in the queue (a 503 past the deadline) unless the client leaves first
+            waiting = asyncio.ensure_future(job.wait())
+            await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                waiting.cancel()
+                raise ServiceError("bad_request", "the client went away while waiting")  # nobody reads it
+            waiting.result()
+        job.start()
         while (item := await job.outbox.get()) is not None:
             if isinstance(item, Exception):
                 raise _engine_error(item)
@@ -309,23 +329,52 @@ async def _collect(request: Request, job: _Job, n: int) -> tuple[list[_Choice], 
     return choices, usage
 
 
-def _sse(job: _Job, stream: AsyncIterator[str | None]) -> ServerSentEvent:
-    async def events() -> AsyncIterator[ServerSentEventMessage]:
+_KEEPALIVE = b": keep-alive\r\n\r\n"  # a comment line, never an empty `data:` (the openai client fails on one)
+_SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+_encode = msgspec.json.Encoder().encode  # chunks are framed here: one JSON line each, no SSE encoder per token
+
+
+def _sse(job: _Job, stream: AsyncIterator[bytes | None]) -> Stream:
+    async def events() -> AsyncIterator[bytes]:
         async for data in stream:
-            yield keepalive() if data is None else ServerSentEventMessage(data=data)
+            yield _KEEPALIVE if data is None else b"data: " + data + b"\r\n\r\n"
 
     async def after() -> None:  # runs once the response is over, however it ended (a client gone early too)
         job.cancel()
 
-    return ServerSentEvent(events(), background=BackgroundTask(after))
+    return Stream(events(), media_type="text/event-stream", headers=_SSE_HEADERS, background=BackgroundTask(after))
+
+
+async def _admitted(job: _Job, keepalive_s: float) -> AsyncIterator[None]:
+    """For a job waiting in the admission queue: a None (a keep-alive comment) every `keepalive_s` until it
+    is admitted, then start it. Raises ServiceError (the deadline passed, the engine refused it); leaving
+    early leaves the queue."""
+    waiting = asyncio.ensure_future(job.wait())
+    try:
+        while not (await asyncio.wait({waiting}, timeout=keepalive_s))[0]:
+            yield None
+        waiting.result()
+        job.start()
+    finally:
+        waiting.cancel()
 
 
 async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk: Any,
-                         first: list[str] | None) -> AsyncIterator[str | None]:
-    """JSON chunks for an OpenAI stream of a started job; None for a keep-alive comment. Leaving early aborts it."""
+                         first: list[bytes] | None) -> AsyncIterator[bytes | None]:
+    """JSON chunks for an OpenAI stream of a job that is started, or waits to be admitted (keep-alives until
+    then; the refusal as an error chunk past the deadline); None for a keep-alive comment. Leaving early
+    aborts it."""
     usage = _Usage(len(call.prompt))
     failed = False
     try:
+        if job.task is None:
+            try:
+                async for _ in _admitted(job, keepalive_s):
+                    yield None
+            except ServiceError as e:
+                yield _encode(e.body())
+                yield b"[DONE]"
+                return
         for data in first or []:
             yield data
         async for item in with_keepalives(job.outbox, keepalive_s):
@@ -334,22 +383,23 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
                 continue
             if isinstance(item, Exception) or item.finish_reason == "error":
                 err = _engine_error(item) if isinstance(item, Exception) else _generation_failed(item)
-                yield json.dumps(err.body())
+                yield _encode(err.body())
                 failed = True
                 break
             chunk = make_chunk(item)
             if chunk is not None:
-                yield json.dumps(chunk, ensure_ascii=False)
+                yield _encode(chunk)
             if item.finish_reason is not None:
                 usage.add(item)
         if call.include_usage and not failed:
-            yield json.dumps({**make_chunk(None), "choices": [], "usage": usage.body()})
-        yield "[DONE]"
+            yield _encode({**make_chunk(None), "choices": [], "usage": usage.body()})
+        yield b"[DONE]"
     finally:
         job.cancel()
 
 
-@post("/chat/completions", status_code=200)
+@post("/chat/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
+      operation_class=JsonOrEvents)
 async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
     svc = ready_services(request)
@@ -382,14 +432,16 @@ async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Res
         return {**head, "choices": [{"index": ev.index, "delta": delta, "logprobs": lp,
                                      "finish_reason": ev.finish_reason}]}
 
-    first = [json.dumps({**base, "object": "chat.completion.chunk", **usage_null, "choices": [
+    first = [_encode({**base, "object": "chat.completion.chunk", **usage_null, "choices": [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
         for i in range(call.params.n)]
-    job.start()
+    if job.enter():  # admitted at once: the engine's refusals are still an HTTP status
+        job.start()
     return _sse(job, _stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
-@post("/completions", status_code=200)
+@post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
+      operation_class=JsonOrEvents)
 async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
     svc = ready_services(request)
@@ -425,10 +477,11 @@ async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Re
 
     first = None
     if call.echo_text:
-        first = [json.dumps({**base, "object": "text_completion", **usage_null, "choices": [
+        first = [_encode({**base, "object": "text_completion", **usage_null, "choices": [
             {"index": i, "text": call.echo_text, "logprobs": None, "finish_reason": None}]})
             for i in range(call.params.n)]
-    job.start()
+    if job.enter():  # admitted at once: the engine's refusals are still an HTTP status
+        job.start()
     return _sse(job, _stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
@@ -439,14 +492,14 @@ def _model_card(svc: Services) -> dict[str, Any]:
             "backend": info.get("backend")}
 
 
-@get("/models")
+@get("/models", responses=errors(*KEYED))
 async def list_models(request: Request) -> dict[str, Any]:
     """The one model served."""
     svc = ready_services(request)
     return {"object": "list", "data": [_model_card(svc)]}
 
 
-@get("/models/{model_id:path}")
+@get("/models/{model_id:path}", responses=errors(*KEYED, 404))
 async def read_model(request: Request, model_id: FromPath[str]) -> dict[str, Any]:
     """The served model's card (`default` is an alias)."""
     svc = ready_services(request)

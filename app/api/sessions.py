@@ -2,7 +2,9 @@
 the sessions of the caller's API key (app.api.gate.owner); another key's are "not found"."""
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,26 +16,29 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from app.api.bodies import DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
 from app.api.errors import ServiceError
 from app.api.gate import owner
+from app.api.openapi import BODY, GENERATION, KEYED, Events, OptionalBody, OptionalBodyEvents, errors
 from app.api.outbox import Outbox
 from app.api.sse import keepalive, with_keepalives
 from app.api.state import Services, ready_services
-from app.chat import Sink, Turn
+from app.chat import Queued, Sink, Turn
 from app.defaults import session_defaults
 from app.store import Conflict
+
+log = logging.getLogger("forge.sessions")
 
 
 def _not_found(session_id: str) -> ServiceError:
     return ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
 
 
-@get("/")
+@get("/", responses=errors(*KEYED))
 async def list_sessions(request: Request) -> dict[str, Any]:
     """The caller's sessions, most recently active first."""
     svc = ready_services(request)
     return {"data": await svc.store.list_sessions(owner(request.scope))}
 
 
-@post("/")
+@post("/", responses=errors(*KEYED, *BODY), operation_class=OptionalBody)
 async def create_session(request: Request, data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
     """A new session (the body may be left out)."""
     svc = ready_services(request)
@@ -41,7 +46,7 @@ async def create_session(request: Request, data: JSONBody[SessionFields | None] 
                                           **(data or SessionFields()).new_session(session_defaults(svc.engine)))
 
 
-@get("/{session_id:str}")
+@get("/{session_id:str}", responses=errors(*KEYED, 404))
 async def read_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     """A session and its chosen branch of messages."""
     svc = ready_services(request)
@@ -52,7 +57,7 @@ async def read_session(request: Request, session_id: FromPath[str]) -> dict[str,
     return {**session, "messages": messages}
 
 
-@patch("/{session_id:str}")
+@patch("/{session_id:str}", responses=errors(*KEYED, *BODY, 404, 409))
 async def update_session(request: Request, session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
     """Change title, system prompt or settings (merged over the current ones)."""
     svc = ready_services(request)
@@ -65,7 +70,7 @@ async def update_session(request: Request, session_id: FromPath[str], data: JSON
     return updated
 
 
-@delete("/{session_id:str}")
+@delete("/{session_id:str}", responses=errors(*KEYED, 404, 415))
 async def delete_session(request: Request, session_id: FromPath[str]) -> None:
     """Delete a session and its messages; a running reply is stopped first."""
     svc = ready_services(request)
@@ -75,7 +80,7 @@ async def delete_session(request: Request, session_id: FromPath[str]) -> None:
         raise _not_found(session_id)
 
 
-@get("/{session_id:str}/export")
+@get("/{session_id:str}/export", responses=errors(*KEYED, 404))
 async def export_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     """The session and every branch of its messages, in the import format."""
     svc = ready_services(request)
@@ -85,7 +90,7 @@ async def export_session(request: Request, session_id: FromPath[str]) -> dict[st
     return data
 
 
-@post("/import")
+@post("/import", responses=errors(*KEYED, *BODY))
 async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, Any]:
     """A new session (new ids) holding an export's messages (version 1 or 2)."""
     svc = ready_services(request)
@@ -99,7 +104,8 @@ async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, 
     return await svc.store.import_session(owner(request.scope), session, data.tree())
 
 
-@post("/{session_id:str}/messages/{message_id:str}/select", status_code=200)
+@post("/{session_id:str}/messages/{message_id:str}/select", status_code=200,
+      responses=errors(*KEYED, *BODY, 404, 409), operation_class=OptionalBody)
 async def select_branch(request: Request, session_id: FromPath[str], message_id: FromPath[str],
                         data: JSONBody[Empty | None] = None) -> dict[str, Any]:
     """Choose the branch through a message (any of the session's): the session and its chosen branch."""
@@ -111,19 +117,25 @@ async def select_branch(request: Request, session_id: FromPath[str], message_id:
 # -- turns over SSE ---------------------------------------------------------------------------
 
 
-async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | None]]) -> ServerSentEvent:
+async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[Turn | None]]) -> ServerSentEvent:
     """Start a turn whose events go to a bounded outbox, and stream them as named SSE events with ids;
     `: keep-alive` comments while none is ready.
 
+    Refusals are an HTTP status, except for a turn that has to wait to be admitted: its stream starts at
+    once with keep-alives, and a passed deadline is an `error` event (with `retry_after_s`) ending it.
     The client going away at any point (even before the body starts, when the generator never runs)
-    cancels the turn: its partial reply is stored as "stopped". So does a client that stops reading
-    until `outbox_events` events (or `outbox_bytes`) wait for it: the stream then ends without `done`.
+    cancels the turn (its partial reply is stored as "stopped") or takes it out of the queue. So does a
+    client that stops reading until `outbox_events` events (or `outbox_bytes`) wait for it: the stream
+    then ends without `done`.
     """
     turn: Turn | None = None
+    starting: asyncio.Task | None = None
 
     def stop() -> None:
         if turn is not None:
             svc.chat.cancel_turn(turn)
+        elif starting is not None:
+            starting.cancel()  # still waiting to be admitted: leave the queue
 
     outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, stop)
 
@@ -134,11 +146,40 @@ async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | No
             data = json.dumps(ev, ensure_ascii=False)
             outbox.put((ev["type"], data), len(data))
 
-    turn = await start(sink)
+    queued = asyncio.Event()
+    starting = asyncio.ensure_future(start(sink, queued.set))
+    signal = asyncio.ensure_future(queued.wait())
+    try:
+        await asyncio.wait({starting, signal}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        starting.cancel()  # the request itself was cancelled: so is its turn's start
+        raise
+    finally:
+        signal.cancel()
+    waiting = not starting.done()
+    if not waiting:
+        turn = starting.result()  # refused before it could wait: an HTTP status
+
+    async def admitted() -> AsyncIterator[ServerSentEventMessage]:
+        nonlocal turn
+        while not (await asyncio.wait({starting}, timeout=svc.settings.keepalive_s))[0]:
+            yield keepalive()
+        try:
+            turn = starting.result()
+        except ServiceError as e:  # the deadline passed (or a refusal after waiting): told, then the end
+            sink(e.event())
+            sink(None)
+        except Exception:
+            log.exception("a queued turn failed to start")
+            sink(ServiceError("internal", "internal error").event())
+            sink(None)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         seq = 0
         try:
+            if waiting:
+                async for item in admitted():
+                    yield item
             async for item in with_keepalives(outbox, svc.settings.keepalive_s):
                 if item is None:
                     yield keepalive()
@@ -154,34 +195,40 @@ async def turn_stream(svc: Services, start: Callable[[Sink], Awaitable[Turn | No
     return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"}, background=BackgroundTask(after))
 
 
-@post("/{session_id:str}/messages", status_code=200)
+@post("/{session_id:str}/messages", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+      operation_class=Events)
 async def send_message(request: Request, session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
     """SSE: one turn (docs/protocol.md#sse). A repeated `idempotency_key` answers `history` instead."""
     svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink: svc.chat.send(session_id, who, data.content, sink=sink,
-                                                             idempotency_key=data.idempotency_key,
-                                                             response_format=data.response_format))
+    return await turn_stream(svc, lambda sink, queued: svc.chat.send(session_id, who, data.content, sink=sink,
+                                                                     idempotency_key=data.idempotency_key,
+                                                                     response_format=data.response_format,
+                                                                     queued=queued))
 
 
-@post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200)
+@post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200,
+      responses=errors(*KEYED, *BODY, *GENERATION, 404, 409), operation_class=Events)
 async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str],
                        data: JSONBody[EditBody]) -> ServerSentEvent:
     """SSE: a new branch with the user message edited, and a reply to it."""
     svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink: svc.chat.edit(session_id, who, message_id, data.content, sink=sink))
+    return await turn_stream(svc, lambda sink, queued: svc.chat.edit(session_id, who, message_id, data.content,
+                                                                     sink=sink, queued=queued))
 
 
-@post("/{session_id:str}/regenerate", status_code=200)
+@post("/{session_id:str}/regenerate", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+      operation_class=OptionalBodyEvents)
 async def regenerate(request: Request, session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
     """SSE: a new branch with another reply in place of the last one."""
     svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink: svc.chat.regenerate(session_id, who, sink=sink))
+    return await turn_stream(svc, lambda sink, queued: svc.chat.regenerate(session_id, who, sink=sink,
+                                                                           queued=queued))
 
 
-@post("/{session_id:str}/cancel", status_code=200)
+@post("/{session_id:str}/cancel", status_code=200, responses=errors(*KEYED, 404, 415))
 async def cancel(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
     """Stop the running reply (stored as "stopped")."""
     svc = ready_services(request)

@@ -19,11 +19,16 @@ async def with_keepalives(outbox: Outbox, every_s: float) -> AsyncIterator[Any]:
     """The items of `outbox` up to (not including) a None; a None in between whenever `every_s` passes
     without one (the caller sends a keep-alive comment then)."""
     while True:
-        try:
-            item = await asyncio.wait_for(outbox.get(), every_s)
-        except asyncio.TimeoutError:
-            yield None
-            continue
+        if outbox.queue.empty():
+            try:
+                # A timeout scope, not wait_for: no task per event on the per-token path.
+                async with asyncio.timeout(every_s):
+                    item = await outbox.get()
+            except TimeoutError:
+                yield None
+                continue
+        else:
+            item = await outbox.get()  # ready: returns without suspending
         if item is None:
             return
         yield item

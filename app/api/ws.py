@@ -16,11 +16,11 @@ from litestar import WebSocket, websocket
 
 from app.api import bodies
 from app.api.bodies import AnyCommand, Envelope
-from app.api.errors import ServiceError
+from app.api.errors import ServiceError, busy_database
 from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
 from app.api.state import Services, services
-from app.chat import Turn
+from app.chat import Queued, Turn
 from app.defaults import session_defaults
 
 log = logging.getLogger("forge.ws")
@@ -61,6 +61,8 @@ class Connection:
         self.sender: asyncio.Task | None = None
         self.close_code: int | None = 1000
         self.turns: list[Turn] = []
+        self.waiting: dict[asyncio.Future, str] = {}  # turns waiting to be admitted -> their session ids
+        self.gone = False
         self.opened: set[str] = set()  # sessions this client showed interest in (admin "active sessions")
         self.handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
             bodies.SessionCreate: self.session_create,
@@ -104,7 +106,11 @@ class Connection:
                     continue
                 await self.handle(raw)
         finally:
-            # The socket is gone or closing: abort its generations (partial replies are stored as "stopped").
+            # The socket is gone or closing: abort its generations (partial replies are stored as "stopped")
+            # and leave the admission queue.
+            self.gone = True
+            for starting in list(self.waiting):
+                starting.cancel()
             self._stop_turns()
             for sid in self.opened:
                 self.svc.chat.closed(sid)
@@ -167,10 +173,12 @@ class Connection:
             await self.handlers[type(cmd)](cmd)
         except ServiceError as e:
             self.send(e.event(session_id=envelope.session_id, client_id=envelope.client_id))
-        except Exception:
-            log.exception("websocket command failed")
-            self.send(ServiceError("internal", "internal error").event(session_id=envelope.session_id,
-                                                                      client_id=envelope.client_id))
+        except Exception as e:
+            err = busy_database(e)
+            if err is None:
+                log.exception("websocket command failed")
+                err = ServiceError("internal", "internal error")
+            self.send(err.event(session_id=envelope.session_id, client_id=envelope.client_id))
 
     # -- commands -------------------------------------------------------------------------
 
@@ -184,6 +192,42 @@ class Connection:
         limit = self.svc.settings.ws_sessions
         if session_id not in self.opened and len(self.opened) >= limit:
             raise ServiceError("rate_limited", f"this socket already watches {limit} sessions; open another socket")
+
+    async def _start(self, cmd: Any, start: Callable[[Queued], Awaitable[Turn | None]]) -> None:
+        """Start a turn. Refused at once: raises (an `error` for this command). Queued for admission: the
+        socket goes on reading commands, and the turn's events (or the refusal past the deadline, with
+        `retry_after_s`) come when it is admitted."""
+        queued = asyncio.Event()
+        starting = asyncio.ensure_future(start(queued.set))
+        signal = asyncio.ensure_future(queued.wait())
+        try:
+            await asyncio.wait({starting, signal}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            starting.cancel()
+            raise
+        finally:
+            signal.cancel()
+        if starting.done():
+            self._track(starting.result())
+            return
+        self.waiting[starting] = cmd.session_id
+        starting.add_done_callback(lambda task: self._started(task, cmd.client_id, cmd.session_id))
+
+    def _started(self, task: asyncio.Future, client_id: str | None, session_id: str) -> None:
+        self.waiting.pop(task, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, ServiceError):
+            self.send(exc.event(session_id=session_id, client_id=client_id))
+        elif exc is not None:
+            log.error("a queued turn failed to start: %r", exc)
+            self.send(ServiceError("internal", "internal error").event(session_id=session_id, client_id=client_id))
+        else:
+            turn = task.result()
+            self._track(turn)
+            if self.gone and turn is not None:  # admitted as the socket closed
+                self.svc.chat.cancel_turn(turn)
 
     def _track(self, turn: Turn | None) -> None:
         if turn is not None:
@@ -214,19 +258,20 @@ class Connection:
 
     async def message_send(self, cmd: bodies.MessageSend) -> None:
         self._room_for(cmd.session_id)
-        self._track(await self.svc.chat.send(cmd.session_id, self.owner, cmd.content, sink=self.send,
-                                             client_id=cmd.client_id, idempotency_key=cmd.idempotency_key,
-                                             response_format=cmd.response_format))
+        await self._start(cmd, lambda queued: self.svc.chat.send(
+            cmd.session_id, self.owner, cmd.content, sink=self.send, client_id=cmd.client_id,
+            idempotency_key=cmd.idempotency_key, response_format=cmd.response_format, queued=queued))
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)
-        self._track(await self.svc.chat.edit(cmd.session_id, self.owner, cmd.message_id, cmd.content,
-                                             sink=self.send, client_id=cmd.client_id))
+        await self._start(cmd, lambda queued: self.svc.chat.edit(cmd.session_id, self.owner, cmd.message_id,
+                                                                 cmd.content, sink=self.send,
+                                                                 client_id=cmd.client_id, queued=queued))
 
     async def message_regenerate(self, cmd: bodies.MessageRegenerate) -> None:
         self._room_for(cmd.session_id)
-        self._track(await self.svc.chat.regenerate(cmd.session_id, self.owner, sink=self.send,
-                                                   client_id=cmd.client_id))
+        await self._start(cmd, lambda queued: self.svc.chat.regenerate(cmd.session_id, self.owner, sink=self.send,
+                                                                       client_id=cmd.client_id, queued=queued))
 
     async def branch_select(self, cmd: bodies.BranchSelect) -> None:
         _, messages = await self.svc.chat.select(cmd.session_id, self.owner, cmd.message_id)
@@ -234,6 +279,14 @@ class Connection:
 
     async def generation_cancel(self, cmd: bodies.GenerationCancel) -> None:
         turn = self.svc.chat.running(cmd.session_id, self.owner)
+        if turn is None:
+            queued = [task for task, sid in self.waiting.items() if sid == cmd.session_id]
+            if queued:  # still waiting for admission: it leaves the queue, and nothing was stored
+                for task in queued:
+                    task.cancel()
+                self._reply({"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": None},
+                            cmd.client_id)
+                return
         if turn is None or not self.svc.chat.cancel(cmd.session_id, self.owner):
             raise ServiceError("not_found", f"no reply is being generated in session '{cmd.session_id}'",
                                param="session_id")

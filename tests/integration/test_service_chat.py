@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.admission import Admission
 from app.api.errors import ServiceError
 from app.chat import ChatService
 from app.metrics import Metrics
@@ -65,7 +66,7 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(ti
                 await start(events.append)
             assert refused.value.code == "overloaded" and events == []
             assert await store.get_history(sid, ME) == before  # exactly as it was: messages, title, times
-            assert sid not in chat.turns and not chat._slots
+            assert sid not in chat.turns and chat.admission.in_use == 0
     finally:
         await running.aclose()
         await waiting.aclose()
@@ -121,18 +122,21 @@ async def test_a_repeated_idempotency_key_stores_the_message_once(tight_engine: 
     assert len((await store.get_history(sid, ME))[1]) == 4  # type: ignore[index]
 
 
-async def test_turns_per_key_are_capped(tight_engine: Engine, store: Store) -> None:
-    chat = ChatService(tight_engine, store, Metrics(), turns_per_key=1)
+async def test_the_per_key_cap_queues_a_keys_extra_turns(tight_engine: Engine, store: Store) -> None:
+    chat = ChatService(tight_engine, store, Metrics(), Admission(capacity=4, per_owner=1))
     a = (await store.create_session(ME, "a", None, dict(GREEDY, max_tokens=50)))["id"]
     b = (await store.create_session(ME, "b", None, GREEDY))["id"]
     turn = await chat.send(a, ME, "Count to fifty.", sink=lambda ev: None)
-    with pytest.raises(ServiceError) as refused:
-        await chat.send(b, ME, "Hello", sink=lambda ev: None)
-    assert refused.value.code == "rate_limited"
+    queued = asyncio.Event()
+    b_events: list = []
+    waiting = asyncio.ensure_future(chat.send(b, ME, "Hello", sink=b_events.append, queued=queued.set))
+    await asyncio.wait_for(queued.wait(), 120)  # over the key's cap: it waits, nothing stored yet
+    assert not waiting.done() and b_events == [] and (await store.get_history(b, ME))[1] == []  # type: ignore[index]
     other_owner = (await store.create_session("someone-else", "c", None, GREEDY))["id"]
     events: list = []
     t2 = await chat.send(other_owner, "someone-else", "Hello", sink=events.append)  # another key is not limited
     chat.cancel(a, ME)
-    await asyncio.wait_for(asyncio.gather(turn.task, t2.task), 120)
-    assert events[-2]["status"] == "complete"
-    assert (await run_turn(chat, b, "Hello"))[-2]["status"] == "complete"  # the slot came back
+    t3 = await asyncio.wait_for(waiting, 120)  # the key's place came back: admitted
+    await asyncio.wait_for(asyncio.gather(turn.task, t2.task, t3.task), 120)
+    assert events[-2]["status"] == "complete" and b_events[-2]["status"] == "complete"
+    assert chat.admission.in_use == 0 and chat.admission.depth == 0
