@@ -4,8 +4,11 @@ Each case takes a valid request of one surface (/api bodies, /v1 bodies, /ws com
 two fields with a hostile value: JSON nested 10,000 deep, integers beyond float range, NaN and Infinity,
 escaped lone surrogates, NUL and control characters, the model's control tokens, wrong types, unknown
 fields, truncated or non-UTF-8 bodies, wrong Content-Types; `response_format` objects (JSON schema, regex,
-grammar) broken the same way. Valid requests keep max_tokens at 1, so a case that happens to be valid costs
-one token.
+grammar) broken the same way. Every count a client sends (n, best_of, max_tokens, logprobs, top_logprobs,
+top_k, stop entries, logit_bias entries, messages, prompt tokens, imported messages) at 0, its maximum, past it,
+10^9 and 2^63 (sizes: as many entries as a body can carry). Paths with NUL bytes, invalid UTF-8, traversal
+(`..`, `%2e%2e`, backslashes) and over-long names. Valid requests keep max_tokens at 1, so a case that happens
+to be valid costs one token.
 
 A 5xx, a request that gets no answer, or a WebSocket that stops answering (a `ping` follows every
 command and must come back) counts against the server. Used by tests/integration/test_service_fuzz.py
@@ -22,6 +25,9 @@ from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
+
+from app.api import openai_bodies as ob
+from app.api.bodies import IMPORT_MAX_MESSAGES
 
 TIMEOUT_S = 60.0
 WORDS = "alpha beta gamma delta river stone cloud seven ninety quick lazy".split()
@@ -74,6 +80,84 @@ def _mutate(body: dict[str, Any], rng: random.Random, keep: set[str]) -> dict[st
     return out
 
 
+# count -> (its maximum, the routes it goes to); numbers get 0, max, max+1, 10^9 and 2^63
+NUMBERS = {"n": (ob.MAX_N, "both"), "best_of": (ob.MAX_N, "completions"), "max_tokens": (ob.MAX_TOKENS, "both"),
+           "max_completion_tokens": (ob.MAX_TOKENS, "chat"), "top_logprobs": (ob.MAX_TOP_LOGPROBS, "chat"),
+           "logprobs": (ob.MAX_COMPLETION_LOGPROBS, "completions"), "top_k": (1 << 20, "both")}
+# sizes get 0, max, max+1 and a few times max (what a body can carry)
+SIZES = {"stop": (ob.MAX_STOP, "both"), "logit_bias": (ob.MAX_LOGIT_BIAS, "both"),
+         "messages": (ob.MAX_MESSAGES, "chat"), "prompt": (ob.MAX_PROMPT_TOKENS, "completions")}
+HUGE = [10 ** 9, 2 ** 63, -(2 ** 63), 2 ** 64]
+
+
+def count_case(rng: random.Random, model: str) -> tuple[str, dict[str, Any]]:
+    """A /v1 body with one count at or past its bound (the rest valid and cheap)."""
+    name = rng.choice([*NUMBERS, *SIZES])
+    top, where = NUMBERS.get(name) or SIZES[name]
+    route = rng.choice(["chat", "completions"]) if where == "both" else where
+    body: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0}
+    if route == "chat":
+        body["messages"] = [{"role": "user", "content": rng.choice(WORDS)}]
+    else:
+        body["prompt"] = rng.choice(WORDS)
+    if name in NUMBERS:
+        value = rng.choice([0, top, top + 1, *HUGE])
+        body[name] = value
+        if name == "top_logprobs":
+            body["logprobs"] = True
+        if name == "best_of":
+            body["n"] = min(value, top) if rng.random() < 0.5 else value
+    else:
+        size = rng.choice([0, top, top + 1, top * rng.choice([3, 10])])
+        body[name] = {"stop": lambda k: [f"s{i}" for i in range(k)],
+                      "logit_bias": lambda k: {str(i): 1 for i in range(k)},
+                      "messages": lambda k: [{"role": "user", "content": "hi"}] * k,
+                      "prompt": lambda k: [1] * k}[name](size)
+    return ("/v1/chat/completions" if route == "chat" else "/v1/completions"), body
+
+
+def import_case(rng: random.Random) -> dict[str, Any]:
+    # past the operator's default limit (10 000) and past the decoder's; a stored 10 000-message import takes
+    # seconds and holds the database's write lock, so it is sent once, in largest_cases()
+    return import_case_of(rng.choice([0, 1, 10_001, IMPORT_MAX_MESSAGES + 1]))
+
+
+def largest_cases() -> list[Case]:
+    """Each count at its maximum and one past it, and the largest import: what first-use allocations (caches that
+    fill once: the tokenizer's, the database's pages) are made for. A warm-up before RSS is measured."""
+    out = []
+    for name, (top, where) in {**NUMBERS, **SIZES}.items():
+        for route in (["chat", "completions"] if where == "both" else [where]):
+            for size in (top, top + 1):
+                body: dict[str, Any] = {"model": "default", "max_tokens": 1, "temperature": 0}
+                body.update({"messages": [{"role": "user", "content": "hi"}]} if route == "chat" else {"prompt": "hi"})
+                body[name] = size if name in NUMBERS else {
+                    "stop": [f"s{i}" for i in range(size)], "logit_bias": {str(i): 1 for i in range(size)},
+                    "messages": [{"role": "user", "content": "hi"}] * size, "prompt": [1] * size}[name]
+                if name == "top_logprobs":
+                    body["logprobs"] = True
+                if name == "best_of":
+                    body["n"] = size
+                path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+                out.append(Case("http", "POST", path, json.dumps(body).encode()))
+    for size in (10_000, IMPORT_MAX_MESSAGES + 1):
+        out.append(Case("http", "POST", "/api/sessions/import", json.dumps(import_case_of(size)).encode()))
+    return out
+
+
+def import_case_of(size: int) -> dict[str, Any]:
+    return {"forge_export": 1, "session": {"title": "i"}, "messages": [{"role": "user", "content": "x"}] * size}
+
+
+def path_case(rng: random.Random, sid: str) -> str:
+    bad = rng.choice(["%00", "a%00b", "%ff", "%c0%ae%c0%ae", "%2e%2e", "%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+                      "..%5c..%5capp",
+                      "%5c", "x" * 5000, "index.html/x", "%e2%80%ae", "%0a", "~", "vendor"])
+    return rng.choice([f"/static/{bad}", f"/api/sessions/{bad}", f"/api/sessions/{bad}/export",
+                       f"/api/sessions/{sid}/messages/{bad}/select", f"/v1/models/{bad}", f"/{bad}",
+                       f"/api/search?q={bad}&limit={rng.choice(['0', '51', '10000000000', bad])}"])
+
+
 @dataclass(slots=True)
 class Case:
     surface: str  # "http" or "ws"
@@ -119,7 +203,16 @@ def cases(seed: int, n: int, session_id: str) -> list[Case]:
             {"type": "ping", "client_id": "p"},
         ]
         kind = rng.random()
-        if kind < 0.5:
+        if kind < 0.1:
+            path, body = count_case(rng, model if rng.random() < 0.5 else "default")
+            out.append(Case("http", "POST", path, json.dumps(body).encode()))
+        elif kind < 0.12:
+            out.append(Case("http", "POST", "/api/sessions/import", json.dumps(import_case(rng)).encode()))
+        elif kind < 0.17:
+            path = path_case(rng, session_id)
+            method = "POST" if "select" in path else rng.choice(["GET", "GET", "DELETE"])
+            out.append(Case("http", method, path, b"" if method != "POST" else b"{}"))
+        elif kind < 0.5:
             method, path, body = rng.choice(http_templates)
             data = dumps(_mutate(body, rng, {"max_tokens"})).encode()
             ctype: str | None = "application/json"
@@ -142,6 +235,8 @@ class Tally:
     sent: int = 0
     statuses: Counter = field(default_factory=Counter)
     server_errors: int = 0  # 5xx, or an HTTP request that got no answer
+    hangs: int = 0  # of those: no answer within TIMEOUT_S
+    busy: int = 0  # 503 with Retry-After: the documented "retry shortly" (kept apart from server errors)
     dead_sockets: int = 0  # a WebSocket that stopped answering or closed without cause
     notes: list[str] = field(default_factory=list)
 
@@ -151,16 +246,19 @@ class Tally:
 
 
 async def _http(client: httpx.AsyncClient, case: Case, tally: Tally) -> None:
-    headers = {"Content-Type": case.content_type} if case.content_type else {}
+    headers = {"Content-Type": case.content_type} if case.content_type and case.body else {}
     try:
         async with client.stream(case.method, case.path, content=case.body, headers=headers) as r:
             await r.aread()  # an SSE turn streams to its end
             tally.statuses[r.status_code] += 1
-            if r.status_code >= 500:
+            if r.status_code == 503 and "retry-after" in r.headers:
+                tally.busy += 1
+            elif r.status_code >= 500:
                 tally.server_errors += 1
                 tally.note(f"{r.status_code} {case.method} {case.path}: {case.body[:120]!r}")
     except httpx.HTTPError as e:
         tally.server_errors += 1
+        tally.hangs += isinstance(e, httpx.TimeoutException)
         tally.note(f"no answer to {case.method} {case.path}: {e!r}")
 
 

@@ -6,21 +6,27 @@ import time
 from typing import Any
 
 from litestar import Request, Response, get
+from litestar.openapi.datastructures import ResponseSpec
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.errors import ServiceError
+from app.api.openapi import errors
 from app.api.state import services
+
+# Litestar adds the charset to text types itself: without this it would be named twice
+METRICS_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
 
 log = logging.getLogger("forge.admin")
 
 
-@get("/health")
+@get("/health", responses=errors())
 async def health() -> dict[str, str]:
     """Alive: the process answers."""
     return {"status": "ok"}
 
 
-@get("/ready")
+@get("/ready", responses={**errors(), 503: ResponseSpec(dict[str, Any], generate_examples=False,
+     description="Not ready: the model is loading or the database does not answer")})
 async def ready(request: Request) -> Response:
     """Ready: the model is loaded and the database answers; 503 otherwise."""
     svc = services(request)
@@ -40,13 +46,13 @@ async def ready(request: Request) -> Response:
     return Response(body, status_code=200 if ok else 503)
 
 
-@get("/metrics")
+@get("/metrics", media_type=METRICS_TYPE, responses=errors(401))
 async def metrics(request: Request) -> Response:
     """Prometheus text format (admin token)."""
-    return Response(services(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(services(request).metrics.render(), media_type=METRICS_TYPE)
 
 
-@get("/admin/api/stats")
+@get("/admin/api/stats", responses=errors(401, 503))
 async def stats(request: Request) -> dict[str, Any]:
     """One snapshot for the admin page (polled every second): engine, model, latencies, sessions."""
     svc = services(request)

@@ -27,12 +27,10 @@ Id = Annotated[str, Meta(min_length=1, max_length=64)]
 Title = Annotated[str, Meta(max_length=200)]
 SystemPrompt = Annotated[str, Meta(max_length=50_000)]
 Content = Annotated[str, Meta(max_length=100_000)]
+NON_BLANK = r"\S"  # what a message a user sends must hold (msgspec, like JSON Schema, searches: not anchored)
+Said = Annotated[str, Meta(max_length=100_000, pattern=NON_BLANK)]
+IMPORT_MAX_MESSAGES = 100_000  # the decoder's bound; Settings.import_messages (lower) is the operator's
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]  # the model's context is the real bound, checked per turn
-
-
-def _non_blank(value: str, name: str) -> None:
-    if not value.strip():
-        raise ServiceError("invalid_parameter", f"'{name}' must not be empty", param=name)
 
 
 # -- sessions ---------------------------------------------------------------------------------------
@@ -76,10 +74,7 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
 class EditBody(Struct, forbid_unknown_fields=True, kw_only=True):
     """`POST /api/sessions/{id}/messages/{message_id}/edit`."""
 
-    content: Content
-
-    def __post_init__(self) -> None:
-        _non_blank(self.content, "content")
+    content: Said
 
 
 class SendBody(EditBody, kw_only=True):
@@ -124,7 +119,7 @@ class Export(Struct, forbid_unknown_fields=True):
 
     forge_export: Literal[1, 2]
     session: ImportedSession
-    messages: list[ImportedMessage]
+    messages: Annotated[list[ImportedMessage], Meta(max_length=IMPORT_MAX_MESSAGES)]
 
     def tree(self) -> list[dict[str, Any]]:
         """The messages as Store.import_session takes them: fields, `parent` (index of an earlier message or
@@ -179,21 +174,15 @@ class SessionOpen(Command, tag="session.open"):
 
 class MessageSend(Command, tag="message.send"):
     session_id: Id
-    content: Content
+    content: Said
     idempotency_key: Id | None = None
     response_format: ResponseFormatField | None = None
-
-    def __post_init__(self) -> None:
-        _non_blank(self.content, "content")
 
 
 class MessageEdit(Command, tag="message.edit"):
     session_id: Id
     message_id: Id
-    content: Content
-
-    def __post_init__(self) -> None:
-        _non_blank(self.content, "content")
+    content: Said
 
 
 class MessageRegenerate(Command, tag="message.regenerate"):
@@ -241,11 +230,34 @@ def decode(raw: bytes | str, into: type[T], what: str = "request body", unsuppor
     try:
         return msgspec.json.decode(raw, type=into)
     except msgspec.ValidationError as e:
+        if "Expected `int" in str(e) and "got `float`" in str(e):
+            return _with_whole_floats(raw, into, e, unsupported)
         raise refusal(str(e), unsupported) from None
     except msgspec.DecodeError as e:
         raise ServiceError("bad_request", f"{what} is not valid JSON: {e}") from None
     except RecursionError:
         raise ServiceError("bad_request", f"{what} is nested too deeply") from None
+
+
+def _with_whole_floats(raw: bytes | str, into: type[T], error: msgspec.ValidationError, unsupported: bool) -> T:
+    """JSON (and JSON Schema's `integer`) does not tell 2.0 from 2: decode again with whole floats as ints.
+    Only after a typed decode failed on one, so the ordinary path builds no intermediate objects."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(_whole(msgspec.json.decode(raw))), type=into)
+    except msgspec.ValidationError as e:
+        raise refusal(str(e), unsupported) from None
+    except (msgspec.DecodeError, RecursionError):
+        raise refusal(str(error), unsupported) from None
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and -(1 << 63) <= value < (1 << 63):
+        return int(value)
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    return value
 
 
 def refusal(message: str, unsupported: bool = False) -> ServiceError:
@@ -264,6 +276,8 @@ def refusal(message: str, unsupported: bool = False) -> ServiceError:
         return ServiceError("bad_request", f"unknown field '{name}'", param=name)
     param = path or None
     where = f"'{path}'" if path else "the body"
+    if detail.startswith("Expected `str` matching regex") and NON_BLANK in detail.replace("\\\\", "\\"):
+        return ServiceError("invalid_parameter", f"{where} must not be empty", param=param)
     if unsupported and detail.startswith("Expected `null`"):
         return ServiceError("unsupported_parameter", f"{where} is not supported by Forge", param=param)
     if detail.startswith("Invalid enum") or any(s in detail for s in ("<", ">", "out of range")):

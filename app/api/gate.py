@@ -1,7 +1,8 @@
-"""What every request passes before a handler sees it: the Host (no DNS rebinding onto a loopback server),
+"""What every request passes before a handler sees it: a path that is valid UTF-8 without NUL bytes (400 here, not a
+500 from the file system later), the Host (no DNS rebinding onto a loopback server),
 the Origin (no cross-site WebSockets or form posts), the API key or admin token, a JSON Content-Type on
-bodies; and (`security_headers`) the security headers on every response. Refusals are OpenAI-style JSON errors; a refused
-WebSocket gets its HTTP status before the upgrade."""
+bodies; and (`security_headers`) the security headers on every response. Refusals are OpenAI-style JSON errors; a
+refused WebSocket gets its HTTP status before the upgrade."""
 from __future__ import annotations
 
 import base64
@@ -10,7 +11,7 @@ import hashlib
 import hmac
 import json
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -78,6 +79,7 @@ class Gate:
 
     def _check(self, scope: Scope, headers: dict[str, str]) -> str:
         path, host = scope["path"], headers.get("host", "")
+        _check_path(scope)
         if self.loopback and _host_name(host) not in self.hosts:
             raise ServiceError("forbidden", f"this server answers to loopback addresses only, not host {host!r}")
         method = scope.get("method", "GET")
@@ -132,6 +134,19 @@ async def security_headers(message: Message, scope: Scope) -> None:
         present = {k.lower() for k, _ in message.get("headers", [])}
         extra = [(k, v) for k, v in [(b"content-security-policy", csp.encode()), *HEADERS] if k not in present]
         message["headers"] = [*message.get("headers", []), *extra]  # type: ignore[typeddict-item]
+
+
+def _check_path(scope: Scope) -> None:
+    """The decoded path must be UTF-8 without NUL bytes: the server decodes %ff to U+FFFD and would pass %00 on
+    to the file system and the database."""
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogatepass")
+    path = unquote_to_bytes(raw)
+    if b"\0" in path:
+        raise ServiceError("bad_request", "the path holds a NUL byte (%00)")
+    try:
+        path.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ServiceError("bad_request", "the path is not valid UTF-8 once percent-decoded") from None
 
 
 def _bearer(headers: dict[str, str]) -> str:

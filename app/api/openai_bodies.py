@@ -2,8 +2,12 @@
 
 `null` counts as not given, as OpenAI treats it. OpenAI parameters Forge does not implement are typed
 `None`: sent with a value they are refused by name (`unsupported_parameter`); so is any unknown field.
-Ranges that are the engine's own (n, logprobs, stop strings, logit bias, top_k, min_p, ...) are checked
-once, by the engine (SamplingParams.validate).
+
+Every count a client sends (n, best_of, max_tokens, logprobs, stop strings, logit_bias entries, messages,
+text parts, prompt tokens) is bounded here, so it is refused while the body is decoded, before anything is
+sized from it (a list of n choices, a stream per choice). The bounds that are the engine's own
+(SamplingParams.validate: n, logprobs, stop) are repeated here, not loosened: tests/unit/test_request_bounds.py
+keeps the two in step. What depends on the prompt (its length against the context) is checked per request.
 """
 from __future__ import annotations
 
@@ -14,18 +18,38 @@ from msgspec import Meta, Struct
 from app.api.bodies import Int
 from app.api.response_format import ResponseFormatField
 
+MAX_N = 16  # samples per request (SamplingParams.validate's bound)
+MAX_STOP = 16  # stop strings (SamplingParams.validate's bound)
+STOP_MAX_CHARS = 1024
+MAX_TOP_LOGPROBS = 20  # chat: alternatives per token (SamplingParams.validate's `logprobs` bound)
+MAX_COMPLETION_LOGPROBS = 5  # completions: OpenAI's bound
+MAX_LOGIT_BIAS = 300  # entries (OpenAI's bound)
+MAX_TOKENS = 1 << 20  # the model's context is the real bound, checked per request against the prompt
+MAX_MESSAGES = 4096
+MAX_PARTS = 256  # text parts of one message
+TEXT_MAX_CHARS = 1 << 20  # one message, one text part or a prompt string (the body is at most 8 MiB anyway)
+MAX_PROMPT_TOKENS = 1 << 16  # a prompt given as token ids; the context is the real bound
+TOKEN_ID_MAX = 999_999_999  # any vocabulary's id fits; the engine checks the model's own
+
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
+Samples = Annotated[int, Meta(ge=1, le=MAX_N)]
+MaxTokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
+TokenId = Annotated[int, Meta(ge=0, le=TOKEN_ID_MAX)]
+Bias = Annotated[float, Meta(ge=-100, le=100)]
+Text = Annotated[str, Meta(max_length=TEXT_MAX_CHARS)]
+Stop = Annotated[str, Meta(min_length=1, max_length=STOP_MAX_CHARS)]
+TokenIds = Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class TextPart(Struct, forbid_unknown_fields=True):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(Struct, forbid_unknown_fields=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | Annotated[list[TextPart], Meta(max_length=MAX_PARTS)]
     name: None = None
     tool_calls: None = None
     tool_call_id: None = None
@@ -44,23 +68,25 @@ class Sampling(Struct, forbid_unknown_fields=True, kw_only=True):
     """What /v1/chat/completions and /v1/completions share."""
 
     model: str
-    max_tokens: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    max_tokens: MaxTokens | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    n: Int | None = None
-    stop: str | list[str] | None = None
+    n: Samples | None = None
+    stop: Stop | Annotated[list[Stop], Meta(max_length=MAX_STOP)] | None = None
     seed: Int | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[Int, float] | None = None  # token id (as a string) -> bias
+    # token id (as a string) -> bias
+    logit_bias: Annotated[dict[TokenId, Bias], Meta(max_length=MAX_LOGIT_BIAS)] | None = None
     user: Annotated[str, Meta(max_length=256)] | None = None  # logged
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     response_format: ResponseFormatField | None = None  # with Forge's `regex` and `grammar` kinds
     # Forge extensions the engine honours (vLLM spells the first three the same way)
-    top_k: Int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None  # 0: off; past the vocabulary: off
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    # the engine takes (0, 10]; below 0.01 a logit divided by it can overflow to inf
+    repetition_penalty: Annotated[float, Meta(ge=0.01, le=10)] | None = None
     speculative: Literal["off", "ngram"] | None = None  # None: the server's --speculative
     # Refused by name when given.
     tools: None = None
@@ -81,16 +107,17 @@ class Sampling(Struct, forbid_unknown_fields=True, kw_only=True):
 class ChatRequest(Sampling, kw_only=True):
     """`POST /v1/chat/completions`."""
 
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    max_completion_tokens: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: Int | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
 class CompletionRequest(Sampling, kw_only=True):
     """`POST /v1/completions`. `prompt`: a string, token ids, or a batch of exactly one of those."""
 
-    prompt: str | list[str | Int | list[Int]]
+    # msgspec allows one array type in a union: the shapes of the list are told apart in app.api.openai
+    prompt: Text | Annotated[list[Text | TokenId | TokenIds], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
     echo: bool | None = None
-    best_of: Int | None = None
-    logprobs: Int | None = None
+    best_of: Samples | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None

@@ -144,3 +144,30 @@ def test_still_serving_after_all_that(http: httpx.Client, session: dict) -> None
         last = [ln for ln in r.iter_lines() if ln.startswith("data: ")][-1]
     assert json.loads(last[6:])["status"] == "complete"
     assert [m["role"] for m in http.get(f"/api/sessions/{session['id']}").json()["messages"]] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/static/index.html%00", 400),
+    ("GET", "/static/%ff", 400),
+    ("GET", "/static/%2e%2e/%2e%2e/pyproject.toml", 404),
+    ("GET", "/static/..%5c..%5cpyproject.toml", 404),
+    ("GET", "/static/index.html/x", 404),
+    ("GET", "/static/" + "a" * 5000, 404),
+    ("GET", "/api/sessions/%00", 400),
+    ("GET", "/api/sessions/%c0%ae%c0%ae/export", 400),
+    ("DELETE", "/api/sessions/%2e%2e", 404),
+    ("POST", f"/api/sessions/{MISSING}/messages/%00/select", 400),
+    ("GET", "/v1/models/%ff", 400),
+])
+def test_hostile_paths_are_400_or_404(http: httpx.Client, method: str, path: str, status: int) -> None:
+    # raw bytes on the wire: no client-side normalisation of `..` or re-encoding
+    url = httpx.URL(str(http.base_url)).copy_with(raw_path=path.encode())
+    error_of(http.request(method, url), status)
+
+
+def test_a_billion_choices_are_refused_before_anything_is_sized(http: httpx.Client) -> None:
+    for path, body in [("/v1/completions", {"model": "default", "prompt": "Once", "max_tokens": 4, "n": 10**9}),
+                       ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}],
+                                                 "n": 10**9, "stream": True})]:
+        err = error_of(http.post(path, json=body), 400)
+        assert err["param"] == "n"
