@@ -362,9 +362,10 @@ def _aligned(n, dtype):
 
 
 @njit(parallel=True, **JIT)
-def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
+def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads):
     """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`cfg`:
-    CONFIG; `threads`: numba's thread count now, for the per-thread scratch)."""
+    CONFIG; `threads`: numba's thread count now, for the per-thread scratch); the mins are minv * mf
+    (`Blocked.min_operand`)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // GROUP
@@ -425,7 +426,7 @@ def matmul_amx(q, scale, minv, packed, x, out, cfg, threads):
                     if row < N4:
                         si = (row // 4 * ng + g) * 4 + row % 4
                         d = f32_at(scale, si)
-                        mn = f32_at(minv, si) if has_min else np.float32(0.0)
+                        mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
                         for i in range(nt):
                             o = ((j * nt + i) * ROWS + r) * ROWS
                             v = vfma_s(vload(sums, o), d, vload(acc, o))

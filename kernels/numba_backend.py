@@ -29,39 +29,40 @@ from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
-from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q8
+from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q4_split, matvec_q8
 from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
 from kernels.numpy_backend import NumpyBackend, prefill_tile
-from kernels.simd import target_has
+from kernels.simd import VNNI512, target_has
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
 # Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
-# The matvec kernels cost about linearly in rows (float32: tiles of 8 rows share each weight group's
-# dequantization); the panels pay a fixed dequantization per call. On the default model's shapes, 2
-# threads (scripts/matvec_bench.py --rows): matvec 4.5-7.3x faster at 8 rows, 1.7-3.1x at 32,
-# 1.1-2.2x at 64, and 0.86-1.6x at 128, where the panels begin to win on the larger matrices.
+# The matvec kernels cost about linearly in rows (tiles share each weight group's unpacking); the
+# panels pay a fixed dequantization per call and then run at BLAS speed, so they win from some row
+# count on; `scripts/matvec_bench.py --rows` measures where (docs/performance.md has the figures).
 MATVEC_MAX_ROWS = 64
 # Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
-# weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). On the default model's shapes,
-# 2 threads of a Sapphire Rapids Xeon: a whole step's products about tie with the matvec kernels at 8
-# rows (and a real 8-sequence decode was no faster); per weight (scripts/matvec_bench.py --rows)
-# 1.35-1.95x faster at 12 rows, 1.6-2.15x at 16, 2.1-2.7x at 32; 1.3-2.1x the panels' speed at 512.
+# weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). A tile holds 16 activation
+# rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so
+# those keep the smaller products (`scripts/matvec_bench.py --rows` on an AMX CPU finds the crossing).
 AMX_MIN_ROWS = 12
 # int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
 # (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
 # agreement bound).
 INT8_MAX_ROWS = 32
+# float32 activations times q4 weights go as int8 pieces on AVX-512 VNNI (kernels/numba_linear.py
+# `matvec_q4_split`: integer dot products, float32 precision) in every product the matvec kernels take.
+SPLIT_MAX_ROWS = MATVEC_MAX_ROWS
 # Attention steps under this many query-key dot products run on the calling thread.
 SERIAL_ATTENTION_DOTS = 1 << 14
 # A sequence with at least this many new rows in a step (a prompt's chunk) takes its attention from
-# BLAS products in tiles of this many query rows, the workers taking tiles; the compiled kernel's
-# row-at-a-time loops ran ~2x slower there (500-token prompt, 2 threads: 19 against 9 ms a layer).
+# BLAS products in tiles of this many query rows, the workers taking tiles: a tile's scores are one
+# matrix product, which BLAS runs faster than the compiled kernel's row-at-a-time loops.
 BLAS_ATTENTION_ROWS = 64
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
@@ -113,8 +114,8 @@ class NumbaBackend(NumpyBackend):
         # `begin_step`: only the thread that runs the steps should lead a team of kernel threads.
         # libgomp keeps a team per launching thread, and once it manages more threads than there are
         # cores it cuts their spinning short (to ~100 rounds): with a second team, idle since
-        # warm-up, a 2-core step thread's every launch waited for a wake-up (~70 us instead of
-        # ~2 us; a single-row decode step 15 ms instead of 7.5).
+        # warm-up, the step thread's every launch would wait for a wake-up (tens of microseconds
+        # instead of a couple, a hundred-odd launches a step).
         numba.set_num_threads(1)
         self._lut: np.ndarray | None = None
         # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
@@ -163,7 +164,7 @@ class NumbaBackend(NumpyBackend):
         """out [len(rows), K] = the weight's `rows` (int64) in float32."""
         b, w = lin.blocked, lin.weight
         if b is not None:
-            dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, rows, out)
+            dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, b.zero, rows, out)
         elif w.kind == "f32":
             np.take(w.data, rows, axis=0, out=out)
         else:
@@ -209,13 +210,16 @@ class NumbaBackend(NumpyBackend):
         else:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
+            minv, mf = b.min_operand()
             if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
-                matvec_i8(b.data, b.scale, b.min, b.kind == "q4", x, out)
+                matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out)
             elif amx:
-                numba_amx.matmul_amx(b.data, b.scale, b.min, b.kind == "q4", x, out, numba_amx.CONFIG,
+                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG,
                                      numba.get_num_threads())
+            elif b.kind == "q4" and VNNI512 and T <= SPLIT_MAX_ROWS:
+                matvec_q4_split(b.data, b.scale, minv, mf, x, out)
             elif b.kind == "q4":
-                matvec_q4(b.data, b.scale, b.min, x, out)
+                matvec_q4(b.data, b.scale, minv, mf, x, out)
             else:
                 matvec_q8(b.data, b.scale, b.min, b.group, x, out)
         if bias is not None:
@@ -327,7 +331,8 @@ def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | N
     # scales that are float16 values, so that either layout can hold them
     q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), np.full((8, 2), 0.5, np.float32), None, 32)
     q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)  # float path even with q8 activations
-    parts = (q8, Weight("q8", q8.data, q8.scale, q8.scale, 32), q8.to_q4(), q8_16)
+    with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
+    parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
     weights = [Linear(w.shape, block_rows(w, half=dtype == np.uint16))
                for dtype in sorted(backend.scale_dtypes or {np.dtype(np.float32)}, key=str) for w in parts]
     few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)

@@ -7,6 +7,10 @@ to a multiple of 4 (zero rows pad the last block):
     scale  [N4 / 4, K / G, 4]                    float32, or float16 bits (uint16)
     min    [N4 / 4, K / G, 4]                    as scale, or empty when the type has none
 
+A symmetric 4-bit type (GGUF Q4_0: d * (q - 8)) keeps no mins (`zero` = 8): the kernels take the
+scales in their place with the factor -8 (`Blocked.min_operand`), d * sum((q - 8) x) = d * sum(q x) - 8 d * sum(x),
+so the weight is the file's 18 bytes a group, not 20.
+
 all flat. The matrix-vector kernels take four rows at a time, group by group, so they read each
 array front to back as one stream; in the GGUF order the same walk is four short streams per
 block of rows, which the hardware prefetchers do not follow (half the speed from DRAM).
@@ -46,6 +50,7 @@ class Blocked:
     data: np.ndarray
     scale: np.ndarray  # float32, or uint16: float16 bits
     min: np.ndarray  # as scale; size 0 when the type has no offset
+    zero: int = 0  # 8: a symmetric q4 type, its mins -8 * scale (not stored)
 
     @property
     def groups(self) -> int:
@@ -53,7 +58,12 @@ class Blocked:
 
     @property
     def has_min(self) -> bool:
-        return self.min.size > 0
+        return self.min.size > 0 or self.zero > 0
+
+    def min_operand(self) -> tuple[np.ndarray, np.float32]:
+        """(array, factor) whose product is the mins the kernels add: the stored mins (factor 1), or
+        for a symmetric type its scales times -zero."""
+        return (self.scale, f32(-self.zero)) if self.zero else (self.min, f32(1.0))
 
     @property
     def nbytes(self) -> int:
@@ -72,9 +82,11 @@ def _blocks(a: np.ndarray, per_group: int) -> np.ndarray:
 
 def half_exact(w: Weight) -> bool:
     """Whether every scale and min of a q4/q8 weight is a float16 value (converts back unchanged)."""
+    parts = [a for a in (w.scales, w.mins) if a is not None]
+    if all(a.dtype == np.float16 for a in parts):
+        return True
     with np.errstate(over="ignore"):  # beyond float16's range: inf, unequal
-        return all(np.array_equal(a.astype(np.float16).astype(np.float32), a)
-                   for a in (w.scale, w.min) if a is not None)
+        return all(np.array_equal(a.astype(np.float16).astype(a.dtype), a) for a in parts)
 
 
 def block_rows(w: Weight, half: bool = False) -> Blocked:
@@ -82,7 +94,7 @@ def block_rows(w: Weight, half: bool = False) -> Blocked:
     mins as float16 bits when `half` (the caller checked `half_exact`)."""
     if w.kind not in ("q4", "q8"):
         raise ValueError(f"only q4/q8 weights are blocked, got {w.kind}")
-    assert w.kind == "q8" or w.min is not None, "a q4 weight always has a min (kernels/weight.py)"
+    assert w.kind == "q8" or w.mins is not None or w.zero, "a q4 weight always has an offset (kernels/weight.py)"
     rows, cols = w.shape
     per_group = w.group // 2 if w.kind == "q4" else w.group
     dtype = np.float16 if half else np.float32
@@ -91,12 +103,13 @@ def block_rows(w: Weight, half: bool = False) -> Blocked:
         out = _blocks(a, 1).astype(dtype, copy=False) if a is not None else np.empty(0, dtype)
         return out.view(np.uint16) if half else out
 
-    return Blocked(w.kind, rows, cols, w.group, _blocks(w.data, per_group), vec(w.scale), vec(w.min))
+    return Blocked(w.kind, rows, cols, w.group, _blocks(w.data, per_group), vec(w.scales), vec(w.mins), w.zero)
 
 
 @njit(**JIT_EXACT)
-def dequant_rows(data, scale, minv, packed, G, rows, out):
-    """out [len(rows), K] = the blocked weight's `rows` in float32 (scale * q + min), q4 when `packed`."""
+def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
+    """out [len(rows), K] = the blocked weight's `rows` in float32 (scale * q + min, or scale * (q - zero)
+    for a symmetric q4 type: `Weight.dequantize`'s arithmetic), q4 when `packed`."""
     K = out.shape[1]
     ng = K // G
     per = G // 2 if packed else G
@@ -109,7 +122,12 @@ def dequant_rows(data, scale, minv, packed, G, rows, out):
             m = f32_at(minv, s) if has_min else f32(0.0)
             b = s * per
             o = g * G
-            if packed:
+            if packed and zero:
+                for j in range(per):
+                    v = np.int32(u8(data[b + j]))
+                    out[i, o + j] = d * f32((v & 15) - zero)
+                    out[i, o + per + j] = d * f32((v >> 4) - zero)
+            elif packed:
                 for j in range(per):
                     v = u8(data[b + j])
                     out[i, o + j] = d * f32(v & u8(15)) + m

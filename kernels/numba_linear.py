@@ -15,15 +15,28 @@ weight group is unpacked and converted to float32 once per tile instead of once 
 FMAs (kernels/simd.py's `*_acc*_tile` blocks); remainders of 2 and 4 rows sum a row's group products
 and scale them afterwards (the `_dot*_tile` blocks), and a lone row goes alone.
 
-Two activation paths:
+Activation paths:
 - float32 (the default): weights are converted to float32 in registers; results match a
   float64 reference to float32 rounding.
+- float32 as int8 pieces (the default's q4 products on AVX-512 VNNI, `matvec_q4_split`): each 32-value
+  block of an activation row becomes four int8 pieces with one power-of-two scale
+  (x = s (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21), every value to 2^-27 of its block's max, those near
+  the max exactly: below the float32 rounding of the sums they feed) and each group's products are exact
+  integer sums (vpdpbusd, a block's four weight rows in one zmm). The 4-bit weights need no
+  conversion to float: fewer instructions than the float path for the same float32-class result.
 - int8 ("q8" activations, as llama.cpp does): each activation row is quantized once per call
   to int8 per 32-value block with a float32 scale (round(x * 127 / max|x|)), and each group's
-  dot product is an exact integer sum (AVX2 vpmaddubsw/vpmaddwd), scaled by weight scale times
-  activation scale. q4 weights go two rows to a vector (`simd.q4_pair_i8`, the activations in
-  `pair_layout`): half the instructions of one row at a time. The min term still uses the exact
-  float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
+  dot product is an exact integer sum, scaled by weight scale times activation scale. q4 weights
+  take a block's four rows in one zmm on AVX-512 VNNI (`simd.q4_quad_i8`: the activations' 16-byte
+  halves broadcast to the four lanes), else two rows to a ymm (`simd.q4_pair_i8`, the activations in
+  `pair_layout`); vpdpbusd where the CPU has VNNI, AVX2 vpmaddubsw/vpmaddwd otherwise. The min term
+  still uses the exact float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the
+  float32 path.
+- Both integer paths take activation rows in tiles of up to I8_TILE: each weight group is loaded and
+  unpacked once for the tile's rows.
+
+A symmetric q4 type (Q4_0) keeps no mins: its scales stand in, times -8 (`Blocked.min_operand`,
+d * sum((q - 8) x) = d * sum(q x) - 8 d * sum(x)), in the same min term.
 
 Each kernel asks for the weights `PREFETCH_BYTES` ahead of the group it reads (software prefetch):
 the hardware prefetchers alone did not keep a one-row product over weights from DRAM busy.
@@ -41,24 +54,28 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (LANES, f32_at, f32x4_at, fold4, hsum, hsum_halves, pair_scales, prefetch,
-                          q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8, q8_acc16_tile, q8_acc32_tile, q8_dot16,
-                          q8_dot16_tile, q8_dot32, q8_dot32_i8, q8_dot32_tile, splat_at, tile_offsets, vfma, vfma_s,
-                          vload, vzero, vzero8, vzero_tile)
+from kernels.simd import (LANES, VNNI512, f32_at, f32x4_at, fold4, hsum, hsum_halves, hsum_quarters, pair_scales,
+                          prefetch, q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8_tile, q4_quad_i8_tile, q4_quad_split_tile,
+                          q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8_tile,
+                          q8_dot32_tile, quad_scales, scale_acc_tile, splat_at, tile_offsets, vfma, vfma_s, vload,
+                          vzero, vzero_tile, vzero_tile_of)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
-# number of activation rows. An item costs ~0.4 us to hand out and a few calls per row or tile:
-# at 8 blocks an item (the former size) that was up to half a one-row int8 product's time, and
-# items sized down for many rows made 32-row products ~1.4x slower per row. Fewer, larger items
-# balance less finely between threads.
+# number of activation rows. Handing out an item and its calls per row or tile cost a fixed time
+# that small items would pay often beside little work (a one-row int8 product's is short), and
+# items sized down for many rows pay it per row; larger items balance less finely between threads.
 CHUNK_GROUPS = 768
 L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 # Weight bytes ahead of the group being read that a kernel asks the caches for (a software prefetch
-# per 64 bytes of weights). The hardware prefetchers alone left a one-row product over weights from
-# DRAM (a decode step's 112 MB) at ~40% of its speed from cache: 7 against 17 GMAC/cpu-s on a Xeon;
-# 2 KB ahead, 13-15 (`scripts/matvec_bench.py --copies 400`).
+# per 64 bytes of weights): the hardware prefetchers alone do not keep enough lines in flight for a
+# one-row product over weights from DRAM, which then runs well below its speed from cache; a couple
+# of KB ahead covers the memory latency at that speed (`scripts/matvec_bench.py --copies N` compares).
 PREFETCH_BYTES = 2048
+TINY = f32(2.0 ** -100)  # blocks of activations all below this count as zeros in `split_rows`
+# Activation rows that share each unpacked weight group on the integer paths (a tile's accumulators stay
+# in registers, AVX2's 16 included); `_i8_chunk` and `_split_chunk` finish with one tile of the 1-3 left.
+I8_TILE = 4
 
 
 @njit(**JIT)
@@ -99,6 +116,44 @@ def quantize_rows(x, xq, xd, xsum):
             xsum[t, g] = s
 
 
+@njit(**JIT_EXACT)  # no reassociation or contraction: the pieces' remainders must be exact
+def split_rows(x, xp, xs, xsum):
+    """x [T, K] -> four int8 pieces per value, xp flat [T * 4K] (per 32-block: p0[0:32], p1, p2, p3), and
+    s / 2^7 for a power of two s per block, xs [T, K // 32]: x = s * (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21) to within
+    s / 2^22 (s = 2^-6 of the block's largest power of two above its max: every value within 2^3 of the
+    block's max exactly, the others to 2^-27 of that max; a block under 2^-100 as zeros), and the float32
+    block sums (xsum).
+
+    x / s, its remainders and their multiples of 2^7 are exact in float32 (powers of two and
+    differences of values within one of each other), so only the last piece rounds."""
+    T, K = x.shape
+    v = np.empty(32, dtype=np.float32)
+    for t in range(T):
+        for g in range(K // 32):
+            amax = f32(0.0)
+            sm = f32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, g * 32 + j]))
+                sm += x[t, g * 32 + j]
+            xsum[t, g] = sm
+            o = (t * (K // 32) + g) * 128
+            if not (amax > f32(TINY) and amax < np.inf):  # ~zeros (2^e would leave float32), or a NaN/inf for the sums
+                xs[t, g] = amax * f32(0.0) if amax > f32(TINY) else f32(0.0)
+                for j in range(128):
+                    xp[o + j] = 0
+                continue
+            e = math.frexp(amax)[1] - 6  # amax / 2^e in [32, 64)
+            xs[t, g] = f32(math.ldexp(1.0, e - 7))  # s / 2^7: `q4_quad_split` sums p0 * 2^7 + p1 + ...
+            inv = f32(math.ldexp(1.0, -e))
+            for j in range(32):
+                v[j] = x[t, g * 32 + j] * inv
+            for k in range(4):
+                for j in range(32):
+                    p = np.rint(v[j])  # the nearest integer (llvm.rint: one instruction, vectorized)
+                    xp[o + k * 32 + j] = np.int8(np.int32(p))
+                    v[j] = (v[j] - p) * f32(128.0)
+
+
 @njit(**JIT)
 def pair_layout(xq):
     """int8 xq [T, K] -> flat [T * 2K]: each 32-block as [x0..15, x0..15, x16..31, x16..31], the
@@ -116,13 +171,15 @@ def pair_layout(xq):
 
 
 @njit(**JIT)
-def spread4(xsum):
-    """xsum [T, ng] -> flat [T * 4 ng]: each group sum four times, beside a block's four mins of that group."""
+def spread4(xsum, mf):
+    """xsum [T, ng] times mf -> flat [T * 4 ng]: each group sum four times, beside a block's four mins of
+    that group (mf: the factor of `Blocked.min_operand`, -8 where the scales stand in for the mins; a
+    power of two, so the product is exact)."""
     T, ng = xsum.shape
     xs4 = np.empty(T * 4 * ng, dtype=np.float32)
     for t in range(T):
         for i in range(4 * ng):
-            xs4[t * 4 * ng + i] = xsum[t, i // 4]
+            xs4[t * 4 * ng + i] = xsum[t, i // 4] * mf
     return xs4
 
 
@@ -230,7 +287,7 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
 
 
 @njit(**JIT)
-def _f32_wide_tile(q, scale, minv, G, packed, xf, out, t0, rows, b0, b1, ng, N):
+def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng, N):
     """`_f32_tile` for wide tiles: each weight group dequantized once (its min folded in), then one FMA per
     8 weights and row. The groups go in spans whose activations stay in L1 while a block's four weight
     rows pass over them (a tile's rows of a 1536-wide x are 48 KB)."""
@@ -245,7 +302,7 @@ def _f32_wide_tile(q, scale, minv, G, packed, xf, out, t0, rows, b0, b1, ng, N):
                     s = (blk * ng + g) * 4 + j
                     if j == 0:
                         prefetch(q, s * G // (2 if packed else 1) + PREFETCH_BYTES)
-                    m = f32_at(minv, s) if has_min else f32(0.0)
+                    m = f32_at(minv, s) * mf if has_min else f32(0.0)
                     if packed:
                         a = q4_acc32_tile(q, s * 16, f32_at(scale, s), m, xf, g * 32, rows, a)
                     elif G == 32:
@@ -306,53 +363,79 @@ def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
 
 
 @njit(**JIT)
-def _q4_rows_i8(q, scale, minv, x2, xd, xs4, out, t, b0, b1, ng, N):
-    """int8 activations in pair layout (`pair_layout`): rows 0|1 and 2|3 of a block share one
-    accumulator each, a half per row."""
+def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+    """Rows ts of the int8 activations (at offsets rows in xq, their scales from xds in xd) times blocks
+    b0 .. b1 - 1: each weight group is loaded and unpacked once for all the tile's rows.
+
+    q4 on AVX-512 VNNI: a block's four rows' group in one zmm (`q4_quad_i8`); q4 otherwise: rows 0|1 and
+    2|3 two to a ymm (`q4_pair_i8`, activations in pair layout); q8: a row's group to a ymm."""
     for blk in range(b0, b1):
-        a01 = a23 = vzero8()
         base = blk * ng * 4
-        for g in range(ng):
-            s = base + g * 4
-            prefetch(q, s * 16 + PREFETCH_BYTES)
-            s01, s23 = pair_scales(scale, s, xd[t * ng + g])
-            xi = (t * ng + g) * 64
-            a01 = vfma(q4_pair_i8(q, s * 16, x2, xi), s01, a01)
-            a23 = vfma(q4_pair_i8(q, s * 16 + 32, x2, xi), s23, a23)
-        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, base, ng)
-        y0, y1 = hsum_halves(a01)
-        y2, y3 = hsum_halves(a23)
-        _store4(out, t, blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+        if packed and VNNI512:
+            a = vzero_tile_of(rows, 16)
+            for g in range(ng):
+                s = base + g * 4
+                prefetch(q, s * 16 + PREFETCH_BYTES)
+                a = scale_acc_tile(q4_quad_i8_tile(q, s * 16, xq, g * 32, rows), quad_scales(scale, s), xd, xds, g, a)
+            for i in range(len(ts)):
+                y0, y1, y2, y3 = hsum_quarters(a[i])
+                m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+                _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+        elif packed:
+            a01 = a23 = vzero_tile_of(rows, 8)
+            for g in range(ng):
+                s = base + g * 4
+                prefetch(q, s * 16 + PREFETCH_BYTES)
+                s01, s23 = pair_scales(scale, s, f32(1.0))
+                a01 = scale_acc_tile(q4_pair_i8_tile(q, s * 16, xq, g * 64, rows), s01, xd, xds, g, a01)
+                a23 = scale_acc_tile(q4_pair_i8_tile(q, s * 16 + 32, xq, g * 64, rows), s23, xd, xds, g, a23)
+            for i in range(len(ts)):
+                y0, y1 = hsum_halves(a01[i])
+                y2, y3 = hsum_halves(a23[i])
+                m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+                _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+        else:
+            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)
+            for g in range(ng):
+                s = base + g * 4
+                b = s * 32
+                prefetch(q, b + PREFETCH_BYTES)
+                prefetch(q, b + PREFETCH_BYTES + 64)
+                d0, d1, d2, d3 = f32x4_at(scale, s)
+                a0 = scale_acc_tile(q8_dot32_i8_tile(q, b, xq, g * 32, rows), d0, xd, xds, g, a0)
+                a1 = scale_acc_tile(q8_dot32_i8_tile(q, b + 32, xq, g * 32, rows), d1, xd, xds, g, a1)
+                a2 = scale_acc_tile(q8_dot32_i8_tile(q, b + 64, xq, g * 32, rows), d2, xd, xds, g, a2)
+                a3 = scale_acc_tile(q8_dot32_i8_tile(q, b + 96, xq, g * 32, rows), d3, xd, xds, g, a3)
+            for i in range(len(ts)):
+                m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+                _store4(out, ts[i], blk * 4, N, hsum(a0[i]) + m0, hsum(a1[i]) + m1, hsum(a2[i]) + m2, hsum(a3[i]) + m3)
 
 
 @njit(**JIT)
-def _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N):
+def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
+    """`_i8_tile`'s AVX-512 VNNI q4 path over activations in four int8 pieces (`split_rows`): float32
+    activations to within float32 rounding of the products, on integer dot products."""
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero8()
+        base = blk * ng * 4
+        a = vzero_tile_of(rows, 16)
         for g in range(ng):
-            xi = (t * ng + g) * 32
-            s = (blk * ng + g) * 4
-            b = s * 32
-            prefetch(q, b + PREFETCH_BYTES)
-            prefetch(q, b + PREFETCH_BYTES + 64)
-            d = xd[t * ng + g]
-            d0, d1, d2, d3 = f32x4_at(scale, s)
-            a0 = vfma_s(q8_dot32_i8(q, b, xq, xi), d0 * d, a0)
-            a1 = vfma_s(q8_dot32_i8(q, b + 32, xq, xi), d1 * d, a1)
-            a2 = vfma_s(q8_dot32_i8(q, b + 64, xq, xi), d2 * d, a2)
-            a3 = vfma_s(q8_dot32_i8(q, b + 96, xq, xi), d3 * d, a3)
-        m0, m1, m2, m3 = _block_mins(minv, xs4, t * ng * 4, blk * ng * 4, ng)
-        _store4(out, t, blk * 4, N, hsum(a0) + m0, hsum(a1) + m1, hsum(a2) + m2, hsum(a3) + m3)
+            s = base + g * 4
+            prefetch(q, s * 16 + PREFETCH_BYTES)
+            a = scale_acc_tile(q4_quad_split_tile(q, s * 16, xp, g * 128, rows), quad_scales(scale, s), xs, xds, g, a)
+        for i in range(len(ts)):
+            y0, y1, y2, y3 = hsum_quarters(a[i])
+            m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+            _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
 
 
 # ---- chunks of row blocks (float32: rows in tiles of 4, then 2, then 1) -----------------------------
 # The activations come flat (x.ravel(): no array made per chunk); T rows of K values.
 
 @njit(**JIT)
-def _f32_chunk(q, scale, minv, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
+def _f32_chunk(q, scale, minv, mf, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
     t = 0
     while T - t >= 8:
-        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 8), b0, b1, ng, N)
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 8), b0, b1, ng, N)
         t += 8
     r = T - t
     if r == 1:
@@ -364,42 +447,90 @@ def _f32_chunk(q, scale, minv, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
         ts, rows = _tile2(t, K)
         _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
     elif r == 3:
-        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 3), b0, b1, ng, N)
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 3), b0, b1, ng, N)
     elif r == 4:
         ts, rows = _tile4(t, K)
         _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
     elif r == 5:
-        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 5), b0, b1, ng, N)
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 5), b0, b1, ng, N)
     elif r == 6:
-        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 6), b0, b1, ng, N)
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 6), b0, b1, ng, N)
     elif r == 7:
-        _f32_wide_tile(q, scale, minv, G, packed, xf, out, t, tile_offsets(t, K, 7), b0, b1, ng, N)
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 7), b0, b1, ng, N)
 
 
 @njit(**JIT)
-def _i8_chunk(q, scale, minv, packed, xq, T, xd, xs4, out, b0, b1, ng, N):
-    # No tiles here: the integer dot products cost little beside each row's own conversion and
-    # scaling, and tiles of 4 measured no faster than one row after another.
-    for t in range(T):
-        if packed:
-            _q4_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N)
-        else:
-            _q8_rows_i8(q, scale, minv, xq, xd, xs4, out, t, b0, b1, ng, N)
+def _i8_chunk(q, scale, minv, packed, xq, T, KX, xd, xs4, out, b0, b1, ng, N):
+    """T int8 activation rows (KX values apart in xq) in tiles of I8_TILE rows, then one tile of the rest."""
+    t = 0
+    while T - t >= I8_TILE:
+        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, I8_TILE), tile_offsets(t, KX, I8_TILE),
+                 tile_offsets(t, ng, I8_TILE), b0, b1, ng, N)
+        t += I8_TILE
+    r = T - t
+    if r == 1:
+        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1),
+                 tile_offsets(t, ng, 1), b0, b1, ng, N)
+    elif r == 2:
+        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2),
+                 tile_offsets(t, ng, 2), b0, b1, ng, N)
+    elif r == 3:
+        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3),
+                 tile_offsets(t, ng, 3), b0, b1, ng, N)
+
+
+@njit(**JIT)
+def _split_chunk(q, scale, minv, xp, T, K, xs, xs4, out, b0, b1, ng, N):
+    """T rows of activation pieces in tiles of I8_TILE rows, then one tile of the rest."""
+    t = 0
+    KX = 4 * K
+    while T - t >= I8_TILE:
+        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, I8_TILE), tile_offsets(t, KX, I8_TILE),
+                    tile_offsets(t, ng, I8_TILE), b0, b1, ng, N)
+        t += I8_TILE
+    r = T - t
+    if r == 1:
+        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1),
+                    tile_offsets(t, ng, 1), b0, b1, ng, N)
+    elif r == 2:
+        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2),
+                    tile_offsets(t, ng, 2), b0, b1, ng, N)
+    elif r == 3:
+        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3),
+                    tile_offsets(t, ng, 3), b0, b1, ng, N)
 
 
 @njit(parallel=True, **JIT)
-def matvec_q4(q, scale, minv, x, out):
-    """out [T, N] = x [T, K] times a blocked q4 weight (groups of 32), float32 activations."""
+def matvec_q4_split(q, scale, minv, mf, x, out):
+    """`matvec_q4` on AVX-512 VNNI: the activations in four int8 pieces per value (`split_rows`), each
+    group's products exact integer sums."""
+    T, K = x.shape
+    N = out.shape[1]
+    ng = K // 32
+    xp = np.empty(T * 4 * K, dtype=np.int8)
+    xs = np.empty((T, ng), dtype=np.float32)
+    xsum = np.empty((T, ng), dtype=np.float32)
+    split_rows(x, xp, xs, xsum)
+    xs4, xsf = spread4(xsum, mf), xs.reshape(T * ng)
+    nb = (N + 3) // 4
+    cb = _chunk_blocks(ng)
+    for c in prange((nb + cb - 1) // cb):
+        _split_chunk(q, scale, minv, xp, T, K, xsf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
+
+
+@njit(parallel=True, **JIT)
+def matvec_q4(q, scale, minv, mf, x, out):
+    """out [T, N] = x [T, K] times a blocked q4 weight (groups of 32, mins minv * mf), float32 activations."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
     xsum = np.empty((T, ng), dtype=np.float32)
     group_sums(x, 32, xsum)
-    xs4, xf = spread4(xsum), x.reshape(T * K)
+    xs4, xf = spread4(xsum, mf), x.reshape(T * K)
     nb = (N + 3) // 4
     cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
-        _f32_chunk(q, scale, minv, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
+        _f32_chunk(q, scale, minv, mf, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -411,15 +542,15 @@ def matvec_q8(q, scale, minv, G, x, out):
     xsum = np.empty((T, ng), dtype=np.float32)  # read only with mins (np.zeros here: a parallel loop of its own)
     if minv.shape[0] > 0:
         group_sums(x, G, xsum)
-    xs4, xf = spread4(xsum), x.reshape(T * K)
+    xs4, xf = spread4(xsum, f32(1.0)), x.reshape(T * K)
     nb = (N + 3) // 4
     cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
-        _f32_chunk(q, scale, minv, G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
+        _f32_chunk(q, scale, minv, f32(1.0), G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
-def matvec_i8(q, scale, minv, is_q4, x, out):
+def matvec_i8(q, scale, minv, mf, is_q4, x, out):
     """`matvec_q4` (`is_q4`) or `matvec_q8` with groups of 32, the activations quantized to int8 per
     32-block (integer dot products; q4 reads them in `pair_layout`)."""
     T, K = x.shape
@@ -429,12 +560,14 @@ def matvec_i8(q, scale, minv, is_q4, x, out):
     xd = np.empty((T, ng), dtype=np.float32)
     xsum = np.empty((T, ng), dtype=np.float32)
     quantize_rows(x, xq, xd, xsum)
-    xs4, xdf = spread4(xsum), xd.reshape(T * ng)
-    xqf = pair_layout(xq) if is_q4 else xq.reshape(T * K)
+    xs4, xdf = spread4(xsum, mf), xd.reshape(T * ng)
+    pairs = is_q4 and not VNNI512
+    xqf = pair_layout(xq) if pairs else xq.reshape(T * K)
+    KX = 2 * K if pairs else K
     nb = (N + 3) // 4
     cb = _chunk_blocks(ng)
     for c in prange((nb + cb - 1) // cb):
-        _i8_chunk(q, scale, minv, is_q4, xqf, T, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
+        _i8_chunk(q, scale, minv, is_q4, xqf, T, KX, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(**JIT)

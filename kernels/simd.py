@@ -78,6 +78,14 @@ LANES = 16 if target_has("avx512f") else 8
 F32xN = F32x16 if LANES == 16 else F32x8
 _vf = ir.VectorType(_f32, LANES)
 _vf8 = ir.VectorType(_f32, 8)
+_vf16 = ir.VectorType(_f32, 16)
+# Integer dot products of unsigned by signed bytes, 4 products summed into each int32 lane in one
+# instruction (vpdpbusd): on zmm registers with AVX-512 VNNI (+BW for the byte operations around it),
+# on ymm with AVX-512 VNNI + VL or AVX-VNNI; otherwise AVX2's vpmaddubsw + vpmaddwd (two instructions
+# and a constant). Chosen from the CPU numba compiles for, so a process pinned to a narrower CPU
+# (NUMBA_CPU_NAME, how the tests force each path) gets the narrower code.
+VNNI512 = target_has("avx512vnni") and target_has("avx512bw")
+VNNI256 = target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl"))
 
 
 def _is_vec(*ts) -> bool:
@@ -151,8 +159,18 @@ def _q8_f32(n):
     return unpack
 
 
+def _dpbusd(builder, acc, u, s):
+    """acc (<n x i32>) + sums of 4 adjacent products of u (<4n x i8>, unsigned) and s (signed): vpdpbusd,
+    no saturation (n = 8 or 16)."""
+    n = acc.type.count
+    vi = ir.VectorType(_i32, n)
+    return _call(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi, [acc, builder.bitcast(u, vi), builder.bitcast(s, vi)])
+
+
 def _madd_u8s8(builder, u, s):
     """<32 x i8> unsigned times <32 x i8> signed, sums of 4 adjacent products -> <8 x i32> (exact here)."""
+    if VNNI256:
+        return _dpbusd(builder, ir.Constant(ir.VectorType(_i32, 8), [0] * 8), u, s)
     if target_has("avx2"):
         v16 = ir.VectorType(_i16, 16)
         p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [u, s])
@@ -198,7 +216,10 @@ def _q4_pair_i8(builder, qp):
     def dot(xb):
         xa = _load_x8(builder, xb)
         xh = _load_x8(builder, builder.gep(xb, [ir.Constant(_i32, 32)]))
-        if target_has("avx2"):
+        if VNNI256:
+            zero = ir.Constant(ir.VectorType(_i32, 8), [0] * 8)
+            sums = _dpbusd(builder, _dpbusd(builder, zero, lo, xa), hi, xh)
+        elif target_has("avx2"):
             v16 = ir.VectorType(_i16, 16)
             p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
                             _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
@@ -210,6 +231,62 @@ def _q4_pair_i8(builder, qp):
         return builder.sitofp(sums, _vf8)
 
     return dot
+
+
+def _q4_quad_int(builder, qp):
+    """A block's four rows' packed 4-bit groups (64 bytes) -> dot(int8 x pointer, acc) = acc + the exact int
+    sums (<16 x i32>, lanes 4r .. 4r + 3 row r's): the low nibbles meet x[0:16] and the high ones x[16:32],
+    each 16 bytes of x broadcast to the four 128-bit lanes (a broadcast load), two vpdpbusd."""
+    v64 = ir.VectorType(_i8, 64)
+    b = _load(builder, builder.bitcast(qp, v64.as_pointer()))
+    lo = builder.and_(b, ir.Constant(v64, [15] * 64))
+    hi = builder.lshr(b, ir.Constant(v64, [4] * 64))
+    v16 = ir.VectorType(_i8, 16)
+    rep = ir.Constant(ir.VectorType(_i32, 64), [j % 16 for j in range(64)])
+
+    def dot(xb, acc):
+        xl = _load(builder, builder.bitcast(xb, v16.as_pointer()))
+        xh = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, 16)]), v16.as_pointer()))
+        xl, xh = builder.shuffle_vector(xl, xl, rep), builder.shuffle_vector(xh, xh, rep)
+        if VNNI512:
+            return _dpbusd(builder, _dpbusd(builder, acc, lo, xl), hi, xh)
+        # plain vector IR, for any x86-64 (the kernels take these blocks only on VNNI512)
+        wide = ir.VectorType(_i32, 64)
+        prod = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xl, wide)),
+                           builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)))
+        for k in range(4):
+            acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_i32, 16), list(range(k, 64, 4)))))
+        return acc
+
+    return dot
+
+
+def _q4_quad_i8(builder, qp):
+    """`_q4_quad_int` from zero, as F32x16."""
+    dot = _q4_quad_int(builder, qp)
+    zero = ir.Constant(ir.VectorType(_i32, 16), [0] * 16)
+    return lambda xb: builder.sitofp(dot(xb, zero), _vf16)
+
+
+def _q4_quad_split(builder, qp):
+    """A block's four rows' packed 4-bit groups (64 bytes) -> dot(pointer to a group's four int8 pieces of
+    the activations, 32 bytes each: x = s * (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21)) -> F32x16, lanes
+    4r .. 4r + 3 row r's sum of q * (p0 * 2^7 + p1 + p2 / 2^7 + p3 / 2^14). The pieces' integer sums pair up exactly in
+    int32 (I0 * 2^7 + I1 and I2 * 2^7 + I3, below 2^22: exact in float32 too) and the two pairs meet
+    in one rounding."""
+    dot = _q4_quad_int(builder, qp)
+    v16 = ir.VectorType(_i32, 16)
+    zero, seven = ir.Constant(v16, [0] * 16), ir.Constant(v16, [7] * 16)
+
+    def split_dot(xb):
+        sums = []
+        for k in (0, 2):
+            acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
+            acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
+            sums.append(builder.sitofp(acc, _vf16))
+        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0 ** -14] * 16), sums[0])
+
+    return split_dot
 
 
 def _flat_ptr(context, builder, aryty, ary, idx):
@@ -298,6 +375,82 @@ def pair_scales(typingctx, scale, si, d):
         return context.make_tuple(builder, ret, outs)
 
     return ret(scale, si, d), codegen
+
+
+@intrinsic
+def quad_scales(typingctx, scale, si):
+    """scale[si : si + 4] as an F32x16 (s0 x4, s1 x4, s2 x4, s3 x4): the per-lane scales of
+    `q4_quad_i8`'s result for a block's four rows."""
+    if not _reads_as_f32(scale):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sa, si_ = args
+        s4 = _load_f32(builder, _flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
+        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 16), [j // 4 for j in range(16)]))
+
+    return F32x16(scale, si), codegen
+
+
+@intrinsic
+def scale_acc_tile(typingctx, ints, w, xd, offs, g, accs):
+    """accs[i] + ints[i] * (w * xd[offs[i] + g]) for each row i of a tile: a group's exact int sums
+    (`*_i8_tile`) scaled by the weight scales `w` (one vector, or a float32 for every lane) and row i's
+    activation scale."""
+    if not (isinstance(ints, types.UniTuple) and isinstance(ints.dtype, F32VecType) and accs == ints
+            and w in (ints.dtype, types.float32) and isinstance(offs, types.UniTuple) and offs.count == ints.count):
+        return None
+    _check_flat(xd)
+
+    def codegen(context, builder, sig, args):
+        ints_, w_, xa, offs_, g_, accs_ = args
+        if w == types.float32:
+            w_ = _splat(builder, w_, ir.VectorType(_f32, ints.dtype.lanes))
+        outs = []
+        for i in range(ints.count):
+            at = builder.add(context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
+                             context.cast(builder, g_, g, types.intp))
+            d = _load(builder, _flat_ptr(context, builder, xd, xa, at))
+            sc = builder.fmul(w_, _splat(builder, d, w_.type))
+            outs.append(_fmuladd(builder, builder.extract_value(ints_, i), sc, builder.extract_value(accs_, i)))
+        return context.make_tuple(builder, sig.return_type, outs)
+
+    return accs(ints, w, xd, offs, g, accs), codegen
+
+
+@intrinsic
+def hsum_quarters(typingctx, v):
+    """(sum of lanes 0-3, 4-7, 8-11, 12-15) of an F32x16 (float32)."""
+    if v != F32x16:
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        (x,) = args
+        even = ir.Constant(ir.VectorType(_i32, 8), list(range(0, 16, 2)))
+        odd = ir.Constant(ir.VectorType(_i32, 8), list(range(1, 16, 2)))
+        x = builder.fadd(builder.shuffle_vector(x, x, even), builder.shuffle_vector(x, x, odd))
+        even4 = ir.Constant(ir.VectorType(_i32, 4), list(range(0, 8, 2)))
+        odd4 = ir.Constant(ir.VectorType(_i32, 4), list(range(1, 8, 2)))
+        x = builder.fadd(builder.shuffle_vector(x, x, even4), builder.shuffle_vector(x, x, odd4))
+        return context.make_tuple(builder, ret, [builder.extract_element(x, ir.Constant(_i32, k)) for k in range(4)])
+
+    return ret(v), codegen
+
+
+@intrinsic
+def vzero_tile_of(typingctx, rows, lanes):
+    """A zero float vector of `lanes` (a constant: 8 or 16) lanes per element of the tuple `rows`."""
+    if not (isinstance(rows, types.UniTuple) and isinstance(lanes, types.IntegerLiteral)):
+        return None
+    n = lanes.literal_value
+    vt = F32VecType(n)
+    ret = types.UniTuple(vt, rows.count)
+
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, ret, [ir.Constant(ir.VectorType(_f32, n), [0.0] * n)] * rows.count)
+
+    return ret(rows, lanes), codegen
 
 
 @intrinsic
@@ -467,11 +620,18 @@ q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _f32_dot(_q8_f32(32)), "32 int8 we
 q4_acc32_tile = _dequant_tile("q4_acc32_tile", _q4_f32, "Packed 4-bit group (16 bytes at q[qi]).")
 q8_acc16_tile = _dequant_tile("q8_acc16_tile", _q8_f32(16), "16 int8 weights at q[qi].")
 q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at q[qi].")
-q8_dot32_i8 = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)[0]
-q4_pair_i8 = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
+q4_quad_split, q4_quad_split_tile = _blocks(
+    "q4_quad_split", _q4_quad_split, "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) "
+    "times a group's four int8 activation pieces (128 bytes at x[xi]) -> F32x16, lanes 4r .. 4r + 3 row r's "
+    "(not yet scaled: times s / 2^7).", F32x16)
+q8_dot32_i8, q8_dot32_i8_tile = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)
+q4_quad_i8, q4_quad_i8_tile = _blocks(
+    "q4_quad_i8", _q4_quad_i8, "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) times "
+    "int8 activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lanes 4r .. 4r + 3 row r's.", F32x16)
+q4_pair_i8, q4_pair_i8_tile = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
                      "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
                      "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).",
-                     F32x8)[0]
+                     F32x8)
 
 
 @intrinsic
@@ -578,7 +738,10 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "f32_at", "f32x4_at", "splat_at", "fold4", "hsum",
-           "hsum_halves", "pair_scales", "prefetch", "q4_acc32_tile", "q4_dot32", "q4_dot32_tile", "q4_pair_i8",
+__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "VNNI256", "VNNI512", "f32_at", "f32x4_at", "splat_at",
+           "fold4", "hsum", "hsum_halves", "hsum_quarters", "pair_scales", "prefetch", "q4_acc32_tile", "q4_dot32",
+           "q4_dot32_tile", "q4_pair_i8", "q4_pair_i8_tile", "q4_quad_i8", "q4_quad_i8_tile", "q4_quad_split",
+           "q4_quad_split_tile", "q8_dot32_i8_tile",
+           "quad_scales", "scale_acc_tile", "vzero_tile_of",
            "q8_acc16_tile", "q8_acc32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile",
            "target_has", "tile_offsets", "vfma", "vfma_s", "vload", "vstore", "vzero", "vzero8", "vzero_tile"]

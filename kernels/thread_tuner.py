@@ -1,18 +1,17 @@
 """How many kernel threads a step should use, chosen from the steps' own timings.
 
 On a quiet machine every core helps, and kernel threads that spin briefly between the ~120
-parallel launches of a decode step make two cores worth it (default model, single-row decode
-steps on a 2-core VM: 8.4-8.9 ms on two threads, 12.0-12.4 ms on one). When another process
-takes a core, the team waits at every launch for the thread that shares that core, and a step
-gets slower than on one thread (busy loop on one core: 15.4-16.8 ms on two, 13.2-14.0 on one).
-No fixed setting is right for both, so the backend tries them: steps are grouped by size (rows,
-in powers of two), each group runs on the setting with the lower recent step time, and every
-`probe_every`-th step of a group runs on the other one so that its time stays current. A probe costs at most one slower step in `probe_every`, and a group's first `probe_every` - 1
-steps run on all threads. While the other setting's recent steps were `far` (1.25x) or more behind,
-it is probed `far_every` times less often: such a probe costs a much slower step for little news
-(two threads against one on 2 cores: ~1.5x apart on every step size, so probing every 16th step cost
-3-4% of the throughput). A probe that comes out faster than the chosen setting replaces its older
-times, so that a setting that was slow while another process held a core is taken back at once.
+parallel launches of a decode step make all cores worth it. When another process takes a core,
+the team waits at every launch for the thread that shares that core, and a step gets slower than
+on one thread fewer. No fixed setting is right for both, so the backend tries them: steps are
+grouped by size (rows, in powers of two), each group runs on the setting with the lower recent
+step time, and every `probe_every`-th step of a group runs on the other one so that its time stays
+current. A probe costs at most one slower step in `probe_every`, and a group's first
+`probe_every` - 1 steps run on all threads. While the other setting's recent steps were `far`
+(1.25x) or more behind, it is probed `far_every` times less often: such a probe costs a much slower
+step for little news (with two settings far apart on every step size, frequent probes cost a few
+percent of the throughput). A probe that comes out faster than the chosen setting replaces its
+older times, so that a setting that was slow while another process held a core is taken back at once.
 
 The settings are all the threads, and one fewer (which leaves a taken core to its taker): on
 2 cores, 2 and 1. The thread count does not change any result (every output row is computed by one

@@ -1,15 +1,18 @@
 """`Weight`: one [rows, cols] matrix (HF orientation, out x in) as the CPU kernels read it.
 
-Block-quantized GGUF types are repacked once at load into two kinds, each with a float32
-scale and (optionally) a float32 min per group of values: value = scale * q + min.
+Block-quantized GGUF types become two kinds, each with a scale and (optionally) a min per group
+of values: value = scale * q + min.
 
 - "q4": 4-bit types (Q4_0, Q4_1, Q4_K), groups of 32, two values a byte: byte j of a group
-  holds value j in its low nibble and value j + 16 in its high one (GGML's Q4_0 order), so a
-  group's 16 bytes meet x[0:16] and x[16:32]. 6 bits a value with the scales (GGUF Q4_1: 5).
+  holds value j in its low nibble and value j + 16 in its high one (GGML's Q4_0 order, so Q4_0
+  and Q4_1 blocks' bytes are taken as they are), and a group's 16 bytes meet x[0:16] and x[16:32].
+  A symmetric type (Q4_0: d * (q - 8)) keeps no mins: `zero` = 8 says value = scale * (q - 8).
 - "q8": every other block type (Q5_0/1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K), one int8 value a byte,
   groups of 16 or 32.
 
-scale * q + min reproduces `gguf.quants.dequantize` bit for bit (see engine/loader/quant.py).
+Scales and mins stay float16 where the file stores them so (Q4_0, Q4_1, Q8_0): a loaded weight of
+those types holds exactly the file's bytes; the `scale` and `min` properties read float32 either way.
+The values reproduce `gguf.quants.dequantize` bit for bit (see engine/loader/quant.py).
 F16 and BF16 stay 16-bit, F32 stays F32.
 """
 from __future__ import annotations
@@ -21,19 +24,43 @@ import numpy as np
 KINDS = ("q4", "q8", "f32", "f16", "bf16")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Weight:
+    """`scale` and `min` read as float32 whatever is stored: `scales`/`mins` keep the file's float16
+    where it has them (GGUF Q4_0, Q4_1, Q8_0), and a symmetric 4-bit type (Q4_0: value = d * (q - 8))
+    stores no mins at all (`zero` = 8; `min` then reads -8 * scale). So a loaded weight holds no more
+    bytes than the file, and a consumer that wants plain float32 arrays still gets them."""
+
     kind: str  # one of KINDS
     data: np.ndarray  # q4: uint8 [rows, cols // 2]; q8: int8; f32: float32; f16: float16; bf16: uint16 (raw bits)
-    scale: np.ndarray | None = None  # q4/q8: float32 [rows, cols // group]
-    min: np.ndarray | None = None  # float32 [rows, cols // group]; None: no offset (q4 always has one)
-    group: int = 0  # q4/q8: values per scale
+    scales: np.ndarray | None  # q4/q8: [rows, cols // group], float32 or float16 as stored
+    mins: np.ndarray | None  # as scales; None: no stored offset
+    group: int  # q4/q8: values per scale
+    zero: int  # q4 only: 8 for a symmetric type (value = scale * (q - 8), no mins stored), else 0
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown weight kind {self.kind!r}")
-        if self.data.ndim != 2:
-            raise ValueError(f"a weight is 2-D, got shape {self.data.shape}")
+    def __init__(self, kind: str, data: np.ndarray, scale: np.ndarray | None = None, min: np.ndarray | None = None,
+                 group: int = 0, zero: int = 0) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown weight kind {kind!r}")
+        if data.ndim != 2:
+            raise ValueError(f"a weight is 2-D, got shape {data.shape}")
+        if zero and (kind != "q4" or min is not None):
+            raise ValueError("only a q4 weight without mins has a zero point")
+        self.kind, self.data, self.scales, self.mins, self.group, self.zero = kind, data, scale, min, group, zero
+
+    @property
+    def scale(self) -> np.ndarray | None:
+        """float32 [rows, cols // group] (the stored array itself where it is float32)."""
+        s = self.scales
+        return s if s is None or s.dtype == np.float32 else s.astype(np.float32)
+
+    @property
+    def min(self) -> np.ndarray | None:
+        """float32 [rows, cols // group]: value = scale * q + min; None: no offset (a q4 weight always has one)."""
+        if self.zero:
+            return self.scale * np.float32(-self.zero)
+        m = self.mins
+        return m if m is None or m.dtype == np.float32 else m.astype(np.float32)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -42,7 +69,8 @@ class Weight:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.data, self.scale, self.min) if a is not None)
+        """The bytes held: for GGUF Q4_0, Q4_1 and Q8_0 exactly the file's."""
+        return sum(a.nbytes for a in (self.data, self.scales, self.mins) if a is not None)
 
     def dequantize(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """float32 [rows, cols] (all rows, or the selected ones): the reference the kernels match."""
@@ -55,32 +83,35 @@ class Weight:
             return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
         if self.kind == "q4":
             data = unpack_q4(data)
+            if self.zero:
+                data = data.view(np.int8) - np.int8(self.zero)
         n, cols = data.shape
-        out = np.multiply(data.reshape(n, cols // self.group, self.group), self.scale[rows][:, :, None], dtype=np.float32)
-        if self.min is not None:
-            out += self.min[rows][:, :, None]
+        scale = self.scales[rows].astype(np.float32, copy=False)
+        out = np.multiply(data.reshape(n, cols // self.group, self.group), scale[:, :, None], dtype=np.float32)
+        if self.mins is not None:
+            out += self.mins[rows].astype(np.float32, copy=False)[:, :, None]
         return out.reshape(n, cols)
 
     def take_rows(self, rows: np.ndarray) -> "Weight":
         """The weight with its rows reordered/selected (e.g. undoing llama.cpp's Q/K permutation)."""
         pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
-        return Weight(self.kind, pick(self.data), pick(self.scale), pick(self.min), self.group)
-
+        return Weight(self.kind, pick(self.data), pick(self.scales), pick(self.mins), self.group, self.zero)
 
     def to_q8(self) -> "Weight":
         """A q4 weight with one value a byte (exact)."""
         assert self.kind == "q4"
-        return Weight("q8", unpack_q4(self.data).view(np.int8), self.scale, self.min, self.group)
+        q = unpack_q4(self.data).view(np.int8)
+        if self.zero:
+            return Weight("q8", q - np.int8(self.zero), self.scales, None, self.group)
+        return Weight("q8", q, self.scales, self.mins, self.group)
 
     def to_q4(self) -> "Weight":
         """A q8 weight of 4-bit values in groups of 32 packed two a byte (exact: q in -8..7
-        without a min becomes q + 8 with min -8 * scale)."""
+        without a min becomes q + 8 with zero point 8)."""
         assert self.kind == "q8" and self.group == 32
-        q, mins = self.data, self.min
-        if mins is None:
-            q = q + np.int8(8)
-            mins = self.scale * np.float32(-8)
-        return Weight("q4", pack_q4(q.view(np.uint8)), self.scale, mins, 32)
+        if self.mins is None:
+            return Weight("q4", pack_q4((self.data + np.int8(8)).view(np.uint8)), self.scales, None, 32, zero=8)
+        return Weight("q4", pack_q4(self.data.view(np.uint8)), self.scales, self.mins, 32)
 
 
 def pack_q4(values: np.ndarray) -> np.ndarray:
@@ -106,6 +137,10 @@ def concat_rows(parts: list[Weight]) -> Weight:
     """
     kinds = {p.kind for p in parts}
     if kinds == {"q4"}:
+        if len({(p.zero, p.mins is None, p.scales.dtype) for p in parts}) == 1:  # as stored
+            mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
+            return Weight("q4", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
+                          mins, 32, parts[0].zero)
         return Weight("q4", np.concatenate([p.data for p in parts]), np.concatenate([p.scale for p in parts]),
                       np.concatenate([p.min for p in parts]), 32)
     if kinds == {"q4", "q8"}:
@@ -113,6 +148,10 @@ def concat_rows(parts: list[Weight]) -> Weight:
         kinds = {"q8"}
     if kinds == {"q8"}:
         group = min(p.group for p in parts)
+        if len({(p.group, p.mins is None, p.scales.dtype) for p in parts}) == 1:  # as stored
+            mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
+            return Weight("q8", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
+                          mins, group)
         scale, mins = [], []
         has_min = any(p.min is not None for p in parts)
         for p in parts:
@@ -128,12 +167,13 @@ def concat_rows(parts: list[Weight]) -> Weight:
 
 
 def quantize_q8_0(w: np.ndarray) -> Weight:
-    """float [rows, cols] (cols a multiple of 32) -> q8 with llama.cpp's Q8_0 rounding (f16 scales)."""
+    """float [rows, cols] (cols a multiple of 32) -> q8 with llama.cpp's Q8_0 rounding (float16 scales, kept
+    float16: the bytes a Q8_0 file would hold)."""
     rows, cols = w.shape
     if cols % 32:
         raise ValueError(f"Q8_0 needs a multiple of 32 columns, got {cols}")
     q = np.empty((rows, cols), dtype=np.int8)
-    scale = np.empty((rows, cols // 32), dtype=np.float32)
+    scale = np.empty((rows, cols // 32), dtype=np.float16)
     step = max(1, (1 << 20) // cols)
     for r in range(0, rows, step):
         blocks = np.asarray(w[r : r + step], dtype=np.float32).reshape(-1, cols // 32, 32)

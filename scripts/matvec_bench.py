@@ -3,6 +3,7 @@
     .venv/bin/python scripts/matvec_bench.py [--activations f32|q8] [--copies 30]
     .venv/bin/python scripts/matvec_bench.py --rows
     .venv/bin/python scripts/matvec_bench.py --per-row [--activations q8]
+    .venv/bin/python scripts/matvec_bench.py --shape llama-3.2-1b [--activations q8] [--per-row]
 
 
 Times `backend.linear` for one activation row on one kernel thread with `time.thread_time()`
@@ -31,8 +32,17 @@ from kernels import numba_backend
 from kernels.numba_backend import NumbaBackend
 from kernels.weight import Weight, pack_q4
 
-SHAPES = [("q4 qkv", "q4", 960, 576), ("q4 o", "q4", 576, 576), ("q4 gate_up", "q4", 3072, 576),
-          ("q4 down", "q4", 576, 1536), ("q8 head", "q8", 49152, 576)]
+# name -> the products of one decode step (fused q/k/v and gate/up, as the model runs them): the default
+# model's (Q4_1 matrices, a Q8_0 head) and a Llama-3.2-1B's as a Q4_0 file has them (a tied Q4_0 head).
+SHAPE_SETS = {
+    "smollm2-135m": [("q4 qkv", "q4", 960, 576), ("q4 o", "q4", 576, 576), ("q4 gate_up", "q4", 3072, 576),
+                     ("q4 down", "q4", 576, 1536), ("q8 head", "q8", 49152, 576)],
+    "llama-3.2-1b": [("q4_0 qkv", "q4_0", 3072, 2048), ("q4_0 o", "q4_0", 2048, 2048),
+                     ("q4_0 gate_up", "q4_0", 16384, 2048), ("q4_0 down", "q4_0", 2048, 8192),
+                     ("q4_0 head", "q4_0", 49152, 2048)],
+}
+SHAPES = SHAPE_SETS["smollm2-135m"]
+COPIES_BYTES = 256 << 20  # weights cycled through per measurement: well beyond the last-level cache
 
 
 def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
@@ -41,6 +51,8 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     vec = lambda: rng.random((n, g), dtype=np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
     if kind == "q4":
         return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), vec(), vec(), 32)
+    if kind == "q4_0":  # symmetric: d * (q - 8), no mins
+        return Weight("q8", rng.integers(-8, 8, (n, k), dtype=np.int8), vec(), None, 32).to_q4()
     return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), vec(), None, 32)
 
 
@@ -99,7 +111,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rows", action="store_true", help="matvec against panels for 8..256 activation rows")
     p.add_argument("--per-row", action="store_true", help="a T-row product's cost relative to T one-row products")
+    p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPE_SETS))
     args = p.parse_args()
+    global SHAPES
+    SHAPES = SHAPE_SETS[args.shape]
     rng = np.random.default_rng(0)
     if args.rows:
         rows_sweep(rng)
@@ -110,8 +125,11 @@ def main() -> None:
         per_row(be, rng, args.repeats)
         return
     for name, kind, n, k in SHAPES:
-        copies = 1 if n * k > 10_000_000 else args.copies  # the head alone is larger than the caches
-        lins = [be.prepare_linear(weight(kind, n, k, rng)) for _ in range(copies)]
+        w = weight(kind, n, k, rng)
+        first = be.prepare_linear(w)
+        # enough distinct copies that they come from DRAM (--copies 1: from the caches)
+        copies = max(1, min(args.copies, COPIES_BYTES // first.blocked.nbytes))
+        lins = [first] + [be.prepare_linear(w.take_rows(np.arange(n))) for _ in range(copies - 1)]
         x = rng.standard_normal((1, k)).astype(np.float32)
         reps = max(1, 60 // copies) if n * k < 10_000_000 else 3
         for lin in lins:
@@ -123,7 +141,9 @@ def main() -> None:
                 for lin in lins:
                     be.linear(x, lin)
             best = min(best, (time.thread_time() - t) / (reps * copies))
-        print(f"{name:12s} {n:6d}x{k:<5d} copies {copies:2d}  {best * 1e3:7.3f} ms  {n * k / best / 1e9:6.2f} GMAC/cpu-s")
+        gbs = first.blocked.nbytes / best / 1e9
+        print(f"{name:12s} {n:6d}x{k:<5d} copies {copies:2d}  {best * 1e3:7.3f} ms  {n * k / best / 1e9:6.2f} GMAC/cpu-s"
+              f"  {gbs:5.1f} GB/cpu-s")
 
 
 if __name__ == "__main__":

@@ -246,8 +246,30 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
 
 
 
+# Types whose blocks the kernels read as they are: (bytes before the values, scale at, min at or None, kind).
+# Q4_0's nibbles are q + 8 (zero point 8, no mins), Q4_1's q, Q8_0's int8 q.
+_AS_STORED = {2: (2, 0, None, "q4"), 3: (4, 0, 2, "q4"), 8: (2, 0, None, "q8")}
+
+
+def _as_stored(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
+    """Q4_0/Q4_1/Q8_0 bytes -> a Weight of the same bytes: the values copied out of the blocks, the
+    float16 scales (and mins) kept float16 (no int8 or float32 intermediate the size of the matrix)."""
+    t, raw = _check(raw, type_id, shape)
+    rows, cols = shape
+    head, at_d, at_m, kind = _AS_STORED[type_id]
+    blocks = raw.reshape(rows, cols // t.block_size, t.type_size)
+    half = lambda at: np.ascontiguousarray(blocks[:, :, at : at + 2]).view(np.float16).reshape(rows, -1)  # noqa: E731
+    data = np.ascontiguousarray(blocks[:, :, head:]).reshape(rows, -1)
+    if kind == "q8":
+        return Weight("q8", data.view(np.int8), half(at_d), None, 32)
+    return Weight("q4", data, half(at_d), None if at_m is None else half(at_m), 32, zero=8 if at_m is None else 0)
+
+
 def gguf_weight(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
-    """A GGUF matrix's bytes -> a Weight: block types split to q8, F16/BF16/F32 copied as they are."""
+    """A GGUF matrix's bytes -> a Weight: Q4_0/Q4_1/Q8_0 as stored, other block types split to q4/q8,
+    F16/BF16/F32 copied as they are."""
+    if type_id in _AS_STORED:
+        return _as_stored(raw, type_id, shape)
     if type_id in _BLOCK_FNS:
         return split(raw, type_id, shape)
     _check(raw, type_id, shape)

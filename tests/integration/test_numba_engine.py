@@ -158,7 +158,7 @@ def test_the_loaded_model_keeps_no_original_quantized_arrays(monkeypatch):
 
 def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
     """int8 activations (--activations q8) are not bit-faithful: bounds from the measured agreement
-    (scripts/activation_agreement.py, README) with margin. Decode steps run one token at a time so
+    (scripts/activation_agreement.py, docs/performance.md) with margin. Decode steps run one token at a time so
     that every product takes the int8 path."""
     from engine.model.llama import LlamaModel
 

@@ -80,7 +80,8 @@ def test_amx_product_matches_float64(kind, T, n, k):
     b = NumbaBackend(2).prepare_linear(w).blocked
     x = rng.standard_normal((T, k)).astype(np.float32)
     out = np.full((T, n), np.nan, np.float32)
-    numba_amx.matmul_amx(b.data, b.scale, b.min, kind == "q4", x, out, numba_amx.CONFIG, 2)
+    minv, mf = b.min_operand()
+    numba_amx.matmul_amx(b.data, b.scale, minv, mf, kind == "q4", x, out, numba_amx.CONFIG, 2)
     terms = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T
     err = np.abs(out - x.astype(np.float64) @ w.dequantize().astype(np.float64).T)
     assert (err <= 4e-7 * terms + 1e-30).all(), err.max()  # float32 rounding of the sums, nothing coarser
@@ -92,7 +93,7 @@ def test_backend_routes_many_rows_of_float16_scaled_weights_to_amx(monkeypatch):
     be = NumbaBackend(2)
     calls = []
     real = numba_amx.matmul_amx
-    monkeypatch.setattr(numba_amx, "matmul_amx", lambda *a: calls.append(a[4].shape[0]) or real(*a))
+    monkeypatch.setattr(numba_amx, "matmul_amx", lambda *a: calls.append(a[5].shape[0]) or real(*a))
     half = be.prepare_linear(weight("q4", 40, 64, rng))
     wide = be.prepare_linear(Weight("q8", rng.integers(-128, 128, (40, 64), dtype=np.int8),
                                     rng.random((40, 2), dtype=np.float32), None, GROUP))  # float32 scales

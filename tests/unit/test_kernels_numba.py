@@ -11,7 +11,8 @@ import gguf
 import numba
 import numpy as np
 import pytest
-from test_dequant import QUANTIZED, random_blocks
+from _kernel_cases import NAMES, QUANTIZED, float_weight, quantized
+from test_dequant import random_blocks
 from test_kernels_numpy import (  # the same op semantics, run here against the numba backend
     test_add_rms_norm_returns_sum_and_its_norm,
     test_paged_attention_decode_flag_and_mixed_agree,
@@ -22,7 +23,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
     test_silu_mul_matches_formula,
 )
 
-from engine.loader.quant import GGML_TYPES, gguf_weight, split
+from engine.loader.quant import GGML_TYPES, gguf_weight
 from kernels import numba_attention, numba_backend, numba_layout, numba_linear
 from kernels.numba_backend import INT8_MAX_ROWS, MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
@@ -35,7 +36,6 @@ __all__ = [  # re-exported tests (keeps linters from calling the imports unused)
     "test_paged_attention_matches_dense_causal", "test_paged_attention_rejects_mismatched_metadata",
     "test_paged_attention_tiled_long_prefill", "test_rms_norm_matches_formula", "test_silu_mul_matches_formula",
 ]
-NAMES = {t: GGML_TYPES[t].name for t in GGML_TYPES}
 
 
 @pytest.fixture(scope="module")
@@ -46,24 +46,6 @@ def be() -> NumbaBackend:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
-
-
-def quantized(type_id: int, rows: int, cols: int, rng: np.random.Generator) -> tuple[Weight, np.ndarray]:
-    """A random [rows, cols] weight of a GGML block type and gguf-py's float32 dequantization of it."""
-    t = GGML_TYPES[type_id]
-    raw = random_blocks(type_id, rows, cols // t.block_size, rng)
-    raw[-1] = raw[0]  # random_blocks leaves the last block's scales random (maybe NaN): not wanted here
-    with np.errstate(all="ignore"):
-        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id)).reshape(rows, cols)
-    return split(raw, type_id, (rows, cols)), want
-
-
-def float_weight(kind: str, rows: int, cols: int, rng: np.random.Generator) -> tuple[Weight, np.ndarray]:
-    x = rng.standard_normal((rows, cols)).astype(np.float32)
-    type_id = {"f32": 0, "f16": 1, "bf16": 30}[kind]
-    raw = x.astype(np.float16) if kind == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16) if kind == "bf16" else x
-    w = gguf_weight(raw.view(np.uint8), type_id, (rows, cols))
-    return w, w.dequantize()
 
 
 @pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
@@ -383,7 +365,7 @@ def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng, scales):
         assert (b.rows, b.cols, b.group) == (7, 64, w.group) and b.data.size == 8 * w.data.shape[1]
         rows = np.arange(7)
         out = np.empty((7, 64), np.float32)
-        numba_layout.dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, rows, out)
+        numba_layout.dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, b.zero, rows, out)
         np.testing.assert_array_equal(out, w.dequantize())
 
 
@@ -426,3 +408,101 @@ def test_only_the_stepping_thread_leads_a_team_of_kernel_threads():
     t.start()
     t.join()
     assert seen == {"built": 1, "stepping": 2}
+
+
+# ---- weights as the file stores them; the activation pieces; each instruction set's path ---------------
+@pytest.mark.parametrize("type_id", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
+def test_q4_0_q4_1_q8_0_weights_hold_exactly_the_files_bytes(be, rng, type_id):
+    t = GGML_TYPES[type_id]
+    raw = random_blocks(type_id, 8, 4, rng)
+    raw[-1] = raw[0]
+    w = gguf_weight(raw, type_id, (8, 4 * t.block_size))
+    assert w.nbytes == raw.size and w.scales.dtype == np.float16
+    assert (w.mins is None) == (type_id != 3) and w.zero == (8 if type_id == 2 else 0)
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id)).reshape(8, -1)
+    np.testing.assert_array_equal(w.dequantize(), want)
+    if type_id == 2:  # d * (q - 8): the mins read as -8 d, none stored
+        np.testing.assert_array_equal(w.min, -8 * w.scale)
+    lin = be.prepare_linear(w)
+    if target_has("f16c"):
+        assert lin.blocked.nbytes == raw.size  # 8 rows: no padding rows
+    np.testing.assert_array_equal(be.embedding(lin, np.arange(8)), want)
+    fused = concat_rows([w, w.take_rows(np.arange(8)[::-1])])
+    assert fused.nbytes == 2 * raw.size and fused.zero == w.zero
+
+
+def test_activation_pieces_rebuild_every_value_to_float32_precision(rng):
+    x = random_activations(rng, 3, 160)
+    x[1, 32:64] *= np.float32(1e-30)  # a block of tiny values (still above the cut-off)
+    x[2, 64:96] = np.float32(2.0 ** -120)  # a block below it: zeros
+    xp, xs, xsum = np.empty(3 * 4 * 160, np.int8), np.empty((3, 5), np.float32), np.empty((3, 5), np.float32)
+    numba_linear.split_rows(x, xp, xs, xsum)
+    p = xp.reshape(3, 5, 4, 32).astype(np.float64)
+    rebuilt = ((p[:, :, 0] * 2**7 + p[:, :, 1] + p[:, :, 2] / 2**7 + p[:, :, 3] / 2**14) * xs[:, :, None]).reshape(3, 160)
+    np.testing.assert_array_equal(rebuilt[2, 64:96], 0)
+    rebuilt[2, 64:96] = x[2, 64:96]
+    blocks_max = np.abs(x).reshape(3, 5, 32).max(axis=2).repeat(32, axis=1)
+    assert (np.abs(rebuilt - x) <= blocks_max * 2.0 ** -26).all()
+    near_max = np.abs(x) >= blocks_max / 8
+    np.testing.assert_array_equal(rebuilt[near_max], x[near_max])  # exact within 2^3 of the block's max
+    np.testing.assert_allclose(xsum, x.reshape(3, 5, 32).sum(axis=2), rtol=1e-5, atol=1e-30)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+_AVX2 = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
+         "+sse4.2,+ssse3,+xsave")
+# path -> (cpu name, features, float lanes, whether vpdpbusd on ymm, the CPU flags it needs to run here)
+NARROWER_CPUS = {
+    "avx2": ("haswell", _AVX2, 8, False, {"avx2"}),
+    "vnni-ymm": ("skylake-avx512", _AVX2 + ",+avx512f,+avx512vl,+avx512vnni,+avx512cd,+avx512dq", 16, True,
+                 {"avx512_vnni", "avx512vl"}),  # AVX-512 VNNI without BW: vpdpbusd on ymm, q4 two rows a vector
+    "avx-vnni": ("alderlake", _AVX2 + ",+avxvnni", 8, True, {"avx_vnni"}),  # the VEX encoding
+}
+_NARROW_CHECK = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_kernels_numba import blocked_case, int8_model, random_activations
+from kernels import simd
+from kernels.numba_backend import NumbaBackend
+assert not simd.VNNI512 and simd.VNNI256 == (sys.argv[3] == "True") and simd.LANES == int(sys.argv[2])
+rng = np.random.default_rng(0)
+for activations in ("f32", "q8"):
+    be = NumbaBackend(threads=2, activations=activations)
+    for case in ("q4", "q4 min", "q8 g32"):
+        for rows in (1, 4):  # a lone row, and a tile
+            w = blocked_case(case, 38, 96, rng, "f16")
+            x = random_activations(rng, rows, 96)
+            got = be.linear(x, be.prepare_linear(w))
+            dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+            want = int8_model(x, w) if activations == "q8" else dense
+            assert np.abs(got - want).max() <= 2e-6 * np.abs(dense).max(), (activations, case, rows)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", sorted(NARROWER_CPUS))
+def test_each_narrower_instruction_set_path_matches_the_reference(isa):
+    # The SIMD blocks pick vpdpbusd on zmm (AVX-512 VNNI), on ymm (AVX-VNNI, or AVX-512 VNNI without BW) or
+    # AVX2's vpmaddubsw by the CPU numba compiles for: pinning a narrower one runs the code that a machine
+    # without the wider instructions gets (its own entries in the kernel cache).
+    import os
+    import subprocess
+    import sys
+
+    name, features, lanes, vnni256, needs = NARROWER_CPUS[isa]
+    if not needs <= _cpu_flags():
+        pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}: the {isa} path's instructions would fault here")
+    env = dict(os.environ, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features)
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", _NARROW_CHECK, here, str(lanes), str(vnni256)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stderr[-3000:])
