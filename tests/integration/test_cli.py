@@ -99,3 +99,20 @@ def test_activations_flag_reaches_the_kernels_and_is_checked(reference):
     ):
         bad = subprocess.run([FORGE, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_synth_writes_a_model_that_generate_runs(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    out = tmp_path / "tiny.gguf"
+    synth = subprocess.run([FORGE, "synth", "--config", str(config), "--quant", "q4_k", "--out", str(out)],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert synth.returncode == 0, synth.stderr
+    assert f"wrote {out}" in synth.stdout and out.is_file()
+    run = forge("generate", "--model", str(out), "--raw", "--temperature", "0", "--max-tokens", "4", "--json", "Hello")
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout)["token_ids"]) == 4  # seed 0, greedy: no EOS among them
+    bad = subprocess.run([FORGE, "synth", "--shape", "gpt-5", "--out", str(out)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert bad.returncode == 2 and "unknown shape 'gpt-5'" in bad.stderr and "Traceback" not in bad.stderr
