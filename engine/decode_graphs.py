@@ -89,8 +89,15 @@ class PackedInputs:
 
 @dataclass(slots=True)
 class _Graph:
-    inputs: PackedInputs
-    meta: AttentionMetadata  # holds the attention plan the graph's kernels read
+    """A captured decode step and every device buffer it reads or writes that it did not allocate while capturing.
+
+    A CUDA graph holds raw addresses, not arrays: a buffer it uses that is freed goes back to CuPy's pool and the
+    next allocation gets it, so replays would read (or write) someone else's memory. Whatever the graph touches
+    therefore lives here, as long as the graph does (the model's weights and the KV caches outlive DecodeGraphs)."""
+
+    inputs: PackedInputs  # the packed step inputs (host and device)
+    meta: AttentionMetadata  # query_start and the attention plan the graph's kernels read
+    rows: Any  # the logits rows (0 .. bucket - 1) the final gather reads
     graph: Any
     logits: Any  # [bucket, vocab] on the device, rewritten by every replay
 
@@ -131,4 +138,4 @@ class DecodeGraphs:
         d = inputs.d
         graph, logits = self.backend.capture_graph(
             lambda: self.model.forward_device(d["token_ids"], d["positions"], meta, self.kv_caches, logits_rows))
-        return _Graph(inputs, meta, graph, logits)
+        return _Graph(inputs, meta, logits_rows, graph, logits)

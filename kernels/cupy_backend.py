@@ -46,6 +46,8 @@ KERNELS = {
 }
 # float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
 PANEL_VALUES = 1 << 24
+# The widest load a kernel makes (float4 / uint4): arrays read that way must start on a multiple of it.
+VECTOR_BYTES = 16
 
 
 class CupyBackend:
@@ -95,10 +97,13 @@ class CupyBackend:
             for name in (k for k, f in KERNELS.items() if f == file):
                 self._kernel(name)
 
-    def _f32(self, a: Any, what: str) -> Any:
+    def _f32(self, a: Any, what: str, aligned: bool = False) -> Any:
+        """`a` as contiguous float32; with `aligned`, also starting on a 16-byte boundary (a copy if a contiguous view
+        does not): kernels that read it in 16-byte vectors (gemv.cu's float4 loads of x) need that."""
         if a.dtype != np.float32:
             raise ValueError(f"{what} must be float32, got {a.dtype}")
-        return self._cp.ascontiguousarray(a)
+        a = self._cp.ascontiguousarray(a)
+        return a.copy() if aligned and a.data.ptr % VECTOR_BYTES else a
 
     # ---- transfers, stream, graphs -------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
@@ -185,9 +190,10 @@ class CupyBackend:
         N, K = w.shape
         if x.ndim != 2 or x.shape[1] != K:
             raise ValueError(f"linear: x {x.shape} does not match the weight {w.shape} ([N, K], x [T, K])")
-        x = self._f32(x, "linear x")
+        gemv = w.kind in QUANTIZED and x.shape[0] <= GEMV_MAX_ROWS
+        x = self._f32(x, "linear x", aligned=gemv)  # GEMV rows: K is a multiple of 16, so every row is aligned too
         T, cp = x.shape[0], self._cp
-        if w.kind in QUANTIZED and T <= GEMV_MAX_ROWS:
+        if gemv:
             out = cp.empty((T, N), dtype=np.float32)
             if T:
                 grid, block = gemv_geometry(N, T)
@@ -402,6 +408,8 @@ class CupyBackend:
             raise ValueError(f"{op}: the caches must be float16, got {k_cache.dtype} / {v_cache.dtype}")
         if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
             raise ValueError(f"{op}: the caches must be C-contiguous")
+        if k_cache.data.ptr % VECTOR_BYTES or v_cache.data.ptr % VECTOR_BYTES:  # attention reads K in 16-byte vectors
+            raise ValueError(f"{op}: the caches must start on a {VECTOR_BYTES}-byte boundary")
         return nb * bs
 
     def _slots(self, slot_mapping: Any, T: int) -> Any:

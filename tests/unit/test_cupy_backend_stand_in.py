@@ -4,6 +4,8 @@ grid that covers its work, and CUDA-graph capture makes no host <-> device copy.
 do not run here (see test_kernels_cupy_parity.py on a GPU)."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,8 @@ from engine.decode_graphs import DecodeGraphs
 from engine.model.llama import LlamaModel
 from kernels import cuda_launch, cupy_backend
 from kernels.cupy_backend import KERNELS, CupyBackend
+from kernels.numpy_backend import NumpyBackend
+from test_kernels_cupy_parity import _assert_same_samples
 
 
 @pytest.fixture
@@ -161,6 +165,54 @@ def test_decode_graphs_capture_once_per_bucket_without_host_copies_and_replay(cp
     assert d["token_ids"].tolist() == [9, 9, 9, 0] and d["positions"].tolist() == [21, 4, 1, 0]
 
 
+def test_every_decode_graph_keeps_alive_what_it_reads(cp, gpu, rng):
+    """A graph holds raw addresses: the logits rows its final gather reads (and every other buffer it did not
+    allocate while capturing) must live as long as the graph, or a replay reads memory handed out again since."""
+    model, caches = tiny_model(gpu, rng)
+    graphs = DecodeGraphs(model, caches, 16, pad_block=8, width=8, max_batch=8)
+    for batch in (1, 2, 3, 8):
+        graphs.run([5] * batch, [0] * batch, [[0]] * batch)
+    assert sorted(graphs._graphs) == [1, 2, 4, 8]
+    gc.collect()
+    for rows, g in graphs._graphs.items():
+        assert g.rows.tolist() == list(range(rows)) and g.graph.uses
+        assert graphs.run([6] * rows, [1] * rows, [[0]] * rows).shape == (rows, 100)  # the stand-in checks every use
+
+
+def _graph_of_rms_norm(gpu, x, weight, rows=None):
+    """A graph of rms_norm(x[rows], weight) that holds none of its inputs (as a CUDA graph does not)."""
+    return gpu.capture_graph(lambda: gpu.rms_norm(x if rows is None else x[rows], weight, 1e-5))[0]
+
+
+def test_the_stand_in_refuses_to_replay_a_graph_whose_buffers_were_freed(cp, gpu, rng):
+    x = gpu.asarray(rng.standard_normal((4, 64)).astype(np.float32))
+    weight, rows = gpu.asarray(np.ones(64, np.float32)), gpu.asarray(np.array([2, 0]))
+    graph = _graph_of_rms_norm(gpu, x, weight, rows)  # CuPy's own gather reads rows
+    gpu.replay(graph)
+    del rows
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"freed after capture: int64 \[2\]"):
+        gpu.replay(graph)
+    graph = _graph_of_rms_norm(gpu, x, weight)  # a kernel argument
+    gpu.replay(graph)
+    del weight
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"freed after capture: float32 \[64\]"):
+        gpu.replay(graph)
+
+
+def test_gemv_reads_x_from_an_aligned_copy_of_a_misaligned_contiguous_view(cp, gpu, rng):
+    w = gpu.prepare_linear(random_weight("q4", 70, 64, rng))
+    flat = gpu.asarray(rng.standard_normal(1 + 2 * 64).astype(np.float32))
+    x = flat[1:].reshape(2, 64)  # contiguous, 4 bytes past an aligned start: gemv.cu's float4 loads would fault
+    assert x.flags.c_contiguous and x.data.ptr % 16
+    assert gpu.linear(x, w).shape == (2, 70)  # the stand-in checks the alignment of every launch
+    grid, block = cuda_launch.gemv_geometry(70, 2)
+    with pytest.raises(AssertionError, match="16-byte alignment"):
+        gpu._kernel("gemv_q4")(grid, block, (gpu.xp.empty((2, 70), np.float32), x, w.data, w.scale, w.min,
+                                             np.int32(2), np.int32(70), np.int32(64)))
+
+
 def test_a_failed_capture_leaves_that_bucket_eager(cp, gpu, rng):
     model, caches = tiny_model(gpu, rng)
     graphs = DecodeGraphs(model, caches, 16, pad_block=8, width=8, max_batch=8)
@@ -179,3 +231,20 @@ def test_compile_kernels_builds_every_source_up_front(gpu):
     files = sorted(set(KERNELS.values()))
     assert seen == [(i, len(files), f) for i, f in enumerate(files, 1)]
     assert set(gpu._functions) == set(KERNELS)
+
+
+def test_the_parity_files_sampling_rule_is_exact_away_from_the_margins():
+    """The parity file's sampling rule (_assert_same_samples) accepts a neighbour only at a boundary: one token off
+    anywhere else still fails."""
+    cpu, rng, V = NumpyBackend(), np.random.default_rng(2), 1000
+    logits = (rng.standard_normal((1, V)) * 3).astype(np.float32)
+    table = np.array([[1.0, 0, 1.0, 0.0, 0.5]])
+    want = cpu.sample_rows(logits, table)
+    _assert_same_samples(cpu, logits, table, want)
+    with pytest.raises(AssertionError, match="device"):
+        _assert_same_samples(cpu, logits, table, (want + 1) % V)
+    w = np.exp(logits[0].astype(np.float64) - logits.max())  # u on a CDF step: the next token is as right
+    u = float(np.cumsum(w)[want[0]] / w.sum())
+    table[0, 4] = u
+    at = cpu.sample_rows(logits, table)
+    _assert_same_samples(cpu, logits, table, np.array([at[0] + 1 if at[0] == want[0] else want[0]]))
