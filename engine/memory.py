@@ -26,9 +26,9 @@ def share_one_arena() -> None:
     glibc gives each thread that allocates an arena of its own, and memory freed in one arena is
     only reused by the threads of that arena: the step thread, the GEMM workers and the threads
     that compile structured-output grammars would each grow a heap beside the main thread's, which
-    holds what loading freed (measured: 30 MB more at the peak of `forge bench --quick`). NumPy
-    allocates under the GIL anyway; the only allocations from parallel threads, the attention
-    kernels' scratch per work item, now share the arena's lock.
+    holds what loading freed (the effect on peak RSS: docs/performance.md). NumPy allocates under
+    the GIL anyway; the only allocations from parallel threads, the attention kernels' scratch per
+    work item, share the arena's lock.
     """
     if (libc := _libc()) is not None:
         libc.mallopt(_M_ARENA_MAX, 1)
@@ -39,6 +39,7 @@ def return_freed_memory() -> None:
 
     Called after each layer the model prepares, and by the step loop each time it goes idle: a
     prefill's large temporaries otherwise stay resident as free heap beside the K/V pages that
-    later steps touch (measured: peak RSS of `forge bench --quick` 8 MB lower; ~0.5 ms a call)."""
+    later steps touch. A call costs far less than a step and runs only while the loop is idle
+    (figures: docs/performance.md)."""
     if (libc := _libc()) is not None:
         libc.malloc_trim(0)

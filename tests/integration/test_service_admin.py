@@ -63,6 +63,8 @@ def test_metrics_follow_a_generation(http: httpx.Client, server: ServerProcess) 
     sid = r.json()["id"]
     with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Count to ten."}) as resp:
         done = json.loads([ln for ln in resp.iter_lines() if ln.startswith("data: ")][-1][6:])
+    # the admin feed's rate covers the last few seconds, which hold at least this reply's last token
+    assert server.stats()["tokens_per_s"] > 0
     after = scrape(http)
     used = done["usage"]
     assert after["forge_generated_tokens_total"] - before["forge_generated_tokens_total"] == used["completion_tokens"]
@@ -102,4 +104,4 @@ async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: Ser
     for key in ("name", "arch", "quant", "backend", "context_length", "vocab_size"):
         assert key in stats["model"]
     assert set(stats["ttft_ms"]) >= {"p50", "p95"} and set(stats["itl_ms"]) >= {"p50", "p95"}
-    assert stats["tokens_per_s"] >= 0
+    assert isinstance(stats["tokens_per_s"], (int, float))  # its value: test_metrics_follow_a_generation

@@ -1,6 +1,7 @@
 """The OpenAI-compatible shim through the official `openai` client, against the real server and model."""
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -147,7 +148,11 @@ def test_streaming_keepalive_comments_have_no_empty_data_lines(server: ServerPro
         lines = list(r.iter_lines())
     assert ": keep-alive" in lines
     assert "data:" not in [ln.strip() for ln in lines]
-    assert lines[-2:] == ["data: [DONE]", ""] or [ln for ln in lines if ln][-1] == "data: [DONE]"
+    events = [ln for ln in lines if ln]
+    assert all(ln == ": keep-alive" or ln.startswith("data: ") for ln in events)
+    assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1  # nothing after the end marker
+    chunks = [json.loads(ln[len("data: "):]) for ln in events[:-1] if ln.startswith("data: ")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # the reply's end precedes [DONE]
 
 
 def test_seed_and_logit_bias_are_honoured(client: openai.OpenAI, model_id: str, reference: dict) -> None:
