@@ -80,12 +80,6 @@ def _not_found(session_id: str) -> ServiceError:
     return ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
 
 
-def engine_capacity(engine: Any) -> int:
-    """Sequences the engine runs in one step: what admission lets in at once."""
-    config = getattr(getattr(engine, "core", None), "config", None)
-    return max(1, int(getattr(config, "max_num_seqs", 64)))
-
-
 class ChatService:
     """Starts, tracks and cancels chat turns; at most one running turn per session. Every generation (turns
     and /v1 requests) goes through `admission` (app/admission.py): past the engine's capacity it waits in a
@@ -95,7 +89,7 @@ class ChatService:
         self.engine = engine
         self.store = store
         self.metrics = metrics
-        self.admission = admission if admission is not None else Admission(engine_capacity(engine))
+        self.admission = admission if admission is not None else Admission(engine.max_num_seqs)
         metrics.bind_admission(self.admission)
         self.turns: dict[str, Turn] = {}  # session id -> running turn
         self._reserved: set[str] = set()  # sessions whose turn is being set up (or waits to be admitted)

@@ -24,7 +24,7 @@ from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
 from app.api.state import Services
 from app.api.typed import TypedRequest
-from app.chat import ChatService, engine_capacity
+from app.chat import ChatService
 from app.config import Settings
 from app.metrics import Metrics
 from app.store import Store
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
         svc.store, svc.engine = store, eng
         svc.metrics.bind_engine(eng)
         svc.chat = ChatService(eng, store, svc.metrics, Admission(
-            engine_capacity(eng), queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
+            eng.max_num_seqs, queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
             per_owner=settings.max_concurrent_per_key))
         svc.started_at = time.time()
         log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),

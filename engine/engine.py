@@ -184,6 +184,11 @@ class Engine:
         return self.core.max_context
 
     @property
+    def max_num_seqs(self) -> int:
+        """Sequences one step runs at most: the capacity callers admit against."""
+        return self.core.config.max_num_seqs
+
+    @property
     def sampling_defaults(self) -> dict[str, float]:
         """The sampling settings the model's files recommend (SamplingParams names; engine/loader/recommended.py)."""
         return dict(self.core.loaded.sampling)
@@ -332,16 +337,18 @@ class Engine:
     def _dispatch(self, events: list[GenerationEvent]) -> None:
         """Send a step's events: one wake-up per caller's event loop, however many streams it serves."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        ended: set[str] = set()  # requests with a final event in this batch: only these can have ended
         for event in events:
             stream = self._routes.get(event.request_id)
             if stream is None:
                 continue
             if event.final:
                 stream.finished.add(event.index)
+                ended.add(event.request_id)
             batches.setdefault(stream.loop, []).append((stream.events, event))
         # Routes go only after the whole batch is queued: samples of one request that finish in the same
         # step all leave the core's group inside the step, before the first of their final events is sent.
-        for request_id in [r for r in self._routes if not self.core.is_running(r)]:
+        for request_id in [r for r in ended if not self.core.is_running(r)]:
             stream = self._routes.pop(request_id)
             # A backstop: a sample whose final event never came (a bug) gets one; no consumer waits forever.
             for index in sorted(set(range(stream.samples)) - stream.finished):

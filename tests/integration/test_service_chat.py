@@ -122,8 +122,16 @@ async def test_a_repeated_idempotency_key_stores_the_message_once(tight_engine: 
     assert len((await store.get_history(sid, ME))[1]) == 4  # type: ignore[index]
 
 
-async def test_the_per_key_cap_queues_a_keys_extra_turns(tight_engine: Engine, store: Store) -> None:
-    chat = ChatService(tight_engine, store, Metrics(), Admission(capacity=4, per_owner=1))
+@pytest.fixture
+async def engine4():
+    """Room for the admission's four places, so only admission decides who runs."""
+    engine = await asyncio.to_thread(Engine.load, "default", kv_memory="64MiB", max_num_seqs=4)
+    yield engine
+    await engine.shutdown()
+
+
+async def test_the_per_key_cap_queues_a_keys_extra_turns(engine4: Engine, store: Store) -> None:
+    chat = ChatService(engine4, store, Metrics(), Admission(capacity=4, per_owner=1))
     a = (await store.create_session(ME, "a", None, dict(GREEDY, max_tokens=50)))["id"]
     b = (await store.create_session(ME, "b", None, GREEDY))["id"]
     turn = await chat.send(a, ME, "Count to fifty.", sink=lambda ev: None)
