@@ -15,17 +15,17 @@ from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
-from app.admission import Admission
 from app.api import admin, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
 from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
-from app.api.state import Services
+from app.api.state import DEPENDENCIES, Services
 from app.api.typed import TypedRequest
-from app.chat import ChatService
 from app.config import Settings
+from app.domain.admission import Admission
+from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
 from app.store.migrate import upgrade
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
                         pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
         lifespan=[lifespan],
         state=State({"forge": svc}),
+        dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         middleware=[DefineMiddleware(Gate, settings=settings)],
         before_send=[security_headers, allow_header],

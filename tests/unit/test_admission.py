@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.admission import Admission, QueueFull, QueueTimeout
+from app.domain.admission import Admission, QueueFull, QueueTimeout
 
 
 class Clock:
