@@ -41,12 +41,12 @@ class Settings:
     outbox_bytes: int = 1 << 20  # ... or this many bytes of them
     ws_sessions: int = 64  # sessions one WebSocket may watch
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
-    # Admission (app/admission.py): past the engine's capacity, generations wait in a queue fair across keys
+    # Admission (app/domain/admission.py): past the engine's capacity, generations wait in a queue fair across keys
     queue_size: int = 1024  # generations that may wait; one more is refused with 429
     queue_timeout_s: float = 60.0  # how long one may wait; then 503
     max_concurrent_per_key: int | None = None  # generations one API key may run at once (None: no cap)
     import_messages: int = 10_000  # messages in one imported session
-    default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.defaults)
+    default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.domain.defaults)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":

@@ -63,7 +63,7 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
         return out
 
     def new_session(self, defaults: dict[str, Any]) -> dict[str, Any]:
-        """Keyword arguments for Store.create_session; settings not given take `defaults` (app.defaults)."""
+        """Keyword arguments for Store.create_session; settings not given take `defaults` (app.domain.defaults)."""
         changes = self.changes()
         return {"title": changes.get("title", DEFAULT_TITLE), "system_prompt": changes.get("system_prompt"),
                 "settings": {**defaults, **changes.get("settings", {})}}

@@ -1,4 +1,4 @@
-"""The sampling settings a model's files recommend, and what a request leaving them out gets (app.defaults)."""
+"""The sampling settings a model's files recommend, and what a request leaving them out gets (app.domain.defaults)."""
 from __future__ import annotations
 
 import json
