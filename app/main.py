@@ -8,12 +8,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
+
+from engine import Engine
 
 from app.api import admin, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
@@ -35,16 +36,14 @@ log = logging.getLogger("forge.app")
 MAX_BODY_BYTES = 8 << 20  # an imported session can be large; chat content is capped separately
 
 
-def _load_engine(settings: Settings) -> Any:
-    from engine import Engine  # heavy import, only when the app loads the model itself
-
+def _load_engine(settings: Settings) -> Engine:
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
                        activations=settings.activations, speculative=settings.speculative,
                        spec_row_cost=settings.spec_row_cost)
 
 
-def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
+def create_app(settings: Settings | None = None, engine: Engine | None = None, *, migrate: bool = True) -> Litestar:
     """The Forge service. With `engine=None` the lifespan loads (and later shuts down) the model itself;
     a passed engine stays the caller's to shut down. `migrate=False` when the caller already upgraded."""
     settings = settings or Settings.from_env()

@@ -3,7 +3,6 @@ body, and the handlers for what Litestar or the database raise."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException

@@ -95,6 +95,7 @@ class Runner:
                       failure: str | None, killed: bool, prompt_len: int) -> None:
         ids = {"session_id": turn.session_id, "message_id": turn.message_id}
         reason = final.finish_reason if final is not None else ("abort" if (turn.cancelled or killed) else "error")
+        assert reason is not None  # `final` is the event that carried one
         if reason == "abort":
             status = "interrupted" if self.guard.shutting_down else "stopped"
         else:

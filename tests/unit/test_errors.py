@@ -1,4 +1,4 @@
-"""Error codes: the domain names them (app/domain/errors.py), the HTTP layer gives each its status (app/api/errors.py)."""
+"""Error codes: the domain names them (app/domain/errors.py), the HTTP layer gives each a status (app/api/errors.py)."""
 from __future__ import annotations
 
 from app.api import errors as api
