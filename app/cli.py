@@ -11,19 +11,8 @@ from dataclasses import asdict
 from engine import BackendUnavailable, Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 from engine.loader import ModelLoadError
 
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
-    p.add_argument("--backend", default=None, choices=["auto", "numba", "numpy", "cupy"],
-                   help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference")
-    p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
-    p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
-    p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
-    p.add_argument("--activations", default=None, metavar="f32|q8",
-                   help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
-                        "faster, close to but not equal to the float32 results)")
-    p.add_argument("--speculative", default=None, choices=["off", "ngram"],
-                   help="n-gram speculative decoding for requests that do not choose (default: ngram)")
+from app.config import Settings, serve_flags, settings_from_flags
+from app.config import engine_flags as _engine_args
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -40,26 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge", description="Forge: streaming chat service and inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the chat UI, WebSocket/SSE, OpenAI-compatible API and admin page")
-    _engine_args(p)
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=None)
-    p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
-    p.add_argument("--api-key", dest="api_keys", action="append", default=None,
-                   help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)")
-    p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
-    p.add_argument("--allow-origin", dest="allowed_origins", action="append", default=None,
-                   help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)")
-    p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
-    p.add_argument("--log-level", default=None, help="debug | info | warning | error")
-    p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
-    p.add_argument("--queue-size", type=int, default=None,
-                   help="generations that may wait for the engine, served round-robin by API key (default 1024); "
-                        "one more is refused with 429")
-    p.add_argument("--queue-timeout-s", type=float, default=None,
-                   help="how long a generation may wait for the engine before a 503 (default 60)")
-    p.add_argument("--max-concurrent-per-key", type=int, default=None,
-                   help="generations one API key may run at once; more wait in the queue (default: no cap)")
+    serve_flags(sub.add_parser("serve", help="serve the chat UI, WebSocket/SSE, OpenAI-compatible API and admin page"))
 
     p = sub.add_parser("migrate", help="apply database migrations up to head")
     p.add_argument("--db", dest="database_url", default=None)
@@ -100,17 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "serve":
-            from app.config import Settings
-            from app.server import serve
+            from app.server import serve  # uvicorn and the app: only to serve
 
-            overrides = {k: getattr(args, k) for k in (
-                "model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
-                "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
-                "queue_size", "queue_timeout_s", "max_concurrent_per_key",
-            )}
-            serve(Settings.from_env(**overrides))
+            serve(settings_from_flags(args))
         elif args.command == "migrate":
-            from app.config import Settings
             from app.store.migrate import upgrade
 
             url = Settings.from_env(database_url=args.database_url).database_url

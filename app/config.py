@@ -1,6 +1,8 @@
-"""Service settings: defaults, then FORGE_* environment variables, then explicit overrides (CLI flags)."""
+"""Service settings: defaults, then FORGE_* environment variables, then explicit overrides (CLI flags); the flags
+of `forge serve` (and `python -m app.server`) and of the engine."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -39,12 +41,12 @@ class Settings:
     outbox_bytes: int = 1 << 20  # ... or this many bytes of them
     ws_sessions: int = 64  # sessions one WebSocket may watch
     ws_commands_per_s: float = 20.0  # sustained command rate per WebSocket (bursts of twice that)
-    # Admission (app/admission.py): past the engine's capacity, generations wait in a queue fair across keys
+    # Admission (app/domain/admission.py): past the engine's capacity, generations wait in a queue fair across keys
     queue_size: int = 1024  # generations that may wait; one more is refused with 429
     queue_timeout_s: float = 60.0  # how long one may wait; then 503
     max_concurrent_per_key: int | None = None  # generations one API key may run at once (None: no cap)
     import_messages: int = 10_000  # messages in one imported session
-    default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.defaults)
+    default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.domain.defaults)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -140,3 +142,51 @@ def _convert(field_name: str, raw: str, source: str) -> Any:
         kind = "an integer" if field_name in _INT_FIELDS else "a number"
         raise ValueError(f"{source} must be {kind}, got {raw!r}") from None
     return raw
+
+
+def engine_flags(p: argparse.ArgumentParser) -> None:
+    """The engine's flags (`forge serve`, `generate`, `chat`, `bench`)."""
+    p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
+    p.add_argument("--backend", default=None, choices=["auto", "numba", "numpy", "cupy"],
+                   help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference")
+    p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
+    p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
+    p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
+    p.add_argument("--activations", default=None, metavar="f32|q8",
+                   help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
+                        "faster, close to but not equal to the float32 results)")
+    p.add_argument("--speculative", default=None, choices=["off", "ngram"],
+                   help="n-gram speculative decoding for requests that do not choose (default: ngram)")
+
+
+def serve_flags(p: argparse.ArgumentParser) -> None:
+    """`forge serve`'s flags: the engine's, then the service's."""
+    engine_flags(p)
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
+    p.add_argument("--api-key", dest="api_keys", action="append", default=None,
+                   help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)")
+    p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
+    p.add_argument("--allow-origin", dest="allowed_origins", action="append", default=None,
+                   help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)")
+    p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
+    p.add_argument("--log-level", default=None, help="debug | info | warning | error")
+    p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
+    p.add_argument("--queue-size", type=int, default=None,
+                   help="generations that may wait for the engine, served round-robin by API key (default 1024); "
+                        "one more is refused with 429")
+    p.add_argument("--queue-timeout-s", type=float, default=None,
+                   help="how long a generation may wait for the engine before a 503 (default 60)")
+    p.add_argument("--max-concurrent-per-key", type=int, default=None,
+                   help="generations one API key may run at once; more wait in the queue (default: no cap)")
+
+
+_SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
+                   "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
+                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key")
+
+
+def settings_from_flags(args: argparse.Namespace) -> Settings:
+    """Settings from the environment with `serve_flags`' values over them (ValueError naming a bad one)."""
+    return Settings.from_env(**{k: getattr(args, k) for k in _SERVE_SETTINGS})

@@ -8,24 +8,25 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
-from app.admission import Admission
+from engine import Engine
+
 from app.api import admin, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
 from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
-from app.api.state import Services
+from app.api.state import DEPENDENCIES, Services
 from app.api.typed import TypedRequest
-from app.chat import ChatService
 from app.config import Settings
+from app.domain.admission import Admission
+from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
 from app.store.migrate import upgrade
@@ -35,16 +36,14 @@ log = logging.getLogger("forge.app")
 MAX_BODY_BYTES = 8 << 20  # an imported session can be large; chat content is capped separately
 
 
-def _load_engine(settings: Settings) -> Any:
-    from engine import Engine  # heavy import, only when the app loads the model itself
-
+def _load_engine(settings: Settings) -> Engine:
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
                        activations=settings.activations, speculative=settings.speculative,
                        spec_row_cost=settings.spec_row_cost)
 
 
-def create_app(settings: Settings | None = None, engine: Any = None, *, migrate: bool = True) -> Litestar:
+def create_app(settings: Settings | None = None, engine: Engine | None = None, *, migrate: bool = True) -> Litestar:
     """The Forge service. With `engine=None` the lifespan loads (and later shuts down) the model itself;
     a passed engine stays the caller's to shut down. `migrate=False` when the caller already upgraded."""
     settings = settings or Settings.from_env()
@@ -83,6 +82,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
                         pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
         lifespan=[lifespan],
         state=State({"forge": svc}),
+        dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         middleware=[DefineMiddleware(Gate, settings=settings)],
         before_send=[security_headers, allow_header],

@@ -67,7 +67,7 @@ class Metrics:
         self.admission_wait = Histogram("forge_admission_wait_seconds", "Time an admitted generation waited in "
                                         "the admission queue (0 when admitted at once).",
                                         buckets=(0.0,) + LATENCY_BUCKETS, registry=r)
-        self.admission: Any = None  # app.admission.Admission, read at scrape time
+        self.admission: Any = None  # app.domain.admission.Admission, read at scrape time
         r.register(_EngineCollector(self))
         self._ttft_window = _Window()
         self._itl_window = _Window()

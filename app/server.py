@@ -6,6 +6,7 @@ Also runnable as `python -m app.server [--port N] [--db URL] ...` (same flags as
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
 import logging
@@ -20,8 +21,8 @@ import uvicorn
 from litestar import Litestar
 from sqlalchemy.engine import make_url
 
-from app.config import Settings
 from app.api.ws import MAX_FRAME_BYTES
+from app.config import Settings, serve_flags, settings_from_flags
 from app.main import create_app, drain, interrupt
 from app.store.migrate import upgrade
 
@@ -143,9 +144,20 @@ def serve(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m app.server ARGS` is `forge serve ARGS`."""
-    from app.cli import main as cli_main
+    from engine import BackendUnavailable
+    from engine.loader import ModelLoadError
 
-    cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m app.server", description="forge serve")
+    serve_flags(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        serve(settings_from_flags(args))
+    except (ModelLoadError, BackendUnavailable, ValueError) as exc:
+        print(f"forge serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -14,11 +14,9 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.api.errors import ServiceError
 from app.api.response_format import ResponseFormatField
+from app.domain.defaults import DEFAULT_TITLE
 
 T = TypeVar("T")
-
-DEFAULT_TITLE = "New chat"
-DEFAULT_SETTINGS: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
 
 Int = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # the engine checks its own ranges
 Count = Annotated[int, Meta(ge=0, le=1 << 40)]
@@ -65,7 +63,7 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
         return out
 
     def new_session(self, defaults: dict[str, Any]) -> dict[str, Any]:
-        """Keyword arguments for Store.create_session; settings not given take `defaults` (app.defaults)."""
+        """Keyword arguments for Store.create_session; settings not given take `defaults` (app.domain.defaults)."""
         changes = self.changes()
         return {"title": changes.get("title", DEFAULT_TITLE), "system_prompt": changes.get("system_prompt"),
                 "settings": {**defaults, **changes.get("settings", {})}}

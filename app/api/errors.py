@@ -1,16 +1,18 @@
-"""One error type for the service and its OpenAI-style JSON body: {"error": {message, type, param, code}}."""
+"""Errors as HTTP answers: each ServiceError code's status (STATUS, the one table) beside the error's OpenAI-style
+body, and the handlers for what Litestar or the database raise."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from sqlalchemy.exc import OperationalError
 
+from app.domain import errors as domain
+
 log = logging.getLogger("forge.api")
 
-# code -> HTTP status. The codes are the WebSocket protocol's error codes too (docs/protocol.md).
+# code -> HTTP status (the codes and what they mean: app/domain/errors.py, docs/protocol.md)
 STATUS = {
     "bad_request": 400,
     "invalid_parameter": 400,
@@ -32,44 +34,30 @@ STATUS = {
     "invalid_api_key": 401,
     "model_not_found": 404,
 }
+assert set(STATUS) == domain.CODES, "every error code has its HTTP status"
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-          429: "rate_limit_error", 503: "overloaded_error", 500: "server_error"}
+          429: "rate_limit_error", 503: "overloaded_error", 500: "server_error"}  # for Litestar's own refusals
 
 
-class ServiceError(Exception):
-    """A refusal with a stable `code`, a message naming the problem and, where one field is at fault, `param`."""
-
-    def __init__(self, code: str, message: str, param: str | None = None, status: int | None = None,
-                 retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        assert code in STATUS, code
-        self.code = code
-        self.message = message
-        self.param = param
-        self.status = status or STATUS[code]
-        self.retry_after_s = retry_after_s  # the `Retry-After` header / the event's `retry_after_s`
-
-    def body(self) -> dict[str, Any]:
-        kind = _TYPES.get(self.status, "invalid_request_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-    def event(self, **extra: Any) -> dict[str, Any]:
-        """As a WebSocket/SSE `error` event."""
-        ev: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
-        if self.param is not None:
-            ev["param"] = self.param
-        if self.retry_after_s is not None:
-            ev["retry_after_s"] = self.retry_after_s
-        ev.update({k: v for k, v in extra.items() if v is not None})
-        return ev
+def status_of(err: domain.ServiceError) -> int:
+    return STATUS[err.code]
 
 
-def error_response(err: ServiceError, headers: dict[str, str] | None = None) -> Response:
-    return Response(err.body(), status_code=err.status, headers=headers)
+class ServiceError(domain.ServiceError):
+    """The domain's error as this layer raises it, with its HTTP `status`. Catch domain.ServiceError where an
+    error may come from the domain (app.domain): it is that error's base."""
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
 
 
-def _service_error_handler(_: Request, exc: ServiceError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+def error_response(err: domain.ServiceError, headers: dict[str, str] | None = None) -> Response:
+    return Response(err.body(), status_code=status_of(err), headers=headers)
+
+
+def _service_error_handler(_: Request, exc: domain.ServiceError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status_of(exc) == 401 else None
     if exc.retry_after_s is not None:
         headers = {"Retry-After": str(exc.retry_after_s)}
     return error_response(exc, headers)
@@ -139,7 +127,7 @@ def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS = {
-    ServiceError: _service_error_handler,
+    domain.ServiceError: _service_error_handler,
     HTTPException: _http_error_handler,
     Exception: _unexpected_error_handler,
 }

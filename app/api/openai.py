@@ -16,20 +16,21 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.background_tasks import BackgroundTask
+from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
-from app.api.errors import ServiceError
+from app.domain.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
 from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
 from app.api.outbox import Outbox
 from app.api.response_format import compile_response_format
 from app.api.sse import with_keepalives
-from app.api.state import Services, ready_services
-from app.defaults import openai_defaults
+from app.api.state import Services
+from app.domain.defaults import openai_defaults
 
 log = logging.getLogger("forge.openai")
 
@@ -400,9 +401,8 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
 
 @post("/chat/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
       operation_class=JsonOrEvents)
-async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Response:
+async def chat_completions(request: Request, svc: NamedDependency[Services], data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
-    svc = ready_services(request)
     call = await _parse_chat(data, svc)
     if data.user:
         log.info("chat completion %s for user %r", call.request_id, data.user)
@@ -442,9 +442,8 @@ async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Res
 
 @post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
       operation_class=JsonOrEvents)
-async def completions(request: Request, data: JSONBody[CompletionRequest]) -> Response:
+async def completions(request: Request, svc: NamedDependency[Services], data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
-    svc = ready_services(request)
     call = await _parse_completion(data, svc)
     if data.user:
         log.info("completion %s for user %r", call.request_id, data.user)
@@ -493,16 +492,14 @@ def _model_card(svc: Services) -> dict[str, Any]:
 
 
 @get("/models", responses=errors(*KEYED))
-async def list_models(request: Request) -> dict[str, Any]:
+async def list_models(svc: NamedDependency[Services]) -> dict[str, Any]:
     """The one model served."""
-    svc = ready_services(request)
     return {"object": "list", "data": [_model_card(svc)]}
 
 
 @get("/models/{model_id:path}", responses=errors(*KEYED, 404))
-async def read_model(request: Request, model_id: FromPath[str]) -> dict[str, Any]:
+async def read_model(svc: NamedDependency[Services], model_id: FromPath[str]) -> dict[str, Any]:
     """The served model's card (`default` is an alias)."""
-    svc = ready_services(request)
     model_id = model_id.lstrip("/")
     if model_id not in (_model_id(svc), "default"):
         raise ServiceError("model_not_found", f"the model '{model_id}' does not exist", param="model")

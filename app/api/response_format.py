@@ -1,23 +1,28 @@
 """`response_format` in request bodies: OpenAI's `text` / `json_object` / `json_schema` plus Forge's `regex` and
 `grammar`, as a tagged union of msgspec Structs (decoded with the rest of the body, app.api.bodies.decode), the
-engine's ResponseFormat each one stands for, and compiling it before anything is answered or stored.
+engine's ResponseFormat each one stands for (`plain`), compiled by app.domain.response_format before anything is
+answered or stored.
 
 Bounds that keep hostile constraints cheap to refuse: a schema is at most SCHEMA_MAX_BYTES of JSON and
 SCHEMA_MAX_DEPTH levels deep, a pattern or grammar at most SOURCE_MAX_CHARS. What the engine cannot compile or
-enforce is refused by the engine (InvalidRequest), here turned into a ServiceError naming `response_format`.
+enforce is refused by the engine, as a ServiceError naming `response_format`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.types import InvalidRequest, ResponseFormat
+from engine.types import ResponseFormat
 
 from app.api.errors import ServiceError
+from app.domain import response_format as domain
+from app.domain.response_format import PARAM
 
-PARAM = "response_format"
+if TYPE_CHECKING:
+    from engine import Engine
+
 SCHEMA_MAX_BYTES = 64 << 10
 SCHEMA_MAX_DEPTH = 64  # JSON nesting of the schema document (an object property costs two levels)
 SOURCE_MAX_CHARS = 64 << 10
@@ -104,13 +109,11 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-async def compile_response_format(engine: Any, field: ResponseFormatField | None) -> ResponseFormat | None:
-    """The engine's constraint for a body's `response_format`, compiled now (off the event loop, cached for the
-    generation): a bad one is a 400 / `error` event before any byte of a stream, never a failed stream."""
-    fmt = field.engine() if field is not None else None
-    if fmt is not None:
-        try:
-            await engine.compile_response_format(fmt)
-        except InvalidRequest as e:
-            raise ServiceError("invalid_parameter", str(e), param=PARAM) from None
-    return fmt
+def plain(field: ResponseFormatField | None) -> ResponseFormat | None:
+    """The engine's constraint a body's `response_format` stands for (None: free text)."""
+    return field.engine() if field is not None else None
+
+
+async def compile_response_format(engine: Engine, field: ResponseFormatField | None) -> ResponseFormat | None:
+    """The engine's constraint for a body's `response_format`, compiled now (app.domain.response_format)."""
+    return await domain.compile_response_format(engine, plain(field))

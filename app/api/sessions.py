@@ -10,114 +10,114 @@ from typing import Any
 
 from litestar import Request, Router, delete, get, patch, post
 from litestar.background_tasks import BackgroundTask
+from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from app.api.bodies import DEFAULT_TITLE, EditBody, Empty, Export, SendBody, SessionFields
+from engine import Engine
+
+from app.api.bodies import EditBody, Empty, Export, SendBody, SessionFields
 from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, Events, OptionalBody, OptionalBodyEvents, errors
 from app.api.outbox import Outbox
+from app.api.response_format import plain
 from app.api.sse import keepalive, with_keepalives
-from app.api.state import Services, ready_services
-from app.chat import Queued, Sink, Turn
-from app.defaults import session_defaults
-from app.store import Conflict
+from app.config import Settings
+from app.domain import errors as domain
+from app.domain.chat import ChatService
+from app.domain.defaults import DEFAULT_TITLE, session_defaults
+from app.domain.errors import not_found
+from app.domain.turn import Queued, Sink, Turn
+from app.store import Conflict, Store
 
 log = logging.getLogger("forge.sessions")
 
 
-def _not_found(session_id: str) -> ServiceError:
-    return ServiceError("not_found", f"session '{session_id}' not found", param="session_id")
-
-
 @get("/", responses=errors(*KEYED))
-async def list_sessions(request: Request) -> dict[str, Any]:
+async def list_sessions(request: Request, store: NamedDependency[Store]) -> dict[str, Any]:
     """The caller's sessions, most recently active first."""
-    svc = ready_services(request)
-    return {"data": await svc.store.list_sessions(owner(request.scope))}
+    return {"data": await store.list_sessions(owner(request.scope))}
 
 
 @post("/", responses=errors(*KEYED, *BODY), operation_class=OptionalBody)
-async def create_session(request: Request, data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
+async def create_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
+                         data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
     """A new session (the body may be left out)."""
-    svc = ready_services(request)
-    return await svc.store.create_session(owner(request.scope),
-                                          **(data or SessionFields()).new_session(session_defaults(svc.engine)))
+    return await store.create_session(owner(request.scope),
+                                      **(data or SessionFields()).new_session(session_defaults(engine)))
 
 
 @get("/{session_id:str}", responses=errors(*KEYED, 404))
-async def read_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+async def read_session(request: Request, store: NamedDependency[Store], session_id: FromPath[str]) -> dict[str, Any]:
     """A session and its chosen branch of messages."""
-    svc = ready_services(request)
-    found = await svc.store.get_history(session_id, owner(request.scope))
+    found = await store.get_history(session_id, owner(request.scope))
     if found is None:
-        raise _not_found(session_id)
+        raise not_found(session_id)
     session, messages = found
     return {**session, "messages": messages}
 
 
 @patch("/{session_id:str}", responses=errors(*KEYED, *BODY, 404, 409))
-async def update_session(request: Request, session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
+async def update_session(request: Request, store: NamedDependency[Store], session_id: FromPath[str],
+                         data: JSONBody[SessionFields]) -> dict[str, Any]:
     """Change title, system prompt or settings (merged over the current ones)."""
-    svc = ready_services(request)
     try:
-        updated = await svc.store.update_session(session_id, owner(request.scope), **data.changes())
+        updated = await store.update_session(session_id, owner(request.scope), **data.changes())
     except Conflict as e:
         raise ServiceError("busy", str(e), param="session_id") from None
     if updated is None:
-        raise _not_found(session_id)
+        raise not_found(session_id)
     return updated
 
 
 @delete("/{session_id:str}", responses=errors(*KEYED, 404, 415))
-async def delete_session(request: Request, session_id: FromPath[str]) -> None:
+async def delete_session(request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService],
+                         session_id: FromPath[str]) -> None:
     """Delete a session and its messages; a running reply is stopped first."""
-    svc = ready_services(request)
     who = owner(request.scope)
-    await svc.chat.cancel_and_wait(session_id, who)
-    if not await svc.store.delete_session(session_id, who):
-        raise _not_found(session_id)
+    await chat.cancel_and_wait(session_id, who)
+    if not await store.delete_session(session_id, who):
+        raise not_found(session_id)
 
 
 @get("/{session_id:str}/export", responses=errors(*KEYED, 404))
-async def export_session(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+async def export_session(request: Request, store: NamedDependency[Store], session_id: FromPath[str]) -> dict[str, Any]:
     """The session and every branch of its messages, in the import format."""
-    svc = ready_services(request)
-    data = await svc.store.export_session(session_id, owner(request.scope))
+    data = await store.export_session(session_id, owner(request.scope))
     if data is None:
-        raise _not_found(session_id)
+        raise not_found(session_id)
     return data
 
 
 @post("/import", responses=errors(*KEYED, *BODY))
-async def import_session(request: Request, data: JSONBody[Export]) -> dict[str, Any]:
+async def import_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
+                         settings: NamedDependency[Settings], data: JSONBody[Export]) -> dict[str, Any]:
     """A new session (new ids) holding an export's messages (version 1 or 2)."""
-    svc = ready_services(request)
-    limit = svc.settings.import_messages
+    limit = settings.import_messages
     if len(data.messages) > limit:
         raise ServiceError("invalid_parameter", f"'messages' holds {len(data.messages)} messages; the limit is {limit}",
                            param="messages")
     s = data.session
     session = {"title": (s.title or "").strip() or DEFAULT_TITLE, "system_prompt": s.system_prompt,
-               "settings": {**session_defaults(svc.engine), **(s.settings.given() if s.settings else {})}}
-    return await svc.store.import_session(owner(request.scope), session, data.tree())
+               "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})}}
+    return await store.import_session(owner(request.scope), session, data.tree())
 
 
 @post("/{session_id:str}/messages/{message_id:str}/select", status_code=200,
       responses=errors(*KEYED, *BODY, 404, 409), operation_class=OptionalBody)
-async def select_branch(request: Request, session_id: FromPath[str], message_id: FromPath[str],
-                        data: JSONBody[Empty | None] = None) -> dict[str, Any]:
+async def select_branch(request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str],
+                        message_id: FromPath[str], data: JSONBody[Empty | None] = None) -> dict[str, Any]:
     """Choose the branch through a message (any of the session's): the session and its chosen branch."""
-    svc = ready_services(request)
-    session, messages = await svc.chat.select(session_id, owner(request.scope), message_id)
+    session, messages = await chat.select(session_id, owner(request.scope), message_id)
     return {**session, "messages": messages}
 
 
 # -- turns over SSE ---------------------------------------------------------------------------
 
 
-async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[Turn | None]]) -> ServerSentEvent:
+async def turn_stream(chat: ChatService, settings: Settings,
+                      start: Callable[[Sink, Queued], Awaitable[Turn | None]]) -> ServerSentEvent:
     """Start a turn whose events go to a bounded outbox, and stream them as named SSE events with ids;
     `: keep-alive` comments while none is ready.
 
@@ -133,11 +133,11 @@ async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[T
 
     def stop() -> None:
         if turn is not None:
-            svc.chat.cancel_turn(turn)
+            chat.cancel_turn(turn)
         elif starting is not None:
             starting.cancel()  # still waiting to be admitted: leave the queue
 
-    outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, stop)
+    outbox = Outbox(settings.outbox_events, settings.outbox_bytes, stop)
 
     def sink(ev: dict[str, Any] | None) -> None:
         if ev is None:
@@ -162,11 +162,11 @@ async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[T
 
     async def admitted() -> AsyncIterator[ServerSentEventMessage]:
         nonlocal turn
-        while not (await asyncio.wait({starting}, timeout=svc.settings.keepalive_s))[0]:
+        while not (await asyncio.wait({starting}, timeout=settings.keepalive_s))[0]:
             yield keepalive()
         try:
             turn = starting.result()
-        except ServiceError as e:  # the deadline passed (or a refusal after waiting): told, then the end
+        except domain.ServiceError as e:  # the deadline passed (or a refusal after waiting): told, then the end
             sink(e.event())
             sink(None)
         except Exception:
@@ -180,7 +180,7 @@ async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[T
             if waiting:
                 async for item in admitted():
                     yield item
-            async for item in with_keepalives(outbox, svc.settings.keepalive_s):
+            async for item in with_keepalives(outbox, settings.keepalive_s):
                 if item is None:
                     yield keepalive()
                     continue
@@ -197,45 +197,44 @@ async def turn_stream(svc: Services, start: Callable[[Sink, Queued], Awaitable[T
 
 @post("/{session_id:str}/messages", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
       operation_class=Events)
-async def send_message(request: Request, session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
+async def send_message(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
+                       session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
     """SSE: one turn (docs/protocol.md#sse). A repeated `idempotency_key` answers `history` instead."""
-    svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink, queued: svc.chat.send(session_id, who, data.content, sink=sink,
-                                                                     idempotency_key=data.idempotency_key,
-                                                                     response_format=data.response_format,
-                                                                     queued=queued))
+    return await turn_stream(chat, settings, lambda sink, queued: chat.send(
+        session_id, who, data.content, sink=sink, idempotency_key=data.idempotency_key,
+        response_format=plain(data.response_format), queued=queued))
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200,
       responses=errors(*KEYED, *BODY, *GENERATION, 404, 409), operation_class=Events)
-async def edit_message(request: Request, session_id: FromPath[str], message_id: FromPath[str],
+async def edit_message(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
+                       session_id: FromPath[str], message_id: FromPath[str],
                        data: JSONBody[EditBody]) -> ServerSentEvent:
     """SSE: a new branch with the user message edited, and a reply to it."""
-    svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink, queued: svc.chat.edit(session_id, who, message_id, data.content,
-                                                                     sink=sink, queued=queued))
+    return await turn_stream(chat, settings, lambda sink, queued: chat.edit(session_id, who, message_id,
+                                                                            data.content, sink=sink, queued=queued))
 
 
 @post("/{session_id:str}/regenerate", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
       operation_class=OptionalBodyEvents)
-async def regenerate(request: Request, session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
+async def regenerate(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
+                     session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
     """SSE: a new branch with another reply in place of the last one."""
-    svc = ready_services(request)
     who = owner(request.scope)
-    return await turn_stream(svc, lambda sink, queued: svc.chat.regenerate(session_id, who, sink=sink,
-                                                                           queued=queued))
+    return await turn_stream(chat, settings, lambda sink, queued: chat.regenerate(session_id, who, sink=sink,
+                                                                                  queued=queued))
 
 
 @post("/{session_id:str}/cancel", status_code=200, responses=errors(*KEYED, 404, 415))
-async def cancel(request: Request, session_id: FromPath[str]) -> dict[str, Any]:
+async def cancel(request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService],
+                 session_id: FromPath[str]) -> dict[str, Any]:
     """Stop the running reply (stored as "stopped")."""
-    svc = ready_services(request)
     who = owner(request.scope)
-    if await svc.store.get_session(session_id, who) is None:
-        raise _not_found(session_id)
-    return {"cancelled": svc.chat.cancel(session_id, who)}
+    if await store.get_session(session_id, who) is None:
+        raise not_found(session_id)
+    return {"cancelled": chat.cancel(session_id, who)}
 
 
 router = Router(path="/api/sessions", route_handlers=[

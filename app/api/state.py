@@ -1,14 +1,18 @@
-"""What the handlers share: settings, store, engine, chat service, metrics (access rules live in app.api.gate)."""
+"""What the handlers share (`Services`, the app's state) and how they receive it: Litestar dependencies, typed,
+each by its parameter name (`DEPENDENCIES`). Those of a loaded model answer 503 while it is still loading."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.di import Provide
+
+from engine import Engine
 
 from app.api.errors import ServiceError
-from app.chat import ChatService
 from app.config import Settings
+from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
 
@@ -18,19 +22,57 @@ class Services:
     settings: Settings
     metrics: Metrics
     store: Store | None = None
-    engine: Any = None
+    engine: Engine | None = None
     chat: ChatService | None = None
     started_at: float = 0.0  # unix time the model was ready
     connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
 
 
-def services(conn: ASGIConnection) -> Services:
-    return conn.app.state.forge
+def provide_services(state: State) -> Services:
+    """The services as they are now (the model may still be loading)."""
+    return state.forge
 
 
-def ready_services(conn: ASGIConnection) -> Services:
-    """Services with the model loaded and the database open, else 503."""
-    svc = services(conn)
+def provide_ready(state: State) -> Services:
+    """The services with the model loaded and the database open, else 503."""
+    svc: Services = state.forge
     if svc.chat is None or svc.store is None:
         raise ServiceError("unavailable", "the model is still loading; retry shortly")
     return svc
+
+
+def provide_store(state: State) -> Store:
+    store = provide_ready(state).store
+    assert store is not None
+    return store
+
+
+def provide_chat(state: State) -> ChatService:
+    chat = provide_ready(state).chat
+    assert chat is not None
+    return chat
+
+
+def provide_engine(state: State) -> Engine:
+    engine = provide_ready(state).engine
+    assert engine is not None
+    return engine
+
+
+def provide_settings(state: State) -> Settings:
+    return provide_services(state).settings
+
+
+def provide_metrics(state: State) -> Metrics:
+    return provide_services(state).metrics
+
+
+DEPENDENCIES = {
+    "services": Provide(provide_services, sync_to_thread=False),
+    "svc": Provide(provide_ready, sync_to_thread=False),
+    "store": Provide(provide_store, sync_to_thread=False),
+    "chat": Provide(provide_chat, sync_to_thread=False),
+    "engine": Provide(provide_engine, sync_to_thread=False),
+    "settings": Provide(provide_settings, sync_to_thread=False),
+    "metrics": Provide(provide_metrics, sync_to_thread=False),
+}

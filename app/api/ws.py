@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from litestar import WebSocket, websocket
+from litestar.di import NamedDependency
 
 from app.api import bodies
 from app.api.bodies import AnyCommand, Envelope
 from app.api.errors import ServiceError, busy_database
 from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
-from app.api.state import Services, services
-from app.chat import Queued, Turn
-from app.defaults import session_defaults
+from app.api.response_format import plain
+from app.api.state import Services
+from app.domain import errors as domain
+from app.domain.defaults import session_defaults
+from app.domain.errors import not_found
+from app.domain.rate import TokenBucket
+from app.domain.turn import Queued, Turn
 
 log = logging.getLogger("forge.ws")
 
@@ -32,23 +36,6 @@ WS_SERVER_ERROR = 1011
 _ENCODER = msgspec.json.Encoder()
 
 
-class _Bucket:
-    """Token bucket: `rate` commands a second, bursts of twice that."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate, self.capacity = rate, 2 * rate
-        self.tokens, self.at = self.capacity, time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-
 class Connection:
     """One socket: a reader loop handling commands, a sender task writing events in order."""
 
@@ -57,7 +44,7 @@ class Connection:
         self.svc = svc
         self.owner = owner(socket.scope)
         self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self._stalled)
-        self.bucket = _Bucket(svc.settings.ws_commands_per_s)
+        self.bucket = TokenBucket(svc.settings.ws_commands_per_s)
         self.sender: asyncio.Task | None = None
         self.close_code: int | None = 1000
         self.turns: list[Turn] = []
@@ -113,7 +100,7 @@ class Connection:
                 starting.cancel()
             self._stop_turns()
             for sid in self.opened:
-                self.svc.chat.closed(sid)
+                self.svc.chat.presence.closed(sid)
             if self.close_code is not None:
                 await self.flush()
                 await self._close(self.close_code)
@@ -171,7 +158,7 @@ class Connection:
             if self.svc.chat is None or self.svc.store is None:
                 raise ServiceError("unavailable", "the model is still loading; retry shortly")
             await self.handlers[type(cmd)](cmd)
-        except ServiceError as e:
+        except domain.ServiceError as e:
             self.send(e.event(session_id=envelope.session_id, client_id=envelope.client_id))
         except Exception as e:
             err = busy_database(e)
@@ -218,7 +205,7 @@ class Connection:
         if task.cancelled():
             return
         exc = task.exception()
-        if isinstance(exc, ServiceError):
+        if isinstance(exc, domain.ServiceError):
             self.send(exc.event(session_id=session_id, client_id=client_id))
         elif exc is not None:
             log.error("a queued turn failed to start: %r", exc)
@@ -237,7 +224,7 @@ class Connection:
     def _watch(self, session_id: str, title: str) -> None:
         if session_id not in self.opened:
             self.opened.add(session_id)
-            self.svc.chat.opened(session_id, title)
+            self.svc.chat.presence.opened(session_id, title)
 
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
         self._room_for(None)
@@ -250,7 +237,7 @@ class Connection:
         self._room_for(cmd.session_id)
         found = await self.svc.store.get_history(cmd.session_id, self.owner)
         if found is None:
-            raise ServiceError("not_found", f"session '{cmd.session_id}' not found", param="session_id")
+            raise not_found(cmd.session_id)
         session, messages = found
         self._watch(cmd.session_id, session["title"])
         self._reply({"type": "session", "session": session}, cmd.client_id)
@@ -260,7 +247,7 @@ class Connection:
         self._room_for(cmd.session_id)
         await self._start(cmd, lambda queued: self.svc.chat.send(
             cmd.session_id, self.owner, cmd.content, sink=self.send, client_id=cmd.client_id,
-            idempotency_key=cmd.idempotency_key, response_format=cmd.response_format, queued=queued))
+            idempotency_key=cmd.idempotency_key, response_format=plain(cmd.response_format), queued=queued))
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)
@@ -308,17 +295,17 @@ def _envelope(raw: str) -> Envelope:
 
 
 @websocket("/ws")
-async def chat_socket(socket: WebSocket) -> None:
+async def chat_socket(socket: WebSocket, services: NamedDependency[Services]) -> None:
     """The chat protocol (docs/protocol.md). Browsers authenticate with the subprotocols
-    `forge` + `forge.bearer.<base64url key>`; other clients with `Authorization: Bearer <key>`."""
-    svc = services(socket)
+    `forge` + `forge.bearer.<base64url key>`; other clients with `Authorization: Bearer <key>`. The socket may
+    open while the model loads: its commands are refused ("unavailable") until it is ready."""
     offered = socket.scope.get("subprotocols") or []
     await socket.accept(subprotocols=WS_PROTOCOL if WS_PROTOCOL in offered else None)
-    svc.metrics.ws_opened()
-    conn = Connection(socket, svc)
-    svc.connections.add(conn)
+    services.metrics.ws_opened()
+    conn = Connection(socket, services)
+    services.connections.add(conn)
     try:
         await conn.run()
     finally:
-        svc.connections.discard(conn)
-        svc.metrics.ws_closed()
+        services.connections.discard(conn)
+        services.metrics.ws_closed()

@@ -1,4 +1,4 @@
-"""Admission that queues (app/admission.py), from outside: one key sends more generations at once than the
+"""Admission that queues (app/domain/admission.py), from outside: one key sends more generations at once than the
 old per-key cap allowed and all of them finish (the shared server); past capacity requests wait with
 keep-alives, and only a full queue (429) or a passed deadline (503, the WebSocket `error` with
 `retry_after_s`) refuses, with `Retry-After` — on an anonymous server whose per-key cap of 1 makes one

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.admission import Admission
-from app.api.errors import ServiceError
-from app.chat import ChatService
+from app.domain.admission import Admission
+from app.domain.chat import ChatService
+from app.domain.errors import ServiceError
 from app.metrics import Metrics
 from app.store import Store
 from app.store.migrate import upgrade

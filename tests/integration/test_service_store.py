@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.api.bodies import DEFAULT_SETTINGS, Export, SessionFields, decode
+from app.api.bodies import Export, SessionFields, decode
 from app.api.errors import ServiceError
+from app.domain.defaults import DEFAULT_SETTINGS
 from app.config import Settings
 from app.store import Store
 from app.store.migrate import head_revision, upgrade

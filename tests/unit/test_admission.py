@@ -1,4 +1,4 @@
-"""The admission queue (app/admission.py) on its own: grants in order of a round-robin across owners,
+"""The admission queue (app/domain/admission.py) on its own: grants in order of a round-robin across owners,
 bounded, with deadlines on a fake clock, and waiters that leave. No timing: grants happen on release."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.admission import Admission, QueueFull, QueueTimeout
+from app.domain.admission import Admission, QueueFull, QueueTimeout
 
 
 class Clock:

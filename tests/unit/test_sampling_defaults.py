@@ -1,4 +1,4 @@
-"""The sampling settings a model's files recommend, and what a request leaving them out gets (app.defaults)."""
+"""The sampling settings a model's files recommend, and what a request leaving them out gets (app.domain.defaults)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import gguf
 import pytest
 from _gguf_helpers import default_loaded, hf_weights, spec_for, tiny_vocab, write_gguf, write_tiny_pair
 
-from app.api.bodies import DEFAULT_SETTINGS, SessionFields
-from app.defaults import OPENAI, openai_defaults, session_defaults, turn_extras
+from app.api.bodies import SessionFields
+from app.domain.defaults import DEFAULT_SETTINGS, OPENAI, openai_defaults, session_defaults, turn_extras
 from engine import Engine
 from engine.loader import load_model
 

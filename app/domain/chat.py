@@ -1,0 +1,226 @@
+"""ChatService: starting, tracking and stopping chat turns. A turn stores the user message, renders the whole
+conversation and streams the engine's reply, stored as it grows.
+
+Its pieces, one job each: planning a turn (plan.py: which messages, below which; prompt.py: the prompt and its
+sampling), running it to its end (run.py), one turn per session (guard.py), who is looking (presence.py) and
+admission past the engine's capacity (admit.py over admission.py).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat
+
+from app.domain.admission import Admission, Ticket
+from app.domain.admit import Admitter
+from app.domain.errors import ServiceError, not_found
+from app.domain.guard import Guard
+from app.domain.plan import Plan, plan_edit, plan_regenerate, plan_send
+from app.domain.presence import Presence
+from app.domain.prompt import render, sampling
+from app.domain.response_format import compile_response_format
+from app.domain.run import Runner
+from app.domain.turn import Queued, Sink, Turn
+from app.metrics import Metrics
+from app.store import Conflict, Store
+
+if TYPE_CHECKING:
+    from engine import Engine
+    from engine.engine import RequestStream
+
+Planner = Callable[[dict[str, Any], list[dict[str, Any]]], Plan]  # (session, chosen branch) -> the turn's plan
+
+
+class ChatService:
+    """Starts, tracks and cancels chat turns; at most one running turn per session. Every generation (turns
+    and /v1 requests) goes through `admitter`: past the engine's capacity it waits in a queue fair across
+    owners."""
+
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics, admission: Admission | None = None) -> None:
+        self.engine = engine
+        self.store = store
+        self.metrics = metrics
+        self.admitter = Admitter(admission if admission is not None else Admission(engine.max_num_seqs), metrics)
+        self.guard = Guard()
+        self.presence = Presence()
+        self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
+        # /v1 requests take their places here too (app/api/openai.py)
+        self.enter, self.wait, self.release = self.admitter.enter, self.admitter.wait, self.admitter.release
+
+    @property
+    def admission(self) -> Admission:
+        return self.admitter.admission
+
+    @property
+    def turns(self) -> dict[str, Turn]:
+        """Session id -> its running turn."""
+        return self.guard.turns
+
+    # -- starting turns -------------------------------------------------------------------
+
+    async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
+                   idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
+                   queued: Queued | None = None) -> Turn | None:
+        """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
+        ServiceError before storing anything. Past the engine's capacity this waits to be admitted (`queued` is
+        called when it starts waiting); a full queue or a passed deadline raises ServiceError with
+        `retry_after_s`.
+
+        A send whose `idempotency_key` the session already holds stores nothing: the sink gets the
+        session's `history` (that message and its reply as stored now) and None is returned."""
+        if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
+            return None
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_send(s, msgs, content),
+                                 idempotency_key, response_format, queued)
+
+    async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
+                   client_id: str | None = None, queued: Queued | None = None) -> Turn:
+        """A new branch: the user message `message_id` (on the chosen branch) gets a sibling holding
+        `content`, and a reply to it streams."""
+        return await self._begin(session_id, owner, sink, client_id,
+                                 lambda s, msgs: plan_edit(msgs, session_id, message_id, content), queued=queued)
+
+    async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None,
+                         queued: Queued | None = None) -> Turn:
+        """A new branch: the last reply (if the session ends with one) gets a sibling, streamed anew."""
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_regenerate(msgs),
+                                 queued=queued)
+
+    async def select(self, session_id: str, owner: str, message_id: str
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Choose the branch through `message_id` (any message of the session); returns the session and its
+        chosen branch. Refused (busy) while a reply is being generated in the session."""
+        if self.guard.running(session_id, owner) is not None or session_id in self.guard.reserved:
+            raise ServiceError("busy", f"a reply is being generated in session '{session_id}'; switch branches "
+                               "when it is done", param="session_id")
+        found = await self.store.select(session_id, owner, message_id)
+        if found is not None:
+            return found
+        if await self.store.get_session(session_id, owner) is None:
+            raise not_found(session_id)
+        raise ServiceError("not_found", f"message '{message_id}' not found in session '{session_id}'",
+                           param="message_id")
+
+    async def _answered(self, session_id: str, owner: str, key: str, sink: Sink, client_id: str | None) -> bool:
+        if not await self.store.sent_with_key(session_id, key):
+            return False
+        found = await self.store.get_history(session_id, owner)
+        if found is None:
+            raise not_found(session_id)
+        event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": found[1]}
+        if client_id is not None:
+            event["client_id"] = client_id
+        sink(event)
+        sink(None)
+        return True
+
+    async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None, plan_for: Planner,
+                     idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
+                     queued: Queued | None = None) -> Turn:
+        gen: RequestStream | None = None
+        held: Ticket | None = None  # admitted, and no turn owns it yet
+        try:
+            with self.guard.reserve(session_id):
+                found = await self.store.get_history(session_id, owner)
+                if found is None:
+                    raise not_found(session_id)
+                before, messages = found
+                plan = plan_for(before, messages)
+                # Rendering and tokenizing a long conversation takes a while: not on the event loop.
+                prompt = await asyncio.to_thread(render, self.engine, before, plan.history)
+                params = sampling(self.engine, before["settings"], len(prompt))
+                params.response_format = await compile_response_format(self.engine, response_format)
+                req = GenerationRequest(prompt_token_ids=prompt, params=params)
+                held = await self.admitter.admit(owner, params.n, queued)  # nothing is stored before this
+                self.guard.check_open()
+                gen = self._generate(req)
+                started = await self.store.start_reply(session_id, owner, parent_id=plan.parent_id,
+                                                       user_content=plan.user_content,
+                                                       idempotency_key=idempotency_key, title=plan.title)
+                if started is None:
+                    raise not_found(session_id)
+                session, branch = started
+                reply = branch[-1]
+                turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
+                            title=session["title"], sink=sink, client_id=client_id, ticket=held)
+                if plan.branches:
+                    turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
+                else:
+                    turn.emit({"type": "message.created", "session_id": session_id, "message": branch[-2]})
+                turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
+                if plan.title is not None:
+                    turn.emit({"type": "session", "session": session})
+                self.guard.turns[session_id] = turn
+                turn.task = asyncio.create_task(self.runner.run(turn, gen, len(prompt)), name=f"turn-{session_id}")
+                gen = held = None  # the turn owns them now
+                return turn
+        except Conflict:
+            raise ServiceError("busy", "this idempotency key was just used in the session",
+                               param="idempotency_key") from None
+        finally:
+            if gen is not None:  # admitted, but no turn runs it
+                await gen.aclose()
+            if held is not None:
+                self.admitter.release(held)
+
+    def _generate(self, req: GenerationRequest) -> RequestStream:
+        """The engine takes the request now or refuses it: nothing is stored for a refused turn."""
+        try:
+            return self.engine.generate(req)
+        except EngineOverloaded as e:
+            raise ServiceError("overloaded", f"the server is overloaded: {e}; retry later") from None
+        except InvalidRequest as e:
+            raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
+
+    def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
+        return render(self.engine, session, history)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def running(self, session_id: str, owner: str) -> Turn | None:
+        """The running turn of one of `owner`'s sessions."""
+        return self.guard.running(session_id, owner)
+
+    def cancel(self, session_id: str, owner: str) -> bool:
+        """Abort the running turn of a session (its partial reply is stored as "stopped")."""
+        turn = self.guard.running(session_id, owner)
+        if turn is None:
+            return False
+        turn.cancelled = True
+        self.engine.abort(turn.request_id)
+        return True
+
+    def cancel_turn(self, turn: Turn) -> None:
+        """Abort this turn if it is still running (a transport that started it went away)."""
+        if not turn.done:
+            turn.cancelled = True
+            self.engine.abort(turn.request_id)
+
+    async def cancel_and_wait(self, session_id: str, owner: str, timeout: float = 10.0) -> None:
+        turn = self.guard.running(session_id, owner)
+        if turn is not None and self.cancel(session_id, owner) and turn.task is not None:
+            await asyncio.wait({turn.task}, timeout=timeout)
+
+    def interrupt_all(self) -> None:
+        """Server shutdown: refuse new turns, abort the running ones (stored as "interrupted")."""
+        self.guard.shutting_down = True
+        for turn in list(self.guard.turns.values()):
+            if not turn.done:
+                self.engine.abort(turn.request_id)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for the running turns to store their replies; cancel what is still running after `timeout`."""
+        tasks = {t.task for t in self.guard.turns.values() if t.task is not None}
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+
+    def active(self) -> list[dict[str, Any]]:
+        """Sessions generating a reply ("generating") or open on a connected client ("open")."""
+        return self.presence.active(self.guard.turns.values())

@@ -1,0 +1,44 @@
+"""A turn's prompt (the whole conversation through the model's chat template) and its sampling parameters
+(the session's settings over the model's recommendation, capped by the room left in the context)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.types import SamplingParams
+
+from app.domain.defaults import session_defaults, turn_extras
+from app.domain.errors import ServiceError
+
+if TYPE_CHECKING:
+    from engine import Engine
+
+
+def render(engine: Engine, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
+    """The prompt's token ids: the session's system prompt, then `history` (slow on a long conversation: the
+    caller runs it off the event loop)."""
+    msgs: list[dict[str, str]] = []
+    if session.get("system_prompt"):
+        msgs.append({"role": "system", "content": session["system_prompt"]})
+    for m in history:
+        # Replies that failed or never produced text are not part of the conversation; neither is the
+        # question they answered (templates may require user/assistant to alternate).
+        if m["role"] == "assistant" and (not m["content"] or m.get("status") == "error"):
+            if msgs and msgs[-1]["role"] == "user":
+                msgs.pop()
+            continue
+        msgs.append({"role": m["role"], "content": m["content"]})
+    try:
+        return list(engine.render_chat(msgs, add_generation_prompt=True))
+    except ValueError as e:
+        raise ServiceError("invalid_parameter", f"the model's chat template refused the conversation: {e}") from None
+
+
+def sampling(engine: Engine, settings: dict[str, Any], prompt_len: int) -> SamplingParams:
+    """The session's `settings` over the model's recommendation; refused when the prompt leaves no room."""
+    room = int(engine.max_context) - prompt_len
+    if room < 1:
+        raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
+                           f"{engine.max_context}: start a new session or edit an earlier message", param="content")
+    merged = {**session_defaults(engine), **settings}
+    return SamplingParams(max_tokens=min(int(merged["max_tokens"]), room), temperature=float(merged["temperature"]),
+                          top_p=float(merged["top_p"]), **turn_extras(engine))

@@ -1,0 +1,40 @@
+"""A turn: one reply being generated for a session, and how its events leave it (a `sink`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.domain.admission import Ticket
+
+log = logging.getLogger("forge.chat")
+
+Sink = Callable[[dict[str, Any] | None], None]  # receives events, then None when the turn is over
+Queued = Callable[[], None]  # told when a turn has to wait in the admission queue
+
+
+@dataclass(slots=True)
+class Turn:
+    """A reply being generated for one session."""
+
+    session_id: str
+    owner: str
+    message_id: str
+    request_id: str
+    title: str
+    sink: Sink
+    client_id: str | None = None
+    ticket: Ticket | None = None  # its admission; released when the generation ends
+    task: asyncio.Task | None = None
+    cancelled: bool = False
+    done: bool = False
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.client_id is not None:
+            event["client_id"] = self.client_id
+        try:
+            self.sink(event)
+        except Exception:  # a consumer's problem must not break the turn
+            log.exception("event sink failed for session %s", self.session_id)
