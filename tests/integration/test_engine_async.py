@@ -127,13 +127,18 @@ async def test_content_spelling_control_tokens_stays_text(engine):
 
 
 async def test_admission_is_decided_when_generate_is_called(default_model):
-    eng = Engine(make_core(default_model, kv_memory=64 << 20, max_waiting=1), threads=2)
+    # One running place, taken by a reply far too long to end within the test: `first` then stays waiting
+    # whatever the step thread's timing, and fills the one waiting place.
+    eng = Engine(make_core(default_model, kv_memory=64 << 20, max_num_seqs=1, max_waiting=1), threads=2)
     try:
+        filler = eng.generate(chat(eng, "Write an essay.", max_tokens=1000, ignore_eos=True))
+        await wait_until(lambda: eng.stats()["running"] == 1)
         first = eng.generate(chat(eng, "Count to a hundred.", max_tokens=50))
         with pytest.raises(EngineOverloaded):  # before anything was iterated
             eng.generate(chat(eng, "And you?"))
         await first.aclose()  # never iterated: closing it aborts it
-        await wait_until(lambda: eng.stats()["requests_finished"].get("abort") == 1)
+        await filler.aclose()
+        await wait_until(lambda: eng.stats()["requests_finished"].get("abort") == 2)
         assert eng.stats()["waiting"] == 0 and eng.stats()["running"] == 0
     finally:
         await eng.shutdown()
