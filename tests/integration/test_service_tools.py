@@ -93,8 +93,8 @@ def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
 
 
 def test_streamed_deltas_reassemble_to_the_whole_reply(client):
-    kw = dict(model="default", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=64,
-              parallel_tool_calls=False)
+    kw = {"model": "default", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+          "max_tokens": 64, "parallel_tool_calls": False}
     whole = client.chat.completions.create(**kw).choices[0]
     for extra in ({}, {"speculative": "ngram"}):
         got = reassemble(client.chat.completions.create(**kw, stream=True, extra_body=extra))[0]

@@ -2,6 +2,7 @@
 arguments as the whole reply; each call's name comes once, on its first piece."""
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import given, settings
@@ -67,7 +68,7 @@ def test_parsed_arguments_are_the_json_written():
 def splits(draw, text: str) -> list[str]:
     cuts = sorted(draw(st.sets(st.integers(0, len(text)), max_size=min(len(text), 40))))
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -76,7 +77,7 @@ def test_any_split_into_deltas_reassembles_exactly(data):
     for fmt, (text, content, calls) in [(GENERIC, r) for r in REPLIES] + [(MISTRAL_LIKE, (
             "x [CALLS][" + MISTRAL_LIKE.render_call("f", '{"a": "]"}') + "]", "x", [("f", '{"a": "]"}')]))]:
         deltas = data.draw(splits(text))
-        got_content, got_calls, pieces = replay(fmt, deltas)
+        got_content, got_calls, _ = replay(fmt, deltas)
         assert (got_content, got_calls) == (content, calls)
 
 
