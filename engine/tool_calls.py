@@ -6,7 +6,8 @@ A reply with calls is `[text] begin call (separator call)* end`, each call being
 
 - `required`, or one named function: the calls from the first token (one, or one or more when parallel);
 - `auto`: free text that never spells the trigger (begin + call_open), or text up to the trigger and the
-  calls from there (a lazy lexeme: the text stops at the first trigger). A reply can end either way;
+  calls from there (a lazy lexeme: the text stops at the first trigger). A reply can end either way. A format
+  without a trigger (Llama 3.x's bare JSON) calls only at the start: free text never starts with "{";
 - `none`: no grammar at all (the caller does not render the tools either).
 
 Nothing may follow the last call but EOS: a call is never followed by more text.
@@ -27,13 +28,14 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 class ToolFormat:
     """How a model writes tool calls (see the module docstring for the shape)."""
 
-    name: str  # shown in /v1/models: "hermes" (the template's own) or "generic" (Forge's system prompt)
+    name: str  # shown in /v1/models: the template's own ("hermes", "llama3-json") or "generic" (Forge's)
     call_open: str = "<tool_call>\n"
     call_close: str = "\n</tool_call>"
     separator: str = "\n"
     begin: str = ""
     end: str = ""
     args_key: str = "arguments"
+    parallel: bool = True  # False: the template renders one call a turn, so a reply makes one
 
     @property
     def trigger(self) -> str:
@@ -55,6 +57,8 @@ class ToolFormat:
 
 HERMES = ToolFormat("hermes")
 GENERIC = ToolFormat("generic")
+LLAMA3_JSON = ToolFormat("llama3-json", call_open="", call_close="", separator="", args_key="parameters",
+                         parallel=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,9 +125,12 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], choice: ToolChoice, paralle
         lines.append(f"call_{i}: {_lark_string(fmt.head(t.name))} args_{i} {_lark_string(fmt.tail())}")
         lines.append(f"args_{i}: {_json_rule(t.parameters)}")
     lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
-    more = f"({_lark_string(fmt.separator)} call)*" if parallel else ""
+    more = f"({_lark_string(fmt.separator)} call)*" if parallel and fmt.parallel else ""
     end = f" {_lark_string(fmt.end)}" if fmt.end else ""
-    if choice.mode == "auto":
+    if choice.mode == "auto" and not fmt.trigger:
+        lines.append(r"TEXT: /([^{](?s:.*))?/")
+        lines.insert(0, f"start: TEXT | call {more}{end}")
+    elif choice.mode == "auto":
         trigger = fmt.trigger
         # Free text never spells the trigger: where it does, the calls begin (and are enforced).
         lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){_regex_literal(trigger)}(?s:.*)/")

@@ -69,7 +69,7 @@ class ToolCallSplitter:
     calls: list[Call] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
     _buf: str = ""
-    _state: str = "text"  # text -> head -> args -> after -> head ... | done
+    _state: str = "text"  # text -> head -> args -> after -> head ... | done; plain: text for good
     _json: _Json = field(default_factory=_Json)
 
     def feed(self, text: str) -> list[Piece]:
@@ -83,7 +83,7 @@ class ToolCallSplitter:
     def finish(self) -> list[Piece]:
         """The reply is over: what is still held back (text that did not become a call is content)."""
         out: list[Piece] = []
-        if self._state == "text" and self._buf:
+        if self._state in ("text", "plain") and self._buf:
             out.append(self._say(self._buf))
         self._buf = ""
         return out
@@ -95,6 +95,16 @@ class ToolCallSplitter:
     def _advance(self, out: list[Piece]) -> bool:
         """One move of the state machine over the buffer; False when it needs more text."""
         buf, fmt = self._buf, self.fmt
+        if self._state == "text" and not fmt.trigger:  # calls only at the very start
+            if not buf:
+                return False
+            self._state = "head" if buf[0] == "{" else "plain"
+            return True
+        if self._state == "plain":
+            if buf:
+                out.append(self._say(buf))
+                self._buf = ""
+            return False
         if self._state == "text":
             at = buf.find(fmt.trigger)
             if at >= 0:
@@ -130,7 +140,7 @@ class ToolCallSplitter:
             return self._state == "after"
         if self._state == "after":
             nxt = fmt.tail() + fmt.separator + fmt.call_open
-            if buf.startswith(nxt):
+            if fmt.parallel and buf.startswith(nxt):
                 self._buf, self._state = buf[len(fmt.tail() + fmt.separator):], "head"
                 return True
             if buf.startswith(fmt.tail() + fmt.end) and not nxt.startswith(buf):

@@ -1,7 +1,8 @@
 """Tools and tool turns into a chat template's messages.
 
-Which format a model gets (`format_for`): a template that renders `tools` itself and whose calls are Hermes'
-`<tool_call>` blocks written as text (Qwen2.5, Hermes) keeps its own rendering ("hermes"); every other
+Which format a model gets (`format_for`): a template that renders `tools` itself keeps its own rendering when
+its calls are Hermes' `<tool_call>` blocks written as text (Qwen2.5, Hermes: "hermes") or Llama 3.1-3.3's
+bare `{"name": .., "parameters": ..}` JSON ("llama3-json": one call a reply, only at its start); every other
 template (the default SmolLM2 has no tool support) gets Forge's documented "generic" format, which needs
 nothing from the template:
 
@@ -11,8 +12,8 @@ nothing from the template:
 - an assistant turn's calls as those blocks after its text;
 - tool results as a user turn of `<tool_response>\\n...\\n</tool_response>` blocks (consecutive results in one).
 
-Templates whose calls use special tokens (Llama 3.x's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`) get the
-generic format too: those tokens never reach the reply's text, which is what calls are read from.
+Templates whose calls start with a special token (Mistral's `[TOOL_CALLS]`; Llama's `<|python_tag|>` built-in
+tools) get the generic format too: those tokens never reach the reply's text, which is what calls are read from.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engine.tool_calls import GENERIC, HERMES, Tool, ToolFormat
+from engine.tool_calls import GENERIC, HERMES, LLAMA3_JSON, Tool, ToolFormat
 
 GENERIC_INSTRUCTIONS = (
     "You can call functions. Their signatures, as JSON schemas, are inside <tools></tools>:\n<tools>\n{tools}\n"
@@ -33,9 +34,12 @@ GENERIC_INSTRUCTIONS = (
 
 def format_for(template: str | None, encodes_as_text: Callable[[str], bool]) -> ToolFormat:
     """The tool format for a model's chat template; `encodes_as_text(s)`: s comes back from the reply's text."""
-    if template and re.search(r"\btools\b", template) and "<tool_call>" in template \
-            and encodes_as_text("<tool_call>") and encodes_as_text("</tool_call>"):
+    if not template or not re.search(r"\btools\b", template):
+        return GENERIC
+    if "<tool_call>" in template and encodes_as_text("<tool_call>") and encodes_as_text("</tool_call>"):
         return HERMES
+    if '"parameters": ' in template and "tool_call" in template:  # Llama 3.1-3.3: {"name": .., "parameters": ..}
+        return LLAMA3_JSON
     return GENERIC
 
 
@@ -59,7 +63,7 @@ def prepare(fmt: ToolFormat, messages: list[dict], tools: list[Tool] | None) -> 
     """(messages, extra template variables) for `fmt`. Messages are OpenAI-shaped dicts: `content` text (or
     None beside `tool_calls`), `tool_calls` [{id, type, function: {name, arguments (JSON text)}}], role "tool"
     with `tool_call_id`. `tools` None: none rendered (tool_choice "none"); earlier calls still are."""
-    if fmt is HERMES:
+    if fmt is not GENERIC:  # the template renders tools and calls itself
         out = []
         for m in messages:
             if m.get("tool_calls"):

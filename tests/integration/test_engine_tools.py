@@ -6,7 +6,14 @@ import json
 import pytest
 
 from engine.structured import Grammars
-from engine.tool_calls import GENERIC, Tool, ToolChoice, closed_objects, tool_grammar
+from engine.tool_calls import (
+    GENERIC,
+    LLAMA3_JSON,
+    Tool,
+    ToolChoice,
+    closed_objects,
+    tool_grammar,
+)
 
 WEATHER = Tool("get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
                                           "required": ["city"]}))
@@ -21,9 +28,9 @@ def grammars(loaded_default) -> Grammars:
     return Grammars(tok, loaded_default.config.vocab_size, [tok.eos_id])
 
 
-def accepts(grammars: Grammars, choice: ToolChoice, text: str, parallel: bool = True) -> bool:
+def accepts(grammars: Grammars, choice: ToolChoice, text: str, parallel: bool = True, fmt=GENERIC) -> bool:
     """Whether `text` is a whole reply the grammar allows (every token, then EOS)."""
-    m = grammars.matcher(tool_grammar(GENERIC, [WEATHER, TIME], choice, parallel))
+    m = grammars.matcher(tool_grammar(fmt, [WEATHER, TIME], choice, parallel))
     ids = grammars._tokenizer.encode(text)
     return all(m.consume_token(t) for t in ids) and m.is_accepting()
 
@@ -51,6 +58,16 @@ def test_auto_allows_text_or_text_then_enforced_calls(grammars):
     assert accepts(grammars, auto, "Let me check.\n" + PARIS + "\n" + NOW)
     assert not accepts(grammars, auto, "Let me check.\n<tool_call>\nnot json\n</tool_call>")
     assert not accepts(grammars, auto, "Check <tool_call>" + PARIS[len("<tool_call>"):] + " and text after")
+
+
+def test_llama3_calls_once_and_only_at_the_start(grammars):
+    call = LLAMA3_JSON.render_call("get_weather", '{"city": "Paris"}')
+    for mode in ("auto", "required"):
+        assert accepts(grammars, ToolChoice(mode), call, fmt=LLAMA3_JSON)
+        assert not accepts(grammars, ToolChoice(mode), call + call, fmt=LLAMA3_JSON)  # one call a reply
+    assert accepts(grammars, ToolChoice("auto"), "It is sunny. {not a call}", fmt=LLAMA3_JSON)
+    assert not accepts(grammars, ToolChoice("auto"), '{"name": "get_weather", "x": 1}', fmt=LLAMA3_JSON)
+    assert not accepts(grammars, ToolChoice("required"), "It is sunny.", fmt=LLAMA3_JSON)
 
 
 def test_none_is_no_constraint():

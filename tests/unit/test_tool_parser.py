@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tool_calls import GENERIC, ToolFormat
+from engine.tool_calls import GENERIC, LLAMA3_JSON, ToolFormat
 from engine.tool_parser import ToolCallSplitter, split_reply
 
 MISTRAL_LIKE = ToolFormat("test-list", call_open="", call_close="", separator=", ", begin="[CALLS][", end="]")
@@ -58,6 +58,14 @@ def test_other_shapes_of_format():
     assert replay(MISTRAL_LIKE, [text])[:2] == ("ok", [("f", '{"a": 1}'), ("g", "{}")])
 
 
+def test_a_format_without_a_trigger_calls_only_at_the_start():
+    call = LLAMA3_JSON.render_call("f", '{"a": [1]}')
+    assert call == '{"name": "f", "parameters": {"a": [1]}}'
+    assert replay(LLAMA3_JSON, [call])[:2] == ("", [("f", '{"a": [1]}')])
+    assert replay(LLAMA3_JSON, list(call))[:2] == ("", [("f", '{"a": [1]}')])
+    assert replay(LLAMA3_JSON, ["Sure: ", call])[:2] == ("Sure: " + call, [])
+
+
 def test_parsed_arguments_are_the_json_written():
     text = GENERIC.render_call("f", json.dumps({"q": 'say "hi"\n', "k": [1, 2]}))
     _, calls, _ = replay(GENERIC, [text])
@@ -75,7 +83,10 @@ def splits(draw, text: str) -> list[str]:
 @given(st.data())
 def test_any_split_into_deltas_reassembles_exactly(data):
     for fmt, (text, content, calls) in [(GENERIC, r) for r in REPLIES] + [(MISTRAL_LIKE, (
-            "x [CALLS][" + MISTRAL_LIKE.render_call("f", '{"a": "]"}') + "]", "x", [("f", '{"a": "]"}')]))]:
+            "x [CALLS][" + MISTRAL_LIKE.render_call("f", '{"a": "]"}') + "]", "x", [("f", '{"a": "]"}')])),
+            (LLAMA3_JSON, (LLAMA3_JSON.render_call("f", '{"s": "{}"}'), "", [("f", '{"s": "{}"}')])),
+            (LLAMA3_JSON, ("No. " + LLAMA3_JSON.render_call("f", "{}"), "No. " + LLAMA3_JSON.render_call("f", "{}"),
+                           []))]:
         deltas = data.draw(splits(text))
         got_content, got_calls, _ = replay(fmt, deltas)
         assert (got_content, got_calls) == (content, calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.chat_template import render_chat
-from engine.tool_calls import GENERIC, HERMES, Tool
+from engine.tool_calls import GENERIC, HERMES, LLAMA3_JSON, Tool
 from engine.tool_render import format_for, prepare
 
 TOOL = Tool("get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}}), "Weather now")
@@ -54,6 +54,25 @@ def test_hermes_hands_tools_and_calls_to_the_template():
     assert '{"type": "function", "function": {"name": "get_weather", "description": "Weather now"' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in text
     assert "<tool_response>\n25C\n</tool_response>" in text
+
+
+# A cut-down Llama 3.1 template: one call a turn as bare JSON with "parameters", results as ipython turns.
+LLAMA3_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}"
+    "<|eot_id|>{% elif 'tool_calls' in m %}{% set tool_call = m.tool_calls[0].function %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{{ '{\"name\": \"' + tool_call.name + '\", ' }}"
+    "{{ '\"parameters\": ' }}{{ tool_call.arguments | tojson }}}<|eot_id|>{% else %}"
+    "<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+    "{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}"
+)
+
+
+def test_llama3_renders_its_own_calls_as_the_grammar_writes_them():
+    assert format_for(LLAMA3_TEMPLATE, lambda s: True) is LLAMA3_JSON
+    messages, extra = prepare(LLAMA3_JSON, [TURNS[1], {**TURNS[2], "tool_calls": [CALL]}, TURNS[3]], [TOOL])
+    text = render_chat(LLAMA3_TEMPLATE, messages, add_generation_prompt=False, **extra)
+    assert LLAMA3_JSON.render_call("get_weather", '{"city": "Paris"}') + "<|eot_id|>" in text
+    assert "ipython<|end_header_id|>\n\n21C" in text and '"name": "get_weather", "description"' in text
 
 
 def test_a_format_is_chosen_per_template():
