@@ -72,6 +72,11 @@ class ToolCallSplitter:
     _state: str = "text"  # text -> head -> args -> after -> head ... | done; plain: text for good
     _json: _Json = field(default_factory=_Json)
 
+    @property
+    def complete(self) -> bool:
+        """The reply's calls are all whole (none cut off by max_tokens or a stop string)."""
+        return self._state in ("after", "done")
+
     def feed(self, text: str) -> list[Piece]:
         """What `text` (the next delta) completes."""
         self._buf += text

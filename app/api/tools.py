@@ -231,7 +231,8 @@ class ToolReply:
         return delta
 
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.splitter.calls else reason
+        """"tool_calls" for a reply that ended on its own after whole calls (a stop string can cut one: "stop")."""
+        return "tool_calls" if reason == "stop" and self.splitter.calls and self.splitter.complete else reason
 
     def delta(self, text: str, reason: str | None) -> dict[str, Any]:
         """The stream delta for an event's text (and the held-back rest when it is the last)."""

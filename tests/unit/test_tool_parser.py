@@ -66,6 +66,16 @@ def test_a_format_without_a_trigger_calls_only_at_the_start():
     assert replay(LLAMA3_JSON, ["Sure: ", call])[:2] == ("Sure: " + call, [])
 
 
+def test_complete_only_after_whole_calls():
+    s = ToolCallSplitter(GENERIC)
+    s.feed(GENERIC.head("f") + '{"a": "}')
+    assert s.calls and not s.complete  # cut inside a string: a stop string or max_tokens ended it
+    s.feed('"}')
+    assert s.complete
+    s.feed("}\n</tool_call>")
+    assert s.complete
+
+
 def test_parsed_arguments_are_the_json_written():
     text = GENERIC.render_call("f", json.dumps({"q": 'say "hi"\n', "k": [1, 2]}))
     _, calls, _ = replay(GENERIC, [text])
