@@ -327,8 +327,8 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
         ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
                                               f"{result['structured']['tok_s_schema']:.1f} tok/s"),
-        ("decode free / under a tool call (required)", f"{result['tools']['tok_s_free']:.1f} / "
-                                                       f"{result['tools']['tok_s_tools']:.1f} tok/s"),
+        ("decode free / under a tool call (required)",
+         f"{result['tools']['tok_s_free']:.1f} / {result['tools']['tok_s_tools']:.1f} tok/s"),
         (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens, "
          f"median of {result['speculative']['repeats']})",
          f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
