@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
+from engine.tool_calls import Tool, ToolChoice, tool_grammar
 
 WORDS = (
     "river mountain quiet lantern harbor copper meadow signal winter orbit canvas thunder "
@@ -98,6 +99,29 @@ async def _structured(engine: Engine, max_tokens: int) -> dict:
     r_schema = await _run(engine, prompt, max_tokens, schema)
     return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_schema": _decode_rate(r_schema["stamps"]),
             "schema_tokens": len(r_schema["token_ids"])}
+
+
+NOTE_TOOL = Tool("save_note", json.dumps({
+    "type": "object", "properties": {"title": {"type": "string", "maxLength": 60},
+                                     "body": {"type": "string", "maxLength": 4000}},
+    "required": ["title", "body"]}), "Save a note with a title and a body")
+
+
+async def _tools(engine: Engine, max_tokens: int) -> dict:
+    """Decode tokens/s for the same tool-listing prompt free and under tool_choice "required" (the call grammar's
+    mask and the splitter-free engine side; speculation off): the constraint's overhead."""
+    prompt = engine.render_chat([{"role": "user", "content": "Save a long note about the history of pancakes."}],
+                                tools=[NOTE_TOOL])
+    free = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
+    grammar = tool_grammar(engine.tool_format, [NOTE_TOOL], ToolChoice("required"), parallel=False)
+    tools = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off", response_format=grammar)
+    await _run(engine, prompt, 2, tools)  # compile the grammar outside the measurement
+    await engine.reset_prefix_cache()
+    r_free = await _run(engine, prompt, max_tokens, free)
+    await engine.reset_prefix_cache()
+    r_tools = await _run(engine, prompt, max_tokens, tools)
+    return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_tools": _decode_rate(r_tools["stamps"]),
+            "tools_tokens": len(r_tools["token_ids"])}
 
 
 async def _speculative(engine: Engine, max_tokens: int, repeats: int) -> dict:
@@ -268,6 +292,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
         "chat_turns": chat,
         "structured": await _structured(engine, decode_len),
+        "tools": await _tools(engine, decode_len),
         "speculative": await _speculative(engine, 64 if quick else 160, 1 if quick else 3),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "weight_mb": engine.model_info["weight_bytes"] / 1e6,
@@ -302,6 +327,8 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
         ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
                                               f"{result['structured']['tok_s_schema']:.1f} tok/s"),
+        ("decode free / under a tool call (required)",
+         f"{result['tools']['tok_s_free']:.1f} / {result['tools']['tok_s_tools']:.1f} tok/s"),
         (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens, "
          f"median of {result['speculative']['repeats']})",
          f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "

@@ -20,12 +20,14 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
+from engine import tool_render
 from engine.chat_template import render_chat
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.memory import return_freed_memory, share_one_arena
 from engine.model.llama import LlamaModel
 from engine.speculative import SpecConfig
+from engine.tool_calls import Tool, ToolFormat
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, ResponseFormat
 from kernels import check_activations, get_backend, resolve_backend
 
@@ -107,6 +109,7 @@ class Engine:
         self._active: set[str] = set()  # request ids with a consumer (asyncio side)
         self._routes: dict[str, _Stream] = {}  # request id -> its consumer (step-thread side)
         self._submitted = 0  # requests handed to the thread and not yet queued there
+        self._tool_format: ToolFormat | None = None
         self._lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="forge-engine", daemon=True)
@@ -217,18 +220,36 @@ class Engine:
             "sampling_defaults": self.sampling_defaults,
         }
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (engine/tool_render.py)."""
+        if self._tool_format is None:
+            tok = self.tokenizer
+            self._tool_format = tool_render.format_for(self.core.loaded.chat_template,
+                                                       lambda s: tok.decode(tok.encode_chat(s)) == s)
+        return self._tool_format
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[Tool] | None = None) -> list[int]:
         """The conversation in the model's own chat template, as token ids. Message content is text: only
-        the template's own markup yields special tokens (content spelling "<|im_end|>" stays those characters)."""
+        the template's own markup yields special tokens (content spelling "<|im_end|>" stays those characters).
+        `tools` (and tool turns in `messages`) are rendered in `tool_format` (engine/tool_render.py)."""
         tok = self.tokenizer
-        escaped = [{**m, "content": tok.escape_content(m["content"])} if isinstance(m, dict)
-                   and isinstance(m.get("content"), str) else m for m in messages]
+        extra: dict[str, Any] = {}
+        if tools or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages):
+            messages, extra = tool_render.prepare(self.tool_format, messages, tools)
+            extra = tool_render.escape_strings(extra, tok.escape_content)
+            messages = tool_render.escape_strings(messages, tok.escape_content)
+        else:
+            messages = [{**m, "content": tok.escape_content(m["content"])} if isinstance(m, dict)
+                        and isinstance(m.get("content"), str) else m for m in messages]
         text = render_chat(
             self.core.loaded.chat_template,
-            escaped,
+            messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
+            **extra,
         )
         return tok.encode_chat(text)
 

@@ -22,6 +22,7 @@ from litestar.response import Stream
 
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
+from app.api import tools
 from app.domain.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
@@ -54,6 +55,7 @@ class _Call:
     include_usage: bool = False
     top_logprobs: int | None = None  # chat: alternatives per token
     echo_text: str = ""  # completions: prompt text to prepend
+    tools: tools.ToolPlan | None = None  # chat: app.api.tools
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -123,13 +125,18 @@ async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
     if top is not None and not body.logprobs:
         raise _invalid("top_logprobs", "requires 'logprobs': true")
     logprobs = (top or 0) if body.logprobs else None
+    tools.check_messages(body.messages)
+    plan = await tools.plan(svc.engine, body)
     try:  # a long conversation takes a while to render and tokenize: not on the event loop
-        prompt = await asyncio.to_thread(svc.engine.render_chat, [m.plain() for m in body.messages])
+        prompt = await asyncio.to_thread(svc.engine.render_chat, [m.plain() for m in body.messages], True,
+                                         plan.render if plan else None)
     except ValueError as e:
         raise _invalid("messages", f"were refused by the model's chat template: {e}") from None
     params = await _sampling(body, svc, len(prompt), mct if mct is not None else body.max_tokens, logprobs)
+    if plan is not None and plan.grammar is not None:
+        params.response_format = plan.grammar
     return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
-                 include_usage=_include_usage(body), top_logprobs=logprobs)
+                 include_usage=_include_usage(body), top_logprobs=logprobs, tools=plan)
 
 
 async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
@@ -411,26 +418,32 @@ async def chat_completions(request: Request, svc: NamedDependency[Services], dat
     base = {"id": cid, "created": created, "model": call.model, "system_fingerprint": None}
     if not call.stream:
         choices, usage = await _collect(request, job, call.params.n)
+        replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
         return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
-            {"index": i, "message": {"role": "assistant", "content": "".join(c.text)}, "finish_reason": c.finish_reason,
+            {"index": i, "message": r.message("".join(c.text)) if r else {"role": "assistant", "content": "".join(c.text)},
+             "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
              "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
              if call.top_logprobs is not None else None}
-            for i, c in enumerate(choices)]})
+            for (i, c), r in zip(enumerate(choices), replies)]})
 
     usage_null = {"usage": None} if call.include_usage else {}
+    replies = [tools.ToolReply(call.tools.fmt) for _ in range(call.params.n)] if call.tools else None
 
     def chunk(ev: Any) -> dict[str, Any] | None:
         head = {**base, "object": "chat.completion.chunk", **usage_null}
         if ev is None:
             return head
-        if not ev.text and ev.finish_reason is None and not (call.top_logprobs is not None and ev.logprobs):
-            return None
         delta = {"content": ev.text} if ev.text else {}
+        reason = ev.finish_reason
+        if replies is not None:  # content and tool calls
+            delta, reason = replies[ev.index].delta(ev.text, reason), replies[ev.index].finish_reason(reason)
+        if not delta and reason is None and not (call.top_logprobs is not None and ev.logprobs):
+            return None
         lp = None
         if call.top_logprobs is not None and ev.logprobs:
             lp = {"content": _chat_logprobs(svc, ev.logprobs, call.top_logprobs)}
         return {**head, "choices": [{"index": ev.index, "delta": delta, "logprobs": lp,
-                                     "finish_reason": ev.finish_reason}]}
+                                     "finish_reason": reason}]}
 
     first = [_encode({**base, "object": "chat.completion.chunk", **usage_null, "choices": [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
@@ -488,7 +501,7 @@ def _model_card(svc: Services) -> dict[str, Any]:
     info = svc.engine.model_info
     return {"id": _model_id(svc), "object": "model", "created": int(svc.started_at), "owned_by": "forge",
             "max_model_len": int(svc.engine.max_context), "quantization": info.get("quant"),
-            "backend": info.get("backend")}
+            "backend": info.get("backend"), "tool_format": svc.engine.tool_format.name}
 
 
 @get("/models", responses=errors(*KEYED))

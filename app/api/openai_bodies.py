@@ -11,12 +11,13 @@ keeps the two in step. What depends on the prompt (its length against the contex
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
 from app.api.bodies import Int
 from app.api.response_format import ResponseFormatField
+from app.api.tools import CallId, ToolCalls, ToolChoiceField, ToolDefs, message_dict
 
 MAX_N = 16  # samples per request (SamplingParams.validate's bound)
 MAX_STOP = 16  # stop strings (SamplingParams.validate's bound)
@@ -39,7 +40,7 @@ Bias = Annotated[float, Meta(ge=-100, le=100)]
 Text = Annotated[str, Meta(max_length=TEXT_MAX_CHARS)]
 Stop = Annotated[str, Meta(min_length=1, max_length=STOP_MAX_CHARS)]
 TokenIds = Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class TextPart(Struct, forbid_unknown_fields=True):
@@ -48,16 +49,20 @@ class TextPart(Struct, forbid_unknown_fields=True):
 
 
 class ChatMessage(Struct, forbid_unknown_fields=True, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Meta(max_length=MAX_PARTS)]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # null only beside tool_calls (app.api.tools.check_messages)
+    content: Text | Annotated[list[TextPart], Meta(max_length=MAX_PARTS)] | None = None
     name: None = None
-    tool_calls: None = None
-    tool_call_id: None = None
+    tool_calls: ToolCalls | None = None
+    tool_call_id: CallId | None = None
     refusal: None = None
 
-    def plain(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": CHAT_ROLES[self.role], "content": text}
+    def plain(self) -> dict[str, Any]:
+        text = self.content if isinstance(self.content, str) or self.content is None \
+            else "".join(p.text for p in self.content)
+        if self.tool_calls is None and self.tool_call_id is None:
+            return {"role": CHAT_ROLES[self.role], "content": text}
+        return message_dict(self, text, CHAT_ROLES[self.role])
 
 
 class StreamOptions(Struct, forbid_unknown_fields=True):
@@ -111,6 +116,9 @@ class ChatRequest(Sampling, kw_only=True):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: ToolDefs | None = None  # app.api.tools
+    tool_choice: ToolChoiceField | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(Sampling, kw_only=True):

@@ -95,7 +95,7 @@ def test_chat_logprobs_and_n(client: openai.OpenAI, model_id: str) -> None:
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),  # the legacy spelling of tools
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"uniqueItems": True}}}},
      "response_format"),
     ({"response_format": {"type": "regex", "pattern": "a(b"}}, "response_format"),
