@@ -223,7 +223,8 @@ class Store:
                 status=status, finish_reason=finish_reason, updated_at=utcnow()))
 
     async def mark_interrupted(self, older_than_s: float = 0.0) -> int:
-        """Mark replies left "streaming" by a dead process as "interrupted"; returns how many.
+        """Mark replies left "streaming" by a dead process as "interrupted"; returns how many. For one process
+        on its database: with replicas, `leases.sweep` marks only those of replicas whose lease has passed.
 
         A live worker's next progress write sets "streaming" again, so a false positive heals.
         """

@@ -1,5 +1,6 @@
 """What replicas sharing one database agree on (app.store.leases), on SQLite and PostgreSQL: the one turn per
-session, replicas' leases, and the sweep that interrupts only the replies of replicas whose lease has passed.
+session, replicas' leases, and the sweep that interrupts only the replies of replicas whose lease has passed;
+a process's membership (app.store.membership): heartbeat, periodic sweep, rejoining, leaving.
 
 Each replica is its own Store (its own engine and connections, as in its own process). Nothing here waits on
 a short lease while a live one must keep up: a live replica's lease lasts an hour, a dead one's 50 ms.
@@ -7,7 +8,7 @@ a short lease while a live one must keep up: a live replica's lease lasts an hou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 
 import pytest
@@ -15,6 +16,7 @@ from sqlalchemy import text
 
 from app.store import Store
 from app.store.leases import Lease
+from app.store.membership import Membership
 from app.store.migrate import upgrade
 
 ME = "owner-a"
@@ -160,3 +162,45 @@ async def test_replica_names_are_checked() -> None:
                 await store.leases.join(name)
     finally:
         await store.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `check` until it holds (the heartbeat task runs on its own clock)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_membership_beats_sweeps_rejoins_after_losing_its_name_and_leaves(
+        replicas: Callable[..., Store]) -> None:
+    beating, dead, usurper = replicas(0.3), replicas(SHORT_S), replicas(LONG_S)
+    await dead.leases.join("dead")
+    before = await reply(dead, "dead")  # left by a replica that died before this one started
+    await asyncio.sleep(SHORT_S * 4)
+    lost: list[bool] = []
+    member = Membership(beating.leases, "r1", "127.0.0.1:1", sweep_s=0.1, on_lost=lambda: lost.append(True))
+    first = await member.start()
+    try:
+        assert member.swept == 1 and await statuses(beating, [before[0]]) == [("interrupted", "half a rep")]
+
+        async def renewed() -> bool:
+            return next(r for r in await beating.leases.replicas() if r["name"] == "r1")["heartbeat_at"] != beat0
+        beat0 = next(r for r in await beating.leases.replicas() if r["name"] == "r1")["heartbeat_at"]
+        await eventually(renewed, "a heartbeat")
+
+        await dead.leases.join("dead")
+        later = await reply(dead, "dead")  # dies while this replica runs: the periodic sweep finds it
+
+        async def swept() -> bool:
+            return await statuses(beating, [later[0]]) == [("interrupted", "half a rep")]
+        await eventually(swept, "the periodic sweep")
+
+        await usurper.leases.join("r1")  # another process takes the name: the next beat finds the lease lost
+
+        async def rejoined() -> bool:
+            return bool(lost) and member.member is not None and member.member.incarnation != first.incarnation
+        await eventually(rejoined, "losing the lease and joining again")
+    finally:
+        await member.stop()
+    assert {r["name"]: r["alive"] for r in await usurper.leases.replicas()}["r1"] is False
