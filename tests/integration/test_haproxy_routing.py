@@ -115,7 +115,8 @@ class Front:
             s.sendall(b"show stat\n")
             data = b"".join(iter(lambda: s.recv(65536), b"")).decode()
         rows = [r.split(",") for r in data.splitlines() if r and not r.startswith("#")]
-        return {r[1]: r[17].split()[0] for r in rows if r[0] == "forge_sessions" and r[1] not in ("FRONTEND", "BACKEND")}
+        return {r[1]: r[17].split()[0] for r in rows
+                if r[0] == "forge_sessions" and r[1] not in ("FRONTEND", "BACKEND")}
 
     def wait_states(self, expected: dict[str, str]) -> None:
         deadline = time.monotonic() + CHANGE_TIMEOUT_S

@@ -110,8 +110,8 @@ async def test_both_ways_of_searching_find_the_same(database_url: str) -> None:
 def tree(*contents: str, branch: str | None = None) -> list[dict[str, Any]]:
     """Store.import_session's messages: `contents` as one conversation; `branch` a second, unchosen reply to the
     first message."""
-    out = [{"role": "assistant" if i % 2 else "user", "content": c, "status": "complete", "parent": i - 1 if i else None,
-            "active": True} for i, c in enumerate(contents)]
+    out = [{"role": "assistant" if i % 2 else "user", "content": c, "status": "complete",
+            "parent": i - 1 if i else None, "active": True} for i, c in enumerate(contents)]
     if branch is not None:
         out.append({"role": "assistant", "content": branch, "status": "complete", "parent": 0, "active": False})
     return out

@@ -41,7 +41,9 @@ async def replicas(database_url: str) -> AsyncIterator[Callable[..., Store]]:
 async def reply(store: Store, replica: str | None) -> tuple[str, str]:
     """A new session with a reply streaming on `replica`: (session id, reply id)."""
     s = await store.create_session(ME, "t", None, {})
-    _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q", replica=replica)  # type: ignore[misc]
+    started = await store.start_reply(s["id"], ME, parent_id=None, user_content="q", replica=replica)
+    assert started is not None
+    r = started[1][-1]
     await store.save_progress(r["id"], "half a rep", 3)
     return s["id"], r["id"]
 
