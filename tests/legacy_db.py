@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 
+from sqlalchemy import text
+
+from app.store.db import make_engine
 from app.store.migrate import upgrade
 
 SETTINGS = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
@@ -35,3 +39,26 @@ def legacy_database(path: Path, sessions: list[Legacy]) -> str:
                             (message_id(sid, pos), sid, pos, role, content, status, reason, tokens, when, when))
     con.close()
     return url
+
+
+async def legacy_rows(url: str, sessions: list[Legacy]) -> None:
+    """`legacy_database` on any database (`url`: an empty one), through SQLAlchemy."""
+    upgrade(url, "0002")
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:
+            for n, (sid, owner, title, messages) in enumerate(sessions):
+                when = datetime(2025, 2, n + 1, 12, tzinfo=timezone.utc)
+                await conn.execute(text(
+                    "INSERT INTO sessions (id, owner, version, title, system_prompt, settings, created_at, updated_at) "
+                    "VALUES (:id, :owner, 0, :title, NULL, :settings, :when, :when)"),
+                    {"id": sid, "owner": owner, "title": title, "settings": json.dumps(SETTINGS), "when": when})
+                for pos, (role, content, status, reason, tokens) in enumerate(messages):
+                    await conn.execute(text(
+                        "INSERT INTO messages (id, session_id, position, role, content, status, finish_reason, "
+                        "completion_tokens, created_at, updated_at) VALUES (:id, :sid, :pos, :role, :content, :status, "
+                        ":reason, :tokens, :when, :when)"),
+                        {"id": message_id(sid, pos), "sid": sid, "pos": pos, "role": role, "content": content,
+                         "status": status, "reason": reason, "tokens": tokens, "when": when})
+    finally:
+        await engine.dispose()

@@ -1,14 +1,16 @@
-"""SQLAlchemy tables: chat sessions and their messages (with the reply's usage facts)."""
+"""SQLAlchemy tables: chat sessions and their messages (with the reply's usage facts); the replicas serving
+them and the one-turn-per-session leases they hold (app.store.leases)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, true
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
 ROLES = ("system", "user", "assistant")
+REPLICA_NAME_CHARS = 200
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -65,7 +67,10 @@ class Message(Base):
 
     __tablename__ = "messages"
     __table_args__ = (Index("uq_messages_session_id_ordinal", "session_id", "ordinal", unique=True),
-                      Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True))
+                      Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True),
+                      # Only the few replies being streamed: what the sweep (app.store.leases) looks through.
+                      Index("ix_messages_streaming", "replica", sqlite_where=text("status = 'streaming'"),
+                            postgresql_where=text("status = 'streaming'")))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(32), ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
@@ -88,6 +93,8 @@ class Message(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # Last write; a streaming reply is rewritten every 0.5 s (app.chat.SAVE_INTERVAL_S) while tokens arrive.
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The replica generating a reply (its --replica-name); None for replies stored before replicas existed.
+    replica: Mapped[str | None] = mapped_column(String(REPLICA_NAME_CHARS), nullable=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,3 +113,32 @@ class Message(Base):
             "tokens_per_s": self.tokens_per_s,
             "created_at": iso(self.created_at),
         }
+
+
+class Replica(Base):
+    """A `forge serve` process sharing the database. Alive while `lease_until` is ahead of the database's
+    clock; it renews the lease by heartbeat, and once the lease has passed its streaming replies are swept.
+    `incarnation` tells the process now under the name from an earlier one (a restart takes the name over)."""
+
+    __tablename__ = "replicas"
+
+    name: Mapped[str] = mapped_column(String(REPLICA_NAME_CHARS), primary_key=True)
+    address: Mapped[str] = mapped_column(String(REPLICA_NAME_CHARS), server_default="")
+    incarnation: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lease_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SessionLease(Base):
+    """The one turn a session may run at a time, across replicas: held by `replica` until `expires_at`
+    (renewed with the replica's heartbeat), released by the holder's `token` at the turn's end. No foreign
+    key: a lease on a deleted session just runs out."""
+
+    __tablename__ = "session_leases"
+
+    session_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(REPLICA_NAME_CHARS), index=True)
+    token: Mapped[str] = mapped_column(String(32))
+    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -2,8 +2,10 @@
 
 The query is plain text: its words (letters and digits) are what is looked for, every one of them, the
 last also as a prefix (for search-as-you-type); quotes, operators and column filters are just characters.
-SQLite answers from the FTS5 indexes of migration 0003 (case and accents folded, ranked by bm25); other
-databases scan with LIKE (case folded), which needs no index and finds the same words inside longer ones.
+SQLite answers from the FTS5 indexes of migration 0003 (case and accents folded, ranked by bm25); PostgreSQL
+from the GIN indexes over `to_tsvector('forge_search', ...)` of migration 0004 (case and accents folded, ranked
+by ts_rank); other databases scan with LIKE (case folded), which needs no index and finds the same words inside
+longer ones.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from app.store.models import ChatSession, Message
 MAX_WORDS = 16
 SNIPPET_WORDS = 12  # FTS5 snippet length in tokens
 SNIPPET_CHARS = 80  # LIKE snippet: characters either side of the first match
+PG_CONFIG = "forge_search"  # migration 0004's text search configuration: `simple` with accents folded
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use marks around a match in an FTS5 snippet
 _WORD = re.compile(r"\w+")
 
@@ -36,7 +39,7 @@ async def search(db: AsyncSession, owner: str, query: str, limit: int) -> list[d
     """Hits, sessions whose title matches first (most recent first), then messages (best first):
     `{"session": {...}, "message": {"id", "role", "position"} | None, "snippet", "highlights"}` where
     `highlights` are [start, end) character ranges of the matches inside `snippet`."""
-    way = search_fts if db.get_bind().dialect.name == "sqlite" else search_like
+    way = {"sqlite": search_fts, "postgresql": search_tsv}.get(db.get_bind().dialect.name, search_like)
     return await way(db, owner, query, limit)
 
 
@@ -57,6 +60,42 @@ async def search_fts(db: AsyncSession, owner: str, query: str, limit: int) -> li
         "JOIN messages AS m ON m.rowid = messages_fts.rowid JOIN sessions AS s ON s.id = m.session_id "
         "WHERE messages_fts MATCH :q AND s.owner = :owner ORDER BY bm25(messages_fts) LIMIT :limit"),
         {"q": q, "owner": owner, "limit": limit - len(hits), "open": _OPEN, "close": _CLOSE, "words": SNIPPET_WORDS})
+    hits += found.all()
+    return await _shape(db, [(sid, mid, *_unmark(marked)) for sid, mid, marked in hits])
+
+
+def tsquery(terms: list[str]) -> str:
+    """A to_tsquery expression with every word a quoted lexeme (words hold no quotes: no syntax survives), all
+    of them required, the last a prefix."""
+    return " & ".join(f"'{w}'" for w in terms) + ":*"
+
+
+# The expressions of migration 0004's indexes, written out so the planner matches them (a bound configuration
+# would not be the index's constant).
+_TITLE_TSV = f"to_tsvector('{PG_CONFIG}', s.title)"
+_CONTENT_TSV = f"to_tsvector('{PG_CONFIG}', m.content)"
+_HEADLINE = "StartSel={open}, StopSel={close}, MaxFragments=1, MaxWords={words}, MinWords={few}, ShortWord=0"
+
+
+async def search_tsv(db: AsyncSession, owner: str, query: str, limit: int) -> list[dict[str, Any]]:
+    """`search` over PostgreSQL's GIN indexes (titles by recency, messages by ts_rank)."""
+    terms = words(query)
+    if not terms:
+        return []
+    options = _HEADLINE.format(open=_OPEN, close=_CLOSE, words=SNIPPET_WORDS, few=SNIPPET_WORDS // 2)
+    params = {"q": tsquery(terms), "owner": owner, "limit": limit, "all": f"StartSel={_OPEN}, StopSel={_CLOSE}, "
+              "HighlightAll=true", "options": options}
+    titles = await db.execute(text(
+        f"SELECT s.id, ts_headline('{PG_CONFIG}', s.title, q, :all) FROM sessions AS s, "
+        f"to_tsquery('{PG_CONFIG}', :q) AS q WHERE {_TITLE_TSV} @@ q AND s.owner = :owner "
+        "ORDER BY s.updated_at DESC LIMIT :limit"), params)
+    hits = [(sid, None, marked) for sid, marked in titles.all()]
+    # ts_headline is expensive: PostgreSQL computes it after the LIMIT, for the rows returned.
+    found = await db.execute(text(
+        f"SELECT m.session_id, m.id, ts_headline('{PG_CONFIG}', m.content, q, :options) FROM messages AS m "
+        f"JOIN sessions AS s ON s.id = m.session_id, to_tsquery('{PG_CONFIG}', :q) AS q "
+        f"WHERE {_CONTENT_TSV} @@ q AND s.owner = :owner ORDER BY ts_rank({_CONTENT_TSV}, q) DESC, m.id "
+        "LIMIT :limit"), dict(params, limit=limit - len(hits)))
     hits += found.all()
     return await _shape(db, [(sid, mid, *_unmark(marked)) for sid, mid, marked in hits])
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.postgres import database_url, postgres  # noqa: F401  (fixtures: the store's tests run on both)
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-api-key"
 OTHER_KEY = "test-other-key"  # a second client of the shared server: sees none of API_KEY's sessions

@@ -1,5 +1,7 @@
 """Search (`GET /api/search`) with `httpx` against the real server: titles and message text of every branch,
-only the caller's, user input taken as text. Sessions are made by importing exports (no model time)."""
+only the caller's, user input taken as text. Sessions are made by importing exports (no model time). The same
+behaviour from the store on SQLite (FTS5) and PostgreSQL (tsvector + GIN), and each indexed way against the
+scan (LIKE)."""
 from __future__ import annotations
 
 import uuid
@@ -10,7 +12,7 @@ import pytest
 
 from app.store import Store
 from app.store.migrate import upgrade
-from app.store.search import search_fts, search_like
+from app.store.search import search_fts, search_like, search_tsv
 from tests.integration.conftest import OTHER_KEY, ServerProcess
 
 THEIRS = {"Authorization": f"Bearer {OTHER_KEY}"}
@@ -83,9 +85,11 @@ def test_search_refusals(http: httpx.Client) -> None:
     assert httpx.get(f"{http.base_url}/api/search", params={"q": "x"}).status_code == 401  # no key
 
 
-async def test_both_ways_of_searching_find_the_same(tmp_path) -> None:
-    """The indexed way (SQLite FTS5) and the way other databases take (LIKE) agree on whole words."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'search.db'}"
+async def test_both_ways_of_searching_find_the_same(database_url: str) -> None:
+    """The indexed way (SQLite FTS5, PostgreSQL tsvector) and the way other databases take (LIKE) agree on whole
+    words."""
+    url = database_url
+    indexed = search_fts if url.startswith("sqlite") else search_tsv
     upgrade(url)
     store = Store(url)
     try:
@@ -95,9 +99,53 @@ async def test_both_ways_of_searching_find_the_same(tmp_path) -> None:
         async with store.sessionmaker() as db:
             for query, expected in [("weekend", [(s["id"], None)]), ("LAKE hiking", [(s["id"], u["id"])]),
                                     ("lake OR sea", []), ('"', [])]:
-                for way in (search_fts, search_like):
+                for way in (indexed, search_like):
                     hits = await way(db, "me", query, 10)
                     assert [(h["session"]["id"], h["message"] and h["message"]["id"]) for h in hits] == expected, way
                     assert all(h["highlights"] for h in hits)
+    finally:
+        await store.close()
+
+
+def tree(*contents: str, branch: str | None = None) -> list[dict[str, Any]]:
+    """Store.import_session's messages: `contents` as one conversation; `branch` a second, unchosen reply to the
+    first message."""
+    out = [{"role": "assistant" if i % 2 else "user", "content": c, "status": "complete",
+            "parent": i - 1 if i else None, "active": True} for i, c in enumerate(contents)]
+    if branch is not None:
+        out.append({"role": "assistant", "content": branch, "status": "complete", "parent": 0, "active": False})
+    return out
+
+
+async def test_search_behaves_alike_on_each_database(database_url: str) -> None:
+    """What the HTTP tests above check on the server's SQLite, from the store on each database: titles first,
+    messages of every branch best first, the owner's only, accents and case folded, the last word a prefix,
+    highlights over the words as written, input taken as text."""
+    upgrade(database_url)
+    store = Store(database_url)
+    word = "zqword"
+    try:
+        a = await store.import_session("me", {"title": f"Notes on {word}", "system_prompt": None, "settings": {}},
+                                       tree("What lives in the Atlantic?", f"Whales, mostly. Also {word} fish.",
+                                            branch=f"An older answer about {word.upper()} crabs"))
+        b = await store.import_session("me", {"title": "Unrelated", "system_prompt": None, "settings": {}},
+                                       tree(f"{word} {word}!", "Café culture, " + "and much more, " * 20 + word))
+        c = await store.import_session("them", {"title": f"Their {word}", "system_prompt": None, "settings": {}},
+                                   tree(f"{word} too"))
+        hits = await store.search("me", word, 10)
+        assert hits[0]["session"]["id"] == a["id"] and hits[0]["message"] is None
+        assert len(hits) == 5 and {h["session"]["id"] for h in hits} == {a["id"], b["id"]}
+        assert hits[1]["session"]["id"] == b["id"] and hits[1]["message"]["position"] == 0  # twice in few words
+        for h in hits:
+            marked = [h["snippet"][s:e] for s, e in h["highlights"]]
+            assert marked and all(m.lower().startswith(word) for m in marked), h
+        assert [(h["session"]["id"], h["message"]["position"]) for h in await store.search("me", "CAFE cultu", 10)] \
+            == [(b["id"], 1)]
+        assert [h["session"]["id"] for h in await store.search("them", word, 10)] == [c["id"], c["id"]]
+        assert await store.search("me", f"{word} nowhere", 10) == []
+        assert len(await store.search("me", word, 2)) == 2
+        for q in ['"', "'", "*", "a OR b", "NEAR(a b)", "title:x", "x AND", "(", "-x", "x\\", "%", "_", "a:*", "a&!b|c",
+                  "<->", "'' OR ''"]:
+            assert all(h["highlights"] for h in await store.search("me", q, 10)), q
     finally:
         await store.close()

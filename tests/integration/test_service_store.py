@@ -1,4 +1,5 @@
-"""Persistence layer against a real SQLite file migrated by Alembic (no model needed)."""
+"""Persistence layer against a real SQLite file and a real PostgreSQL database, migrated by Alembic (no model
+needed): every store test runs on both (tests/postgres.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from app.api.bodies import Export, SessionFields, decode
 from app.api.errors import ServiceError
@@ -27,12 +29,16 @@ def url_for(path: Path) -> str:
 
 
 @pytest.fixture
-async def store(tmp_path: Path):
-    url = url_for(tmp_path / "forge.db")
-    upgrade(url)
-    s = Store(url)
+async def store(database_url: str):
+    upgrade(database_url)
+    s = Store(database_url)
     yield s
     await s.close()
+
+
+async def scalar(store: Store, sql: str, **params: object) -> object:
+    async with store.engine.connect() as conn:
+        return (await conn.execute(text(sql), params)).scalar()
 
 
 def test_upgrade_creates_schema_in_wal_mode_and_is_idempotent(tmp_path: Path) -> None:
@@ -49,16 +55,33 @@ def test_upgrade_creates_schema_in_wal_mode_and_is_idempotent(tmp_path: Path) ->
         con.close()
 
 
-def test_workers_migrating_at_once_all_succeed(tmp_path: Path) -> None:
-    db = tmp_path / "race.db"
+async def test_upgrade_on_postgresql_creates_schema_and_search_indexes_and_is_idempotent(postgres) -> None:
+    url = postgres.database()
+    upgrade(url)
+    upgrade(url)
+    store = Store(url)
+    try:
+        assert await scalar(store, "SELECT version_num FROM alembic_version") == head_revision()
+        tables = await scalar(store, "SELECT array_agg(tablename::text) FROM pg_tables WHERE schemaname = 'public'")
+        assert {"sessions", "messages", "replicas", "session_leases", "alembic_version"} <= set(tables)
+        indexes = await scalar(store, "SELECT array_agg(indexname::text) FROM pg_indexes WHERE schemaname = 'public' "
+                              "AND indexdef LIKE '%USING gin%'")
+        assert set(indexes) == {"ix_sessions_search", "ix_messages_search"}
+        folded = await scalar(store, "SELECT to_tsvector('forge_search', 'Crème BRÛLÉE')::text")
+        assert folded == "'brulee':2 'creme':1"
+    finally:
+        await store.close()
+
+
+async def test_workers_migrating_at_once_all_succeed(tmp_path: Path, database_url: str) -> None:
     go = tmp_path / "go"
-    workers = 3
+    workers = 3 if database_url.startswith("sqlite") else 2  # two race as well: fewer processes importing at once
     script = (
         "import os, sys, time\n"
         "from app.store.migrate import upgrade\n"
         f"open(os.path.join({str(tmp_path)!r}, 'ready-' + sys.argv[1]), 'w').close()\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
-        f"upgrade({url_for(db)!r})\n"
+        f"upgrade({database_url!r})\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], cwd=REPO, stderr=subprocess.PIPE)
              for i in range(workers)]
@@ -68,12 +91,15 @@ def test_workers_migrating_at_once_all_succeed(tmp_path: Path) -> None:
     go.touch()
     errors = [p.communicate(timeout=120)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * workers, errors
-    con = sqlite3.connect(db)
-    assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(head_revision(),)]
-    con.close()
+    store = Store(database_url)
+    try:
+        assert await scalar(store, "SELECT count(*) FROM alembic_version") == 1
+        assert await scalar(store, "SELECT version_num FROM alembic_version") == head_revision()
+    finally:
+        await store.close()
 
 
-async def test_sessions_list_newest_first_rename_and_delete_with_messages(store: Store, tmp_path: Path) -> None:
+async def test_sessions_list_newest_first_rename_and_delete_with_messages(store: Store) -> None:
     a = await store.create_session(ME, "a", None, DEFAULT_SETTINGS)
     b = await store.create_session(ME, "b", "be brief", DEFAULT_SETTINGS)
     c = await store.create_session(ME, "c", None, DEFAULT_SETTINGS)
@@ -89,9 +115,7 @@ async def test_sessions_list_newest_first_rename_and_delete_with_messages(store:
     assert await store.delete_session(b["id"], ME) is True
     assert await store.delete_session(b["id"], ME) is False
     assert await store.get_history(b["id"], ME) is None
-    con = sqlite3.connect(tmp_path / "forge.db")
-    assert con.execute("SELECT count(*) FROM messages WHERE session_id = ?", (b["id"],)).fetchone()[0] == 0
-    con.close()
+    assert await scalar(store, "SELECT count(*) FROM messages WHERE session_id = :s", s=b["id"]) == 0
 
 
 async def test_reply_lifecycle_and_branches(store: Store) -> None:

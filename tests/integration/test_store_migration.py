@@ -1,12 +1,14 @@
-"""Migration 0003 (reply branches, search) on a database made by the schema before it: created by Alembic at
-0002, filled through plain SQL as that schema's code wrote it, then upgraded."""
+"""Migrations 0003 (reply branches, search) and 0004 (replicas, leases, PostgreSQL search) on a database made by
+the schema before them: created by Alembic at 0002, filled through plain SQL as that schema's code wrote it, then
+upgraded; on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
 from alembic import command
-from legacy_db import legacy_database, message_id
+from legacy_db import legacy_database, legacy_rows, message_id
+from sqlalchemy import text
 
 from app.store import Store
 from app.store.migrate import alembic_config, head_revision, upgrade
@@ -24,26 +26,32 @@ LEGACY = [
 ]
 
 
-def rows(path: Path) -> list[tuple]:
-    con = sqlite3.connect(path)
+async def query(url: str, sql: str) -> list[tuple]:
+    store = Store(url)
     try:
-        return con.execute("SELECT id, session_id, position, role, content, status, finish_reason, completion_tokens "
-                           "FROM messages ORDER BY session_id, position").fetchall()
+        async with store.engine.connect() as conn:
+            return [tuple(r) for r in (await conn.execute(text(sql))).all()]
     finally:
-        con.close()
+        await store.close()
 
 
-async def test_upgrade_keeps_every_session_and_message_as_one_branch(tmp_path: Path) -> None:
-    db = tmp_path / "legacy.db"
-    url = legacy_database(db, LEGACY)
-    before = rows(db)
+async def rows(url: str) -> list[tuple]:
+    return await query(url, "SELECT id, session_id, position, role, content, status, finish_reason, "
+                            "completion_tokens FROM messages ORDER BY session_id, position")
+
+
+async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_url: str) -> None:
+    url = database_url
+    if url.startswith("sqlite"):
+        legacy_database(Path(url.split("///", 1)[1]), LEGACY)
+    else:
+        await legacy_rows(url, LEGACY)
+    before = await rows(url)
     assert len(before) == 7
 
     upgrade(url)
-    con = sqlite3.connect(db)
-    assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(head_revision(),)]
-    con.close()
-    assert rows(db) == before  # every message, every field
+    assert await query(url, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
+    assert await rows(url) == before  # every message, every field
 
     store = Store(url)
     try:
@@ -74,9 +82,42 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(tmp_path: P
 
     # downgrading keeps the chosen branch of each session (the new reply, not the stopped one)
     command.downgrade(alembic_config(url), "0002")
-    after = rows(db)
+    after = await rows(url)
     assert len(after) == 6 and ("Berlin, of course." in {r[4] for r in after}) and "Berlin" not in {r[4] for r in after}
-    con = sqlite3.connect(db)
-    assert not con.execute("SELECT name FROM sqlite_master WHERE name LIKE '%fts%'").fetchall()
-    con.close()
+    if url.startswith("sqlite"):
+        assert not await query(url, "SELECT name FROM sqlite_master WHERE name LIKE '%fts%'")
+    else:
+        assert not await query(url, "SELECT indexname FROM pg_indexes WHERE indexname LIKE '%search%'")
+        assert not await query(url, "SELECT cfgname FROM pg_ts_config WHERE cfgname = 'forge_search'")
+
+
+async def test_0004_down_and_up_again_keeps_messages_and_search(database_url: str) -> None:
+    """0004 adds and drops its column in place: on SQLite the FTS5 triggers of 0003 keep working below it."""
+    url = database_url
+    upgrade(url)
+    store = Store(url)
+    try:
+        s = await store.create_session(ME, "Round trip", None, {})
+        await store.start_reply(s["id"], ME, parent_id=None, user_content="before the downgrade", replica="r1")
+    finally:
+        await store.close()
+    command.downgrade(alembic_config(url), "0003")
+    assert await query(url, "SELECT version_num FROM alembic_version") == [("0003",)]
+    if url.startswith("sqlite"):
+        assert [r[1] for r in await query(url, "PRAGMA table_info(messages)") if r[1] == "replica"] == []
+        # the triggers still index what 0003's schema writes:
+        con = sqlite3.connect(url.split("///", 1)[1])
+        with con:
+            con.execute("UPDATE messages SET content = 'after the downgrade' WHERE role = 'user'")
+        hits = con.execute("SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'after'").fetchall()
+        con.close()
+        assert len(hits) == 1
+    upgrade(url)
+    store = Store(url)
+    try:
+        hits = await store.search(ME, "downgrade", 10)
+        assert [h["message"]["role"] for h in hits] == ["user"]
+        assert await store.leases.sweep() == 1  # the reply its replica (gone with the column) left streaming
+    finally:
+        await store.close()
 
