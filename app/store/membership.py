@@ -17,19 +17,22 @@ log = logging.getLogger("forge.store")
 
 
 class Membership:
-    """Join on `start`, heartbeat every `ttl / 3`, sweep every `sweep_s`, leave on `stop`."""
+    """Join on `start`, heartbeat every `beat_s` (default: a third of the lease), sweep every `sweep_s` (default:
+    the lease), leave on `stop`."""
 
     def __init__(self, leases: Leases, replica: str, address: str = "", sweep_s: float | None = None,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None, beat_s: float | None = None) -> None:
         self.leases = leases
         self.replica = replica
         self.address = address
-        self.beat_s = leases.ttl.total_seconds() / 3
+        self.beat_s = beat_s if beat_s is not None else leases.ttl.total_seconds() / 3
+        assert 0 < self.beat_s < leases.ttl.total_seconds(), (self.beat_s, leases.ttl)
         self.sweep_s = sweep_s if sweep_s is not None else leases.ttl.total_seconds()
         self.on_lost = on_lost
         self.member: Member | None = None
         self.swept = 0  # replies this process has marked interrupted (its start-up's included)
         self._task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> Member:
         """Join (taking the name over from an earlier process: its replies are interrupted), sweep once, and
@@ -42,11 +45,13 @@ class Membership:
     async def stop(self) -> None:
         """Stop beating and leave (the session leases go, the lease ends now)."""
         if self._task is not None:
-            self._task.cancel()
+            # Not cancelled while it talks to the database: a join cut short could commit after the leave and
+            # leave a lease behind. Only a database that hangs past a lease is given up on.
+            self._stopping.set()
             try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+                await asyncio.wait_for(self._task, self.leases.ttl.total_seconds())
+            except TimeoutError:
+                log.warning("replica %s: the heartbeat did not stop within a lease", self.replica)
             self._task = None
         if self.member is not None:
             try:
@@ -58,7 +63,11 @@ class Membership:
         loop = asyncio.get_running_loop()
         next_sweep = loop.time() + self.sweep_s
         while True:
-            await asyncio.sleep(self.beat_s)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.beat_s)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self._beat()
                 if loop.time() >= next_sweep:

@@ -176,12 +176,13 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s:
 
 async def test_membership_beats_sweeps_rejoins_after_losing_its_name_and_leaves(
         replicas: Callable[..., Store]) -> None:
-    beating, dead, usurper = replicas(0.3), replicas(SHORT_S), replicas(LONG_S)
+    beating, dead, usurper = replicas(LONG_S), replicas(SHORT_S), replicas(LONG_S)
     await dead.leases.join("dead")
     before = await reply(dead, "dead")  # left by a replica that died before this one started
     await asyncio.sleep(SHORT_S * 4)
     lost: list[bool] = []
-    member = Membership(beating.leases, "r1", "127.0.0.1:1", sweep_s=0.1, on_lost=lambda: lost.append(True))
+    member = Membership(beating.leases, "r1", "127.0.0.1:1", sweep_s=0.1, on_lost=lambda: lost.append(True),
+                        beat_s=0.05)
     first = await member.start()
     try:
         assert member.swept == 1 and await statuses(beating, [before[0]]) == [("interrupted", "half a rep")]
