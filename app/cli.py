@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
+    p.add_argument("--embedding-pooling", default=None, choices=["mean", "last"],
+                   help="/v1/embeddings: pool the last hidden state by mean or last token (default: mean; a model's "
+                        "own GGUF pooling_type wins)")
     p.add_argument("--queue-size", type=int, default=None,
                    help="generations that may wait for the engine, served round-robin by API key (default 1024); "
                         "one more is refused with 429")
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             overrides = {k: getattr(args, k) for k in (
                 "model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                 "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level", "keepalive_s",
-                "queue_size", "queue_timeout_s", "max_concurrent_per_key",
+                "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling",
             )}
             serve(Settings.from_env(**overrides))
         elif args.command == "migrate":
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             upgrade(url)
             print(f"database at head: {url}")
         elif args.command == "bench":
-            from app.bench import run_bench
+            from engine.bench import run_bench
 
             run_bench(_load(args), as_json=args.json, quick=args.quick, profile=args.profile)
         elif args.command == "generate":
