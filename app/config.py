@@ -45,6 +45,7 @@ class Settings:
     max_concurrent_per_key: int | None = None  # generations one API key may run at once (None: no cap)
     import_messages: int = 10_000  # messages in one imported session
     default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.defaults)
+    embedding_pooling: str = "mean"  # /v1/embeddings: "mean" | "last" (a model's own GGUF pooling_type wins)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -111,6 +112,8 @@ class Settings:
             raise ValueError(f"queue_timeout_s must be > 0 and finite, got {self.queue_timeout_s}")
         if not self.ws_commands_per_s > 0:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
+        if self.embedding_pooling not in ("mean", "last"):
+            raise ValueError(f"embedding_pooling must be 'mean' or 'last', got {self.embedding_pooling!r}")
         check_activations(self.activations, self.backend)
 
 

@@ -16,7 +16,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from app.admission import Admission
-from app.api import admin, openai, pages, search, sessions, ws
+from app.api import admin, embeddings, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
@@ -80,7 +80,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, migrate:
 
     return Litestar(
         route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
-                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
+                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket,
+                        embeddings.embeddings],
         lifespan=[lifespan],
         state=State({"forge": svc}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

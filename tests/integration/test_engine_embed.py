@@ -132,3 +132,10 @@ async def test_the_models_own_pooling_wins(engine, monkeypatch):
     monkeypatch.setattr(engine.core.loaded, "pooling", "last")  # as a GGUF with pooling_type 3 says
     assert engine.pooling == "last"
     assert float(np.abs((await engine.embed([ids], "mean"))[0] - last).max()) == 0.0
+
+
+async def test_the_bench_reports_embedding_rates(engine):
+    from engine.bench import _embeddings
+
+    out = await _embeddings(engine, 4, 1)
+    assert out["input_tokens"] == 64 and out["inputs_per_s_batch1"] > 0 and out["inputs_per_s_batch4"] > 0
