@@ -9,7 +9,7 @@ sequence by sequence, so one bad request fails alone.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -44,12 +44,13 @@ class Sampler:
         rows = [SamplerRow(s.request.params, s.rng, s.token_ids, s.prompt_len, s.draft) for s in seqs]
         if all(is_plain_greedy(r.params) for r in rows):
             try:
-                return _split(sample_greedy(*self.backend.argmax_rows(logits), rows))
+                top, best = self.backend.argmax_rows(logits)
+                return _split(sample_greedy(top, best, rows))
             except ValueError:
                 pass  # a row with no usable token: the host path below singles its sequence out
         elif all(is_single_draw(r) for r in rows):  # sampled on the backend: ids and asked-for logprobs leave it
             try:
-                return sample_on_backend(self.backend, logits, rows)
+                return [*sample_on_backend(self.backend, logits, rows)]
             except Exception as exc:  # the rows' draws are spent: they fail rather than draw again
                 log.exception("sampling failed")
                 return [RuntimeError(f"sampling failed: {exc}")] * len(seqs)
@@ -100,6 +101,6 @@ def _split(out: SampleOutput) -> list[Emitted | Exception]:
     tokens = out.token_ids.tolist()
     for n in out.num_tokens:
         lps = out.logprobs[start : start + n]
-        results.append((tokens[start : start + n], None if lps[0] is None else lps))
+        results.append((tokens[start : start + n], None if lps[0] is None else cast(list[TokenLogprob], lps)))
         start += n
     return results
