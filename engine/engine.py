@@ -245,7 +245,8 @@ class Engine:
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
-        return self._submit(request.request_id, request.params.n, ("add", request))
+        return self._submit(request.request_id, request.params.n,
+                            lambda arrival: self.core.add_request(request, arrival))
 
     async def embed(self, inputs: list[list[int]], pooling: str = "mean", truncate: bool = False) -> list[np.ndarray]:
         """One float32, L2-normalised vector per input (token ids): the final norm's output pooled over the input
@@ -258,7 +259,8 @@ class Engine:
         inputs = self.core.validate.embedding(inputs, pooling, truncate)
         request_id = uuid.uuid4().hex
         vectors: list[Any] = [None] * len(inputs)
-        stream = self._submit(request_id, len(inputs), ("embed", request_id, inputs, pooling))
+        stream = self._submit(request_id, len(inputs),
+                              lambda arrival: self.core.add_embedding(request_id, inputs, pooling, arrival=arrival))
         try:
             async for event in stream:
                 if event.finish_reason == "abort":
@@ -275,8 +277,9 @@ class Engine:
         """The pooling the model's files name for embeddings (None: the caller's choice holds)."""
         return self.core.loaded.pooling
 
-    def _submit(self, request_id: str, samples: int, command: tuple) -> "RequestStream":
-        """Queue a validated request for the step thread; its events come back on the caller's loop."""
+    def _submit(self, request_id: str, samples: int, admit: Callable[[float], None]) -> "RequestStream":
+        """Queue a validated request for the step thread, which calls `admit(arrival)` (adding it to the core);
+        its events come back on the caller's loop."""
         if request_id in self._active:
             raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
         with self._lock:
@@ -289,7 +292,7 @@ class Engine:
         self._active.add(request_id)
         # The stream travels with the request: the step thread routes its events (an abort of an
         # earlier request with the same id can never reach this one).
-        self._commands.put((*command, time.monotonic(), stream))
+        self._commands.put(("admit", request_id, admit, time.monotonic(), stream))
         return RequestStream(self, request_id, samples, stream.events)
 
     async def compile_response_format(self, fmt: ResponseFormat) -> None:
@@ -346,17 +349,13 @@ class Engine:
             block = False
             if cmd[0] == "stop":
                 return False
-            if cmd[0] in ("add", "embed"):
+            if cmd[0] == "admit":
+                _, request_id, admit, arrival, stream = cmd
                 with self._lock:
                     self._submitted -= 1
-                *what, arrival, stream = cmd
-                request_id = what[1].request_id if cmd[0] == "add" else what[1]
                 self._routes[request_id] = stream
                 try:
-                    if cmd[0] == "add":
-                        self.core.add_request(what[1], arrival)
-                    else:
-                        self.core.add_embedding(request_id, what[2], what[3], arrival=arrival)
+                    admit(arrival)
                 except Exception as exc:
                     self._send(request_id, exc)
                     self._routes.pop(request_id, None)
