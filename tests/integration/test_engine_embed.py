@@ -91,10 +91,10 @@ async def test_an_input_gets_the_same_vector_alone_in_a_batch_and_among_concurre
 
 async def test_a_request_of_many_inputs_is_fed_a_window_at_a_time_and_leaves_no_kv_behind(engine):
     core = engine.core
-    inputs = [ids_of(engine, t * 5) for t in TEXTS]
+    inputs = [ids_of(engine, t) for t in TEXTS]
     alone = [(await engine.embed([ids]))[0] for ids in inputs]
-    many = await engine.embed(inputs * 20)  # more inputs than the window: fed as earlier ones finish
-    assert len(many) == 80 and max(float(np.abs(v - alone[i % 4]).max()) for i, v in enumerate(many)) < 1e-5
+    many = await engine.embed(inputs * 10)  # more inputs than the window (32): fed as earlier ones finish
+    assert len(many) == 40 and max(float(np.abs(v - alone[i % 4]).max()) for i, v in enumerate(many)) < 1e-5
     assert not core.has_work() and engine.stats()["waiting"] == 0
     assert core.blocks.num_free == core.blocks.num_blocks and not core.blocks.cached
     first = await engine.embed([ids_of(engine, TEXTS[0] * 5)])  # the same input again: computed again, same vector
@@ -139,3 +139,12 @@ async def test_the_bench_reports_embedding_rates(engine):
 
     out = await _embeddings(engine, 4, 1)
     assert out["input_tokens"] == 64 and out["inputs_per_s_batch1"] > 0 and out["inputs_per_s_batch4"] > 0
+
+
+def test_a_large_request_waits_in_the_core_a_window_at_a_time_and_aborts_whole(default_model):
+    core = make_core(default_model, kv_memory=16 << 20)
+    core.add_embedding("r", [[1, 2, 3]] * 40, "mean")
+    assert len(core.scheduler.waiting) == 32 and core.stats()["waiting"] == 40
+    events = core.abort("r")
+    assert sorted(ev.index for ev in events if ev.final) == list(range(40))  # the backlog ends too, once
+    assert not core.has_work() and core.stats()["waiting"] == 0

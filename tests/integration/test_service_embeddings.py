@@ -98,3 +98,11 @@ async def test_many_concurrent_requests_each_get_their_own_vectors(server: Serve
             assert np.abs(got[0] - alone[i % 4]).max() < 1e-5 and np.abs(got[1] - alone[(i + 1) % 4]).max() < 1e-5
     finally:
         await aclient.close()
+
+
+def test_the_api_key_guards_the_route_and_the_schema_documents_it(server: ServerProcess) -> None:
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": "default", "input": "hi"}, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    op = httpx.get(server.url + "/schema/openapi.json", timeout=60).json()["paths"]["/v1/embeddings"]["post"]
+    assert op["requestBody"]["content"]["application/json"]["schema"]
+    assert {"200", "400", "401", "404", "503"} <= set(op["responses"])
