@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             upgrade(url)
             print(f"database at head: {url}")
         elif args.command == "bench":
-            from app.bench import run_bench
+            from engine.bench import run_bench
 
             run_bench(_load(args), as_json=args.json, quick=args.quick, profile=args.profile)
         elif args.command == "generate":

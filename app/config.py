@@ -47,6 +47,7 @@ class Settings:
     max_concurrent_per_key: int | None = None  # generations one API key may run at once (None: no cap)
     import_messages: int = 10_000  # messages in one imported session
     default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.domain.defaults)
+    embedding_pooling: str = "mean"  # /v1/embeddings: "mean" | "last" (a model's own GGUF pooling_type wins)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -113,6 +114,8 @@ class Settings:
             raise ValueError(f"queue_timeout_s must be > 0 and finite, got {self.queue_timeout_s}")
         if not self.ws_commands_per_s > 0:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
+        if self.embedding_pooling not in ("mean", "last"):
+            raise ValueError(f"embedding_pooling must be 'mean' or 'last', got {self.embedding_pooling!r}")
         check_activations(self.activations, self.backend)
 
 
@@ -180,11 +183,14 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a generation may wait for the engine before a 503 (default 60)")
     p.add_argument("--max-concurrent-per-key", type=int, default=None,
                    help="generations one API key may run at once; more wait in the queue (default: no cap)")
+    p.add_argument("--embedding-pooling", default=None, choices=["mean", "last"],
+                   help="/v1/embeddings: pool the last hidden state by mean or last token (default: mean; a model's "
+                        "own GGUF pooling_type wins)")
 
 
 _SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                    "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
-                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key")
+                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling")
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

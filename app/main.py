@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 from engine import Engine
 
-from app.api import admin, openai, pages, search, sessions, ws
+from app.api import admin, embeddings, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
@@ -79,7 +79,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
 
     return Litestar(
         route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
-                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket],
+                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket,
+                        embeddings.embeddings],
         lifespan=[lifespan],
         state=State({"forge": svc}),
         dependencies=DEPENDENCIES,

@@ -14,10 +14,12 @@ import queue
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine import tool_render
@@ -159,14 +161,11 @@ class Engine:
             progress(f"kernel backend: {be.choice}")  # get_backend logged it
         llama = LlamaModel(loaded.config, loaded.weights, be, take=True)  # fused, on the backend: parts let go
         t1 = time.perf_counter()
-        if be.name == "numba":  # after the weights: the kernels compile for their scale dtypes
-            from kernels.numba_backend import warm_up
-
-            warm_up(be, lambda i, n, what: say(f"compiling CPU kernels {i}/{n} ({what}) ..."))
-            say(f"CPU kernels ready in {time.perf_counter() - t1:.1f}s")
-        elif be.name == "cupy":
-            be.compile_kernels(lambda i, n, what: say(f"compiling GPU kernels {i}/{n} ({what}) ..."))
-            say(f"GPU kernels ready in {time.perf_counter() - t1:.1f}s")
+        # After the weights: the kernels compile for their scale dtypes (a no-op where nothing compiles).
+        where = {"numba": "CPU ", "cupy": "GPU "}.get(be.name, "")
+        _warm_up(be, lambda i, n, what: say(f"compiling {where}kernels {i}/{n} ({what}) ..."))
+        if where:
+            say(f"{where}kernels ready in {time.perf_counter() - t1:.1f}s")
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
                               SpecConfig(mode=speculative, row_cost=spec_row_cost))
         engine = cls(LLMEngine(loaded, llama, config), threads)
@@ -267,20 +266,55 @@ class Engine:
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
-        if request.request_id in self._active:
-            raise InvalidRequest(f"request id {request.request_id!r} is already in use", param="request_id")
+        return self._submit(request.request_id, request.params.n,
+                            lambda arrival: self.core.add_request(request, arrival))
+
+    async def embed(self, inputs: list[list[int]], pooling: str = "mean", truncate: bool = False) -> list[np.ndarray]:
+        """One float32, L2-normalised vector per input (token ids): the final norm's output pooled over the input
+        ("mean" | "last"; the model's own pooling, its GGUF `pooling_type`, wins when it names one). The inputs run
+        through the step loop's batched, chunked prefill beside everything else; their KV is dropped after and
+        nothing is sampled. An input longer than the context is refused (InvalidRequest), or cut to its first
+        `max_context` tokens when `truncate`. Raises InvalidRequest or EngineOverloaded before anything is queued."""
+        if self._stopping:
+            raise EngineOverloaded("engine is shutting down")
+        inputs = self.core.validate.embedding(inputs, pooling, truncate)
+        request_id = uuid.uuid4().hex
+        vectors: list[Any] = [None] * len(inputs)
+        stream = self._submit(request_id, len(inputs),
+                              lambda arrival: self.core.add_embedding(request_id, inputs, pooling, arrival=arrival))
+        try:
+            async for event in stream:
+                if event.finish_reason == "abort":
+                    raise EngineOverloaded("engine is shutting down")
+                if event.embedding is None:
+                    raise RuntimeError(f"embedding failed: {event.error or event.finish_reason}")
+                vectors[event.index] = event.embedding
+        finally:
+            await stream.aclose()  # a failure ends the request's other inputs too
+        return vectors
+
+    @property
+    def pooling(self) -> str | None:
+        """The pooling the model's files name for embeddings (None: the caller's choice holds)."""
+        return self.core.loaded.pooling
+
+    def _submit(self, request_id: str, samples: int, admit: Callable[[float], None]) -> "RequestStream":
+        """Queue a validated request for the step thread, which calls `admit(arrival)` (adding it to the core);
+        its events come back on the caller's loop."""
+        if request_id in self._active:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", param="request_id")
         with self._lock:
             if len(self.core.scheduler.waiting) + self._submitted >= self.core.config.max_waiting:
                 raise EngineOverloaded(
                     f"server overloaded: {self.core.config.max_waiting} requests are already waiting"
                 )
             self._submitted += 1
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request.params.n)
-        self._active.add(request.request_id)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), samples)
+        self._active.add(request_id)
         # The stream travels with the request: the step thread routes its events (an abort of an
         # earlier request with the same id can never reach this one).
-        self._commands.put(("add", request, time.monotonic(), stream))
-        return RequestStream(self, request.request_id, request.params.n, stream.events)
+        self._commands.put(("admit", request_id, admit, time.monotonic(), stream))
+        return RequestStream(self, request_id, samples, stream.events)
 
     async def compile_response_format(self, fmt: ResponseFormat) -> None:
         """Compile a constraint ahead of `generate` (cached; a worker thread, not the event loop).
@@ -336,16 +370,16 @@ class Engine:
             block = False
             if cmd[0] == "stop":
                 return False
-            if cmd[0] == "add":
-                _, request, arrival, stream = cmd
+            if cmd[0] == "admit":
+                _, request_id, admit, arrival, stream = cmd
                 with self._lock:
                     self._submitted -= 1
-                self._routes[request.request_id] = stream
+                self._routes[request_id] = stream
                 try:
-                    self.core.add_request(request, arrival)
+                    admit(arrival)
                 except Exception as exc:
-                    self._send(request.request_id, exc)
-                    self._routes.pop(request.request_id, None)
+                    self._send(request_id, exc)
+                    self._routes.pop(request_id, None)
             elif cmd[0] == "abort":
                 self._dispatch(self.core.abort(cmd[1]))
             elif cmd[0] == "reset_prefix_cache":
@@ -396,6 +430,19 @@ class Engine:
         for request_id in [r for r, s in self._routes.items() if s.loop is loop]:
             self._routes.pop(request_id, None)
             self.core.abort(request_id)
+
+
+def _warm_up(be: Any, progress: Callable[[int, int, str], None]) -> None:
+    """`be.warm_up(progress)`; backends from before the interface had the method are warmed the old way."""
+    warm_up = getattr(be, "warm_up", None)
+    if warm_up is not None:
+        warm_up(progress)
+    elif be.name == "numba":
+        from kernels.numba_backend import warm_up as numba_warm_up
+
+        numba_warm_up(be, progress)
+    elif be.name == "cupy":
+        be.compile_kernels(progress)
 
 
 def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:

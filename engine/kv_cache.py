@@ -95,7 +95,8 @@ class BlockManager:
     def admit(self, seq: Sequence) -> int:
         """Share the cached prefix of a new (or preempted) sequence; returns tokens reused."""
         assert not seq.block_table and seq.num_computed == 0
-        matched = self.match_prefix(seq.token_ids)
+        # An embedding pools every token's output: a cached prefix would skip some.
+        matched = self.match_prefix(seq.token_ids) if seq.pooled is None else []
         for bid in matched:
             self._take(bid)
         seq.block_table = matched

@@ -1,8 +1,9 @@
-"""The synchronous engine core: `step()` = draft -> schedule -> run the model -> mask, sample and
-verify -> accept and emit.
+"""The synchronous engine core: `step()` = schedule -> run the model -> sample -> accept -> emit.
 
-Single-threaded by design: the async façade (engine/engine.py) drives it from one
-long-lived thread. Tests and the benchmark may drive it directly.
+Single-threaded by design: the async façade (engine/engine.py) drives it from one long-lived thread. Tests
+and the benchmark may drive it directly. Its parts: drafts (engine/spec_policy.py), the batch
+(engine/scheduler.py), the forward (engine/model_runner.py), masking and sampling (engine/sampler.py), a
+request's samples and deadline (engine/request_groups.py), checks before queueing (engine/validate.py).
 """
 from __future__ import annotations
 
@@ -20,24 +21,21 @@ from engine.loader import LoadedModel
 from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
 from engine.model_runner import ModelRunner, SeqInput, kv_bytes_per_block
-from engine.sampling import (
-    SampleOutput, SamplerRow, is_plain_greedy, is_single_draw, make_rng, sample, sample_greedy, sample_on_backend,
-)
+from engine.pooling import Pooled
+from engine.request_groups import RequestGroups
+from engine.sampler import Sampler
+from engine.sampling import make_rng
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.spec_policy import SpecPolicy
 from engine.speculative import Drafter, SpecConfig
+from engine.stats import engine_stats
 from engine.structured import Grammars
 from engine.tokenizer import IncrementalDetokenizer
 from engine.types import (
-    EngineOverloaded,
-    GenerationEvent,
-    GenerationRequest,
-    InvalidRequest,
-    Timings,
-    TokenLogprob,
-    Usage,
+    EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, Timings, TokenLogprob, Usage,
 )
+from engine.validate import RequestValidator
 
 log = logging.getLogger("forge.engine")
 
@@ -74,52 +72,14 @@ class LLMEngine:
         self.max_context = self.runner.max_context
         self.eos_ids = frozenset(mc.eos_token_ids)
         self.grammars = Grammars(self.tokenizer, mc.vocab_size, sorted(self.eos_ids))
+        self.validate = RequestValidator(mc.vocab_size, self.max_context, self.blocks, self.grammars)
+        self.sampler = Sampler(self.backend, self.grammars)
         self.metrics = EngineMetrics()
         self.spec_policy = SpecPolicy(self.config.speculative.row_cost)
+        self._groups = RequestGroups()
         self._seq_ids = itertools.count()
-        self._groups: dict[str, list[Sequence]] = {}  # request id -> its live sequences
-        self._pending_siblings: dict[str, list[Sequence]] = {}  # n > 1: wait for the prompt's blocks
-        self._num_deadlines = 0  # live requests with a timeout: _expire has nothing to scan without one
 
     # ---- requests ------------------------------------------------------------------
-    def validate(self, req: GenerationRequest) -> None:
-        """Raise InvalidRequest for anything that can never run (compiling its constraint, if any)."""
-        ids = req.prompt_token_ids
-        vocab = self.loaded.config.vocab_size
-        if not ids:
-            raise InvalidRequest("prompt is empty", param="prompt")
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if len(ids) >= self.max_context:
-            raise InvalidRequest(
-                f"prompt has {len(ids)} tokens; this engine's context is {self.max_context}", param="messages"
-            )
-        req.params.validate(vocab)
-        if req.timeout_s is not None and not req.timeout_s > 0:
-            raise InvalidRequest("timeout must be > 0 seconds", param="timeout")
-        self._check_fits(len(ids), req.params.n, req.params.max_tokens)
-        if req.params.response_format is not None:
-            self.grammars.compile(req.params.response_format)
-
-    def _check_fits(self, prompt_len: int, n: int, max_tokens: int) -> None:
-        """Refuse n samples that could never hold their KV at once: each holds a block for every
-        `block_size` of its tokens but the last (one that reaches the context's end stops there), and
-        the prompt's full blocks are computed once and shared (the prefix cache always leaves the
-        prompt's last token to compute, so its block is each sample's own)."""
-        bs, total = self.blocks.block_size, self.blocks.num_blocks
-
-        def blocks(length: int) -> int:
-            shared = (prompt_len - 1) // bs
-            return shared + n * (-(-(min(length, self.max_context) - 1) // bs) - shared)
-
-        need = blocks(prompt_len + max_tokens)
-        if need > total:
-            param = "max_tokens" if blocks(prompt_len + 1) <= total else "n"
-            raise InvalidRequest(
-                f"{n} samples of a {prompt_len}-token prompt plus up to {max_tokens} tokens need {need} KV blocks of "
-                f"{bs} tokens; this engine holds {total}: ask for fewer samples (n) or a shorter reply (max_tokens)",
-                param=param)
-
     def add_request(self, req: GenerationRequest, arrival: float | None = None) -> None:
         self.validate(req)
         if req.request_id in self._groups:
@@ -129,8 +89,7 @@ class LLMEngine:
         arrival = time.monotonic() if arrival is None else arrival
         deadline = arrival + req.timeout_s if req.timeout_s else None
         params = req.params
-        spec = self.config.speculative
-        drafting = (params.speculative or spec.mode) == "ngram"
+        drafting = (params.speculative or self.config.speculative.mode) == "ngram"
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
@@ -148,11 +107,35 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
-        self._groups[req.request_id] = seqs
-        self._num_deadlines += deadline is not None
-        self.scheduler.add(seqs[0])
-        if len(seqs) > 1:
-            self._pending_siblings[req.request_id] = seqs[1:]
+        for seq in self._groups.add(seqs):
+            self.scheduler.add(seq)
+
+    def add_embedding(self, request_id: str, inputs: list[list[int]], pooling: str, truncate: bool = False,
+                      arrival: float | None = None) -> None:
+        """Queue an embedding request: each input a sequence whose prompt is computed (chunked, batched with
+        everything else) and pooled, its KV dropped after; one final event per input carries its vector.
+        `pooling` yields to the model's own (its GGUF `pooling_type`)."""
+        inputs = self.validate.embedding(inputs, pooling, truncate)
+        if request_id in self._groups:
+            raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        arrival = time.monotonic() if arrival is None else arrival
+        kind = self.loaded.pooling or pooling
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request=GenerationRequest(ids, request_id=request_id),
+                index=i,
+                token_ids=list(ids),
+                prompt_len=len(ids),
+                rng=None,
+                detok=IncrementalDetokenizer(self.tokenizer),
+                arrival=arrival,
+                pooled=Pooled(kind),
+            )
+            for i, ids in enumerate(inputs)
+        ]
+        for seq in self._groups.add(seqs, share_prompt=False):
+            self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> list[GenerationEvent]:
         return self._end_group(request_id, "abort")
@@ -161,33 +144,27 @@ class LLMEngine:
         return request_id in self._groups
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._pending_siblings)
+        return self.scheduler.has_work() or self._groups.has_pending
 
     # ---- the step ------------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
         started = time.perf_counter()
-        events = self._expire(time.monotonic())
-        self._propose_drafts()
+        events = [ev for rid in self._groups.expired(time.monotonic()) for ev in self._end_group(rid, "timeout")]
+        for seq in self._groups.refill():  # embedding inputs, a window at a time
+            self.scheduler.add(seq)
+        self.spec_policy.propose([s for s in self.scheduler.running if s.remaining == 1], self.config.speculative,
+                                 self.max_context)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return events
-        now = time.monotonic()
-        inputs, sampling = [], []
-        for seq, n in zip(batch.seqs, batch.num_new):
-            if seq.first_scheduled is None:
-                seq.first_scheduled = now
-                if seq.index == 0:
-                    self.metrics.prompt_tokens += seq.prompt_len
-                    self.metrics.cached_tokens += seq.num_cached
-            start = seq.num_computed
-            if start + n - len(seq.draft) == seq.num_tokens:  # reaches the end: sample after it
-                inputs.append(SeqInput(seq.token_ids[start:] + seq.draft, start, seq.block_table, 1 + len(seq.draft)))
-                sampling.append(seq)
-            else:
-                inputs.append(SeqInput(seq.token_ids[start : start + n], start, seq.block_table, 0))
+        inputs, sampling = self._inputs(batch.seqs, batch.num_new)
         decode_rows = sum(x.num_logits for x in inputs) if all(x.num_logits == len(x.tokens) for x in inputs) else 0
+        hidden = None
         try:
-            logits = self.runner.run(inputs)
+            if any(s.pooled is not None for s in batch.seqs):
+                logits, hidden = self.runner.run_hidden(inputs)
+            else:
+                logits = self.runner.run(inputs)
         except Exception as exc:  # the model itself failed: these sequences cannot go on
             log.exception("model step failed")
             return events + [self._finish(s, "error", f"model step failed: {exc}") for s in batch.seqs]
@@ -195,9 +172,12 @@ class LLMEngine:
         for seq, n, x in zip(batch.seqs, batch.num_new, inputs):
             if not x.num_logits:  # a prefill chunk short of the end; the others move on in _accept
                 seq.num_computed += n
-                self.blocks.commit(seq)
+                if seq.pooled is None:
+                    self.blocks.commit(seq)  # an embedding's blocks are never offered to the prefix cache
+        if hidden is not None:
+            events += self._pool(batch.seqs, inputs, hidden)
         generated = 0
-        results = self._sample(sampling, logits)
+        results = self.sampler(sampling, logits)
         now = time.monotonic()  # the tokens exist from here (TTFT)
         for seq, result in zip(sampling, results):
             if isinstance(result, Exception):
@@ -213,94 +193,46 @@ class LLMEngine:
         self.metrics.step_done(generated)
         if decode_rows:  # what a decode step of this many rows (sequences + drafts) costs, drafting included
             self.spec_policy.cost.observe(decode_rows, time.perf_counter() - started)
-        self._release_siblings()
+        for siblings in self._groups.ready_siblings():  # to the front: they should find the prompt's blocks cached
+            for sib in reversed(siblings):
+                self.scheduler.add(sib, front=True)
         return events
 
-    def _propose_drafts(self) -> None:
-        """Drafts for decoding sequences, each as long as it pays for the whole step (engine/spec_policy.py)."""
-        spec = self.config.speculative
-        decoding = [s for s in self.scheduler.running if s.remaining == 1]
-        rows, tokens = len(decoding), float(len(decoding))  # the step's rows and expected tokens so far
-        for seq in decoding:
-            seq.draft = []
-            if seq.drafter is None:
+    def _inputs(self, seqs: list[Sequence], num_new: list[int]) -> tuple[list[SeqInput], list[Sequence]]:
+        """The model runner's inputs for a scheduled batch, and the sequences that sample after it."""
+        now = time.monotonic()
+        inputs, sampling = [], []
+        for seq, n in zip(seqs, num_new):
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+                if seq.index == 0 or seq.pooled is not None:
+                    self.metrics.prompt_tokens += seq.prompt_len
+                    self.metrics.cached_tokens += seq.num_cached
+            start = seq.num_computed
+            if seq.pooled is not None:
+                rows = seq.pooled.rows(start, n, seq.num_tokens)
+                inputs.append(SeqInput(seq.token_ids[start : start + n], start, seq.block_table, 0, rows))
+            elif start + n - len(seq.draft) == seq.num_tokens:  # reaches the end: sample after it
+                inputs.append(SeqInput(seq.token_ids[start:] + seq.draft, start, seq.block_table, 1 + len(seq.draft)))
+                sampling.append(seq)
+            else:
+                inputs.append(SeqInput(seq.token_ids[start : start + n], start, seq.block_table, 0))
+        return inputs, sampling
+
+    def _pool(self, seqs: list[Sequence], inputs: list[SeqInput], hidden: np.ndarray) -> list[GenerationEvent]:
+        """Pool the step's hidden rows into their embeddings; an input computed to its end is done."""
+        events, row = [], 0
+        for seq, x in zip(seqs, inputs):
+            if seq.pooled is None:
                 continue
-            params = seq.request.params
-            limit = min(spec.max_k, spec.max_rows - rows, params.max_tokens - seq.num_output - 1,
-                        self.max_context - seq.num_tokens - 1)
-            k, gain = self.spec_policy.length(seq.drafter, rows, tokens, limit)
-            draft = seq.drafter.draft(seq.token_ids, k)
-            if draft and seq.matcher is not None:  # only grammar-valid drafts are scored
-                draft = draft[: seq.matcher.validate_tokens(draft)]
-            seq.draft = draft
-            rows += len(draft)
-            tokens += gain
+            seq.pooled.add(hidden[row : row + len(x.hidden)], x.start)
+            row += len(x.hidden)
+            if seq.num_computed == seq.num_tokens:
+                events.append(self._finish(seq, "stop", embedding=seq.pooled.vector(seq.num_tokens)))
+        return events
 
-    def _sample(self, seqs: list[Sequence], logits: Any) -> list[tuple[list[int], list[TokenLogprob] | None] | Exception]:
-        """Per sequence: its emitted tokens (accepted drafts + one) and their logprobs, or the error.
-
-        `logits` are the runner's, on the backend: masked there; when every sequence is plain greedy only
-        each row's argmax and its logit come back to the host; when every sequence takes one token without
-        penalties or bias the backend samples (one uniform a row drawn here) and returns token ids and the
-        logprobs asked for; otherwise the logits come back and are sampled on the host."""
-        if not seqs:
-            return []
-        try:
-            self._mask(seqs, logits)
-        except Exception as exc:
-            log.exception("structured output mask failed")
-            return [RuntimeError(f"structured output failed: {exc}")] * len(seqs)
-        rows = [SamplerRow(s.request.params, s.rng, s.token_ids, s.prompt_len, s.draft) for s in seqs]
-        if all(is_plain_greedy(r.params) for r in rows):
-            try:
-                return _split(sample_greedy(*self.backend.argmax_rows(logits), rows))
-            except ValueError:
-                pass  # a row with no usable token: the host path below singles its sequence out
-        elif all(is_single_draw(r) for r in rows):  # sampled on the backend: ids and asked-for logprobs leave it
-            try:
-                return sample_on_backend(self.backend, logits, rows)
-            except Exception as exc:  # the rows' draws are spent: they fail rather than draw again
-                log.exception("sampling failed")
-                return [RuntimeError(f"sampling failed: {exc}")] * len(seqs)
-        logits = self.backend.to_numpy(logits)
-        try:
-            return _split(sample(logits, rows))
-        except Exception:
-            pass
-        # Find the culprit: sample sequence by sequence so that one bad request fails alone.
-        results: list = []
-        start = 0
-        for seq, row in zip(seqs, rows):
-            end = start + 1 + len(row.draft)
-            try:
-                results += _split(sample(logits[start:end], [row]))
-            except Exception as exc:
-                log.exception("sampling failed for request %s", seq.request_id)
-                results.append(ValueError(f"sampling failed: {exc}"))
-            start = end
-        return results
-
-    def _mask(self, seqs: list[Sequence], logits: Any) -> None:
-        """Structured output: disallowed tokens of every constrained row get -inf (one batched fill)."""
-        rows, work, row = [], [], 0
-        for seq in seqs:
-            n = 1 + len(seq.draft)
-            if seq.matcher is not None:
-                work.append((seq.matcher, len(rows), seq.draft))
-                rows += range(row, row + n)
-            row += n
-        if not work:
-            return
-        bitmask = self.grammars.fill(work, len(rows))
-        if len(rows) == logits.shape[0]:
-            self.backend.apply_token_bitmask(logits, bitmask)
-        else:
-            index = self.backend.asarray(np.asarray(rows, dtype=np.int64))
-            part = logits[index]
-            self.backend.apply_token_bitmask(part, bitmask)
-            logits[index] = part
-
-    def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float) -> list[GenerationEvent]:
+    def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None,
+                now: float) -> list[GenerationEvent]:
         """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all
         but the last, the blocks past it (rejected draft slots) are given back, full ones are cached."""
         drafted = len(seq.draft)
@@ -343,24 +275,15 @@ class LLMEngine:
             return [delta]
         return [delta, self._finish(seq, reason)]
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> GenerationEvent:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None,
+                embedding: np.ndarray | None = None) -> GenerationEvent:
         """End `seq`, free its blocks and build its final event."""
         tail = seq.detok.finish() if reason != "error" else ""  # held-back text is part of the reply
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
         self.metrics.finished[reason] += 1
-        group = self._groups.get(seq.request_id, [])
-        if seq in group:
-            group.remove(seq)
-        siblings = self._pending_siblings.get(seq.request_id)
-        if not group and self._groups.pop(seq.request_id, None) is not None:
-            self._pending_siblings.pop(seq.request_id, None)
-            self._num_deadlines -= seq.deadline is not None
-        elif siblings and seq.index == 0:
-            # Sample 0 ended before releasing its siblings (it failed alone, or stopped at its
-            # first token): they go on without it.
-            for sib in self._pending_siblings.pop(seq.request_id):
-                self.scheduler.add(sib, front=True)
+        for sib in self._groups.remove(seq):  # sample 0 ended before releasing its siblings: they go on without it
+            self.scheduler.add(sib, front=True)
         now = time.monotonic()
         start = seq.first_scheduled or now
         timings = Timings(
@@ -369,59 +292,18 @@ class LLMEngine:
             total=now - seq.arrival,
         )
         usage = Usage(seq.prompt_len, seq.num_cached, seq.num_output)
-        return GenerationEvent(seq.request_id, seq.index, tail, [], None, reason, usage, timings, error)
-
-    def _release_siblings(self) -> None:
-        for rid, siblings in list(self._pending_siblings.items()):
-            leader = self._groups[rid][0] if self._groups.get(rid) else None
-            if leader is None or leader.index != 0 or leader.num_computed >= leader.prompt_len:
-                # To the front: they should find the prompt's blocks still cached.
-                for sib in reversed(self._pending_siblings.pop(rid)):
-                    self.scheduler.add(sib, front=True)
-
-    def _expire(self, now: float) -> list[GenerationEvent]:
-        if not self._num_deadlines:
-            return []
-        expired = [rid for rid, group in self._groups.items() if group[0].deadline is not None and now >= group[0].deadline]
-        return [ev for rid in expired for ev in self._end_group(rid, "timeout")]
+        return GenerationEvent(seq.request_id, seq.index, tail, [], None, reason, usage, timings, error, embedding)
 
     def _end_group(self, request_id: str, reason: str, error: str | None = None) -> list[GenerationEvent]:
         """End every sample of a request (those still waiting for the prompt's blocks too)."""
-        self._pending_siblings.pop(request_id, None)
-        return [self._finish(s, reason, error) for s in list(self._groups.get(request_id, []))]
+        return [self._finish(s, reason, error) for s in self._groups.end(request_id)]
 
     def fail_all(self, message: str) -> list[GenerationEvent]:
-        return [ev for rid in list(self._groups) for ev in self._end_group(rid, "error", message)]
+        return [ev for rid in self._groups.ids() for ev in self._end_group(rid, "error", message)]
 
     def abort_all(self) -> list[GenerationEvent]:
-        return [ev for rid in list(self._groups) for ev in self._end_group(rid, "abort")]
+        return [ev for rid in self._groups.ids() for ev in self._end_group(rid, "abort")]
 
-    # ---- numbers for /metrics and the admin page ------------------------------------
-    def stats(self) -> dict:
-        """A snapshot; safe to call from any thread (it copies what the step thread mutates)."""
-        ps = self.blocks.stats
-        return {
-            "waiting": len(self.scheduler.waiting) + sum(map(len, list(self._pending_siblings.values()))),
-            "running": len(self.scheduler.running),
-            "kv_blocks_used": self.blocks.num_used,
-            "kv_blocks_total": self.blocks.num_blocks,
-            "kv_usage": self.blocks.num_used / self.blocks.num_blocks,
-            "prefix_queried_tokens": ps.queried_tokens,
-            "prefix_hit_tokens": ps.hit_tokens,
-            "prefix_hit_rate": ps.hit_tokens / ps.queried_tokens if ps.queried_tokens else 0.0,
-            "prefix_evictions": ps.evictions,
-            "preemptions": self.scheduler.num_preemptions,
-            "speculative": self.config.speculative.mode,
-            **self.metrics.snapshot(),
-        }
-
-
-def _split(out: SampleOutput) -> list[tuple[list[int], list[TokenLogprob] | None]]:
-    """Per sequence: (its emitted tokens, their logprobs or None)."""
-    results, start = [], 0
-    tokens = out.token_ids.tolist()
-    for n in out.num_tokens:
-        lps = out.logprobs[start : start + n]
-        results.append((tokens[start : start + n], None if lps[0] is None else lps))
-        start += n
-    return results
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for /metrics and the admin page; safe to call from any thread."""
+        return engine_stats(self.scheduler, self.blocks, self._groups, self.metrics, self.config.speculative.mode)

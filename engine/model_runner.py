@@ -20,12 +20,14 @@ from kernels.attention_meta import build_attention_metadata
 @dataclass(slots=True)
 class SeqInput:
     """One sequence's part of a step: `tokens` sit at positions start .. start + len(tokens) - 1
-    and go into the blocks of `block_table`; logits are wanted for the last `num_logits` of them."""
+    and go into the blocks of `block_table`; logits are wanted for the last `num_logits` of them, the final
+    norm's output (embeddings) at `hidden` (indices into `tokens`)."""
 
     tokens: list[int]
     start: int
     block_table: list[int]
     num_logits: int
+    hidden: range = range(0)
 
 
 def kv_bytes_per_block(model: LoadedModel, block_size: int, itemsize: int = 4) -> int:
@@ -64,11 +66,31 @@ class ModelRunner:
         self.backend.end_step(time.perf_counter() - start)
         return logits
 
+    def run_hidden(self, inputs: list[SeqInput]) -> tuple[Any, np.ndarray]:
+        """`run` for a step with embeddings: (the logits asked for, None when none are; the final norm's
+        output at every input's `hidden` rows, float32 on the host, in input order)."""
+        self.backend.begin_step(sum(len(x.tokens) for x in inputs))
+        start = time.perf_counter()
+        token_ids, positions, meta, logits_rows = self._batch(inputs)
+        row, hidden_rows = 0, []
+        for x in inputs:
+            hidden_rows += [row + i for i in x.hidden]
+            row += len(x.tokens)
+        out = self.model.forward_hidden(token_ids, positions, meta, self.kv_caches, logits_rows,
+                                        np.asarray(hidden_rows, dtype=np.int64))
+        self.backend.end_step(time.perf_counter() - start)
+        return out
+
     def _forward(self, inputs: list[SeqInput]) -> Any:
         if self.graphs is not None and all(len(x.tokens) == 1 and x.num_logits == 1 for x in inputs):
             logits = self.graphs.run([x.tokens[0] for x in inputs], [x.start for x in inputs], [x.block_table for x in inputs])
             if logits is not None:
                 return logits
+        token_ids, positions, meta, logits_rows = self._batch(inputs)
+        return self.model.forward_device(token_ids, positions, meta, self.kv_caches, logits_rows)
+
+    def _batch(self, inputs: list[SeqInput]) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
+        """The model's inputs for a step: token ids, positions, attention metadata and the logits rows."""
         token_ids: list[int] = []
         positions, logits_rows = [], []
         query_lens, context_lens = [], []
@@ -81,11 +103,7 @@ class ModelRunner:
             context_lens.append(x.start + n)
             row += n
             logits_rows.append(np.arange(row - x.num_logits, row))
-        meta = build_attention_metadata(query_lens, context_lens, [x.block_table for x in inputs], self.block_size, self.backend)
-        return self.model.forward_device(
-            np.asarray(token_ids, dtype=np.int64),
-            np.concatenate(positions),
-            meta,
-            self.kv_caches,
-            np.concatenate(logits_rows).astype(np.int64),
-        )
+        meta = build_attention_metadata(query_lens, context_lens, [x.block_table for x in inputs], self.block_size,
+                                        self.backend)
+        return (np.asarray(token_ids, dtype=np.int64), np.concatenate(positions), meta,
+                np.concatenate(logits_rows).astype(np.int64))

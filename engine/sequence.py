@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from engine.pooling import Pooled
     from engine.speculative import Drafter
     from engine.structured import Matcher
     from engine.tokenizer import IncrementalDetokenizer
@@ -41,6 +42,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None
+    pooled: Pooled | None = None  # an embedding's input: its prompt is pooled, nothing is sampled
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0

@@ -20,36 +20,15 @@ from __future__ import annotations
 
 import bisect
 
-from engine.speculative import Drafter
+from engine.acceptance import PRIOR, Acceptance
+from engine.sequence import Sequence
+from engine.speculative import Drafter, SpecConfig
 
-# Prior hit rates by match length (1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+), as measured on greedy
-# replies of the default model to a rewrite, a story and an explanation; PRIOR_WEIGHT observations' worth.
-PRIOR = (0.2, 0.4, 0.65, 0.85, 0.95, 0.95, 0.95)
-PRIOR_WEIGHT = 4.0
-DECAY = 0.98  # per observation of a class: the last ~50 count
+__all__ = ["PRIOR", "PRIOR_ROW_COST", "Acceptance", "SpecPolicy", "StepCost"]
+
 LEVEL_WEIGHT = 0.3  # how fast the one-row step time follows each step
 SHAPE_WEIGHT = 0.1  # how fast a row count's relative time follows its steps
 PRIOR_ROW_COST = 0.5  # an extra row's time relative to a one-row step, until measured
-
-
-class Acceptance:
-    """Running hit rates of track predictions by (greedy, match length class)."""
-
-    __slots__ = ("_hits", "_trials")
-
-    def __init__(self) -> None:
-        self._hits: dict[tuple[bool, int], float] = {}
-        self._trials: dict[tuple[bool, int], float] = {}
-
-    def observe(self, greedy: bool, match: int, hit: bool) -> None:
-        key = (greedy, _bucket(match))
-        self._hits[key] = self._hits.get(key, 0.0) * DECAY + hit
-        self._trials[key] = self._trials.get(key, 0.0) * DECAY + 1.0
-
-    def p(self, greedy: bool, match: int) -> float:
-        """The chance that the token after a `match`-long match is the track's (match >= 1)."""
-        key = (greedy, _bucket(match))
-        return (self._hits.get(key, 0.0) + PRIOR[key[1] - 1] * PRIOR_WEIGHT) / (self._trials.get(key, 0.0) + PRIOR_WEIGHT)
 
 
 class StepCost:
@@ -123,5 +102,20 @@ class SpecPolicy:
         return best_k, best_gain
 
 
-def _bucket(match: int) -> int:
-    return min(match.bit_length(), len(PRIOR))
+    def propose(self, decoding: list[Sequence], spec: SpecConfig, max_context: int) -> None:
+        """Set the drafts of a step's decoding sequences, each as long as it pays for the whole step."""
+        rows, tokens = len(decoding), float(len(decoding))  # the step's rows and expected tokens so far
+        for seq in decoding:
+            seq.draft = []
+            if seq.drafter is None:
+                continue
+            params = seq.request.params
+            limit = min(spec.max_k, spec.max_rows - rows, params.max_tokens - seq.num_output - 1,
+                        max_context - seq.num_tokens - 1)
+            k, gain = self.length(seq.drafter, rows, tokens, limit)
+            draft = seq.drafter.draft(seq.token_ids, k)
+            if draft and seq.matcher is not None:  # only grammar-valid drafts are scored
+                draft = draft[: seq.matcher.validate_tokens(draft)]
+            seq.draft = draft
+            rows += len(draft)
+            tokens += gain

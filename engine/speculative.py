@@ -16,10 +16,8 @@ each draft's length (none when drafting would not pay).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.spec_policy import Acceptance
+from engine.acceptance import Acceptance
 
 MAX_MATCH = 64  # match lengths are counted up to this
 CANDIDATES = 32  # occurrences of the last two tokens compared when looking for a track

@@ -4,6 +4,10 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RESPONSE_FORMAT_KINDS = ("json_object", "json_schema", "regex", "grammar")
 SPECULATIVE_MODES = ("off", "ngram")
@@ -161,6 +165,7 @@ class GenerationEvent:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+    embedding: np.ndarray | None = None  # an embedding's final event: its float32 L2-normalised vector
 
     @property
     def final(self) -> bool:

@@ -3,7 +3,7 @@
 Stages, each timed and recorded, none able to stop the others: the machine (versions, the GPU, imports, a measured
 copy bandwidth and float16 matmul rate); synthetic models made here (engine/loader/synth.py, the tokenizer from a
 small carried GGUF); the CuPy parity tests and the CuPy engine test, each in its own pytest process; then per shape
-Forge's bench workload (app/bench.py, --quick, plus aggregate decode at 64 sequences) in a process of its own, and
+Forge's bench workload (engine/bench.py, --quick, plus aggregate decode at 64 sequences) in a process of its own, and
 PyTorch (transformers' LlamaForCausalLM, bf16, random weights, `generate`) on the same shape in another. Everything
 lands in one folder of at most 8 files (what the device tool brings back): summary.md (the table), results.json,
 check.log and one log per kind of stage. A time budget skips what would not finish, so the summary is always written.
@@ -41,13 +41,13 @@ TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
                "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                "max_position_embeddings": 4096, "tie_word_embeddings": True}
 AGGREGATE = (8, 32, 64)
-PREFILL_TOKENS = 500  # app/bench.py's prefill prompt
+PREFILL_TOKENS = 500  # engine/bench.py's prefill prompt
 STAGES = ("synth", "parity", "engine", "bench", "torch")
 # Seconds a stage may take at most (the overall budget may leave it less).
 CAPS = {"synth": 120, "parity": 240, "engine": 180, "bench": 150, "torch": 120}
 VERSIONS = ("numpy", "cupy-cuda13x", "cupy-cuda12x", "torch", "transformers", "llguidance", "gguf", "tokenizers",
             "numba", "jinja2", "safetensors", "pytest")
-IMPORTS = ("engine", "engine.structured", "engine.loader.synth", "kernels.cupy_backend", "app.bench")
+IMPORTS = ("engine", "engine.structured", "engine.loader.synth", "kernels.cupy_backend", "engine.bench")
 
 
 # ---- the orchestrator ---------------------------------------------------------------------------------------
@@ -428,8 +428,8 @@ def targets(r: dict[str, Any]) -> list[str]:
 # ---- workers ----------------------------------------------------------------------------------------------------
 
 async def _aggregate(engine: Any, n: int, decode_len: int) -> float:
-    """Tokens/s while n sequences decode together (app/bench.py's window: all decoding, until the first ends)."""
-    from app.bench import _raw_prompt, _run
+    """Tokens/s while n sequences decode together (engine/bench.py's window: all decoding, until the first ends)."""
+    from engine.bench import _raw_prompt, _run
 
     await engine.reset_prefix_cache()
     runs = await asyncio.gather(*(_run(engine, _raw_prompt(engine, 32, 100 + n + i), decode_len) for i in range(n)))
@@ -440,8 +440,8 @@ async def _aggregate(engine: Any, n: int, decode_len: int) -> float:
 
 
 def bench_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """`forge bench`'s workload (app/bench.py) on one model in this process, plus aggregate decode at 64 sequences."""
-    from app.bench import _bench
+    """`forge bench`'s workload (engine/bench.py) on one model in this process, plus aggregate decode at 64 sequences."""
+    from engine.bench import _bench
     from engine import Engine
 
     t0 = time.perf_counter()

@@ -103,7 +103,7 @@ def main() -> None:
         state["engine"] = Engine(LLMEngine(state.pop("loaded"), state.pop("llama"), config))
 
     def workload() -> None:
-        from app.bench import run_bench
+        from engine.bench import run_bench
 
         with contextlib.redirect_stdout(io.StringIO()):
             run_bench(state["engine"], as_json=True, quick=True)

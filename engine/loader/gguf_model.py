@@ -17,6 +17,8 @@ from engine.loader.loaded import LoadedModel
 from engine.loader.names import expected_shapes, tensor_plan, unpermute_qk
 from engine.loader.quant import SUPPORTED_TYPES, dequantize, gguf_weight, type_name
 from engine.loader.recommended import from_gguf
+from engine.loader.tokenizer_build import from_gguf_metadata
+from engine.pooling import GGUF_POOLING
 from engine.tokenizer import Tokenizer, TokenizerError
 from kernels.weight import Weight
 
@@ -32,7 +34,7 @@ def load_gguf(path: Path) -> LoadedModel:
     if arch not in ARCHS:
         raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
     try:
-        tokenizer = Tokenizer.from_gguf_metadata(md)
+        tokenizer = from_gguf_metadata(md)
     except TokenizerError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     config = _config(g, arch, tokenizer)
@@ -84,6 +86,7 @@ def load_gguf(path: Path) -> LoadedModel:
         name=path.stem,
         quant=counts.most_common(1)[0][0],
         sampling=from_gguf(md),
+        pooling=GGUF_POOLING.get(int(md.get(f"{arch}.pooling_type", 0))),
     )
 
 

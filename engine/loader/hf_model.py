@@ -14,6 +14,7 @@ from engine.loader.loaded import LoadedModel
 from engine.loader.names import expected_shapes, tensor_plan
 from engine.loader.recommended import from_generation_config
 from engine.loader.safetensors_file import SafetensorsFile, read_safetensors
+from engine.loader.tokenizer_build import from_hf_dir
 from engine.tokenizer import Tokenizer, TokenizerError
 
 # config.json model_type -> our arch name
@@ -29,7 +30,7 @@ def load_hf_dir(path: Path) -> LoadedModel:
     gen = _json(path / "generation_config.json", required=False)
     files = _shards(path)
     try:
-        tokenizer = Tokenizer.from_hf_dir(path)
+        tokenizer = from_hf_dir(path)
     except TokenizerError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     config = _config(path, cfg, gen, ARCHS[model_type], tokenizer)

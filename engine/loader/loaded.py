@@ -22,3 +22,4 @@ class LoadedModel:
     name: str  # e.g. "SmolLM2-135M-Instruct.Q4_1"
     quant: str  # dominant tensor type in the file: "Q4_1", "F32", "BF16", ...
     sampling: dict[str, float] = field(default_factory=dict)  # what the files recommend (loader/recommended.py)
+    pooling: str | None = None  # embeddings' pooling the file names (GGUF `pooling_type`): "mean" | "last" | "cls"

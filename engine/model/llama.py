@@ -97,6 +97,30 @@ class LlamaModel:
         """`forward` leaving the logits on the backend, on whatever thread setup or stream is current (no
         `begin_step`). Given backend arrays (meta's plan made), it copies nothing between host and device:
         what a CUDA graph captures (engine/decode_graphs.py)."""
+        h, residual = self._layers(token_ids, positions, meta, kv_caches)
+        return self._logits(h, residual, logits_rows)
+
+    def forward_hidden(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[Any, Any]],
+        logits_rows: np.ndarray,
+        hidden_rows: np.ndarray,
+    ) -> tuple[Any, np.ndarray]:
+        """`forward_device` that also returns the final norm's output at `hidden_rows`, float32 on the host
+        [len(hidden_rows), hidden_size] (embeddings pool it); logits None when `logits_rows` is empty."""
+        be = self.backend
+        h, residual = self._layers(token_ids, positions, meta, kv_caches)
+        rows = be.asarray(hidden_rows)
+        x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, self.config.rms_eps)
+        hidden = np.asarray(be.to_numpy(x), dtype=np.float32)
+        return (self._logits(h, residual, logits_rows) if len(logits_rows) else None), hidden
+
+    def _layers(self, token_ids: Any, positions: Any, meta: AttentionMetadata,
+                kv_caches: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """Every layer over the T rows: the last one's output and the residual stream, before the final norm."""
         cfg, be = self.config, self.backend
         T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = be.rope_cos_sin(self.inv_freq, be.asarray(positions))
@@ -115,7 +139,10 @@ class LlamaModel:
             h = be.linear(attn.reshape(T, H * Dh), layer.o)
             x, residual = be.add_rms_norm(h, residual, layer.ffn_norm, cfg.rms_eps)
             h = be.linear(be.silu_mul(be.linear(x, layer.gate_up)), layer.down)
+        return h, residual
 
+    def _logits(self, h: Any, residual: Any, logits_rows: Any) -> Any:
+        be = self.backend
         rows = be.asarray(logits_rows)
-        x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, cfg.rms_eps)
+        x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, self.config.rms_eps)
         return be.linear(x, self.lm_head)

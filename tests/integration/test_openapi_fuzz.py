@@ -32,7 +32,7 @@ RSS_GROWTH_MB = 150  # after warm-up; caches (prefix blocks, compiled shapes) ma
 # valid data must be accepted.
 CONFIG = """
 [[operations]]
-include-path-regex = "^/(v1/(chat/)?completions|api/sessions/import)$"
+include-path-regex = "^/(v1/((chat/)?completions|embeddings)|api/sessions/import)$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 """
 

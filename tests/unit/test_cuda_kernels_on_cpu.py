@@ -105,7 +105,7 @@ def test_the_engine_samples_on_the_device_what_the_host_path_samples(gpu, tmp_pa
     and they equal what the same engine samples on the host from copied logits (is_single_draw forced off), so
     each sequence's rng is used the same way."""
     from _gguf_helpers import write_tiny_pair
-    from engine import llm_engine
+    from engine import sampler as llm_engine
     from engine.llm_engine import EngineConfig, LLMEngine
     from engine.loader import load_model
     from engine.model.llama import LlamaModel

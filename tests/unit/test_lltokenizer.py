@@ -12,6 +12,7 @@ import pytest
 from _gguf_helpers import default_loaded
 
 from engine.lltokenizer import build_lltokenizer, byte_level_vocab
+from engine.loader.tokenizer_build import from_gguf_metadata
 from engine.tokenizer import Tokenizer
 
 PIECES = [
@@ -138,7 +139,7 @@ def test_a_sentencepiece_vocabulary_takes_the_json_path():
         "tokenizer.ggml.eos_token_id": 2,
         "tokenizer.ggml.unknown_token_id": 0,
     }
-    t = Tokenizer.from_gguf_metadata(fields)
+    t = from_gguf_metadata(fields)
     assert byte_level_vocab(t.hf) is None
     lltok = build_lltokenizer(t, t.vocab_size, [2])
     ids = [i for i in range(3, t.vocab_size) if t.token_bytes(i) != b"\xff"]  # 0xFF: llguidance's special-token marker

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from _gguf_helpers import default_loaded, write_tiny_pair
 
+from engine.loader.tokenizer_build import from_gguf_metadata, from_hf_dir
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 
 REPLIES = [
@@ -212,7 +213,7 @@ def _spm_fields(add_space_prefix: bool = True) -> dict:
 
 def test_sentencepiece_vocab():
     fields = _spm_fields()
-    t = Tokenizer.from_gguf_metadata(fields)
+    t = from_gguf_metadata(fields)
     piece = {p: i for i, p in enumerate(fields["tokenizer.ggml.tokens"])}
     assert t.encode("hello world") == [piece["▁hello"], piece["▁world"]]
     assert t.encode("hello world", add_special=True) == [1, piece["▁hello"], piece["▁world"]]  # add_bos defaults on
@@ -233,7 +234,7 @@ def test_sentencepiece_vocab():
 
 
 def test_sentencepiece_without_space_prefix():
-    t = Tokenizer.from_gguf_metadata(_spm_fields(add_space_prefix=False))
+    t = from_gguf_metadata(_spm_fields(add_space_prefix=False))
     ids = t.encode("hello world")
     assert t.decode(ids) == "hello world" and stream(t, ids)[1] == "hello world"
     assert t.id_to_token(ids[0]) != "▁hello"
@@ -255,24 +256,24 @@ def test_pre_tokenizer_families(pre, text, pieces):
         "tokenizer.ggml.tokens": ["a", "b"],
         "tokenizer.ggml.merges": [],
     }
-    got = [p for p, _ in Tokenizer.from_gguf_metadata(fields).hf.pre_tokenizer.pre_tokenize_str(text)]
+    got = [p for p, _ in from_gguf_metadata(fields).hf.pre_tokenizer.pre_tokenize_str(text)]
     assert [p.replace("Ġ", " ") for p in got] == pieces
 
 
 def test_unknown_tokenizer_kinds_are_named():
     with pytest.raises(TokenizerError, match="'mystery-pre'"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "mystery-pre", "tokenizer.ggml.tokens": ["a"]})
+        from_gguf_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "mystery-pre", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(TokenizerError, match="'bert'"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
+        from_gguf_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(TokenizerError, match="no tokenizer"):
-        Tokenizer.from_gguf_metadata({})
+        from_gguf_metadata({})
 
 
 def test_hf_dir_and_gguf_tokenizers_agree(tmp_path):
     hf_dir, gguf_path = write_tiny_pair(tmp_path, "llama")
     from engine.loader import load_model
 
-    a, b = Tokenizer.from_hf_dir(hf_dir), load_model(gguf_path).tokenizer
+    a, b = from_hf_dir(hf_dir), load_model(gguf_path).tokenizer
     assert (a.vocab_size, a.bos_id, a.eos_id, a.special_ids) == (b.vocab_size, b.bos_id, b.eos_id, b.special_ids)
     assert (a.bos_token, a.eos_token) == ("<|im_start|>", "<|im_end|>")
     for text in REPLIES + ["<|im_start|>user\nHello, world! 12345<|im_end|>", "def f(x):\n    return x**2"]:
@@ -285,4 +286,4 @@ def test_hf_dir_and_gguf_tokenizers_agree(tmp_path):
 
 def test_hf_dir_without_tokenizer_json(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
-        Tokenizer.from_hf_dir(tmp_path)
+        from_hf_dir(tmp_path)

@@ -165,6 +165,27 @@ async def _off_and_on(engine: Engine, max_tokens: int, repeats: int, content: st
     }
 
 
+EMBED_TOKENS = 64  # each embedding input's length
+
+
+async def _embeddings(engine: Engine, batch: int, repeats: int) -> dict:
+    """Embedding inputs per second: one input a request, one after another, and `batch` inputs in one request
+    (the step loop computes them together); each the median of `repeats`."""
+    docs = [_raw_prompt(engine, EMBED_TOKENS, 300 + i) for i in range(batch)]
+    await engine.embed(docs[:2])  # warm-up
+    alone, together = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for doc in docs[:8]:
+            await engine.embed([doc])
+        alone.append(8 / (time.perf_counter() - t))
+        t = time.perf_counter()
+        await engine.embed(docs)
+        together.append(batch / (time.perf_counter() - t))
+    return {"input_tokens": EMBED_TOKENS, "inputs_per_s_batch1": statistics.median(alone),
+            f"inputs_per_s_batch{batch}": statistics.median(together)}
+
+
 class OpProfile:
     """Stands in for the model's backend and times every op call (the model itself is unchanged)."""
 
@@ -294,6 +315,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "structured": await _structured(engine, decode_len),
         "tools": await _tools(engine, decode_len),
         "speculative": await _speculative(engine, 64 if quick else 160, 1 if quick else 3),
+        "embeddings": await _embeddings(engine, 32, 1 if quick else 3),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "weight_mb": engine.model_info["weight_bytes"] / 1e6,
         "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
@@ -337,6 +359,9 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("story decode, speculation off / on", f"{result['speculative']['story_tok_s_off']:.1f} / "
                                                f"{result['speculative']['story_tok_s_on']:.1f} tok/s, "
                                                f"{'identical' if result['speculative']['story_identical'] else 'DIFFERENT'} output"),
+        (f"embeddings ({result['embeddings']['input_tokens']}-token inputs), alone / 32 in one request",
+         f"{result['embeddings']['inputs_per_s_batch1']:.1f} / {result['embeddings']['inputs_per_s_batch32']:.1f} "
+         "inputs/s"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
         ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]
