@@ -14,7 +14,8 @@ import base64
 from typing import Annotated, Literal
 
 import numpy as np
-from litestar import Request, post
+from litestar import post
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
@@ -22,7 +23,7 @@ from engine.types import EngineOverloaded, InvalidRequest
 
 from app.api.errors import ServiceError
 from app.api.openapi import BODY, KEYED, Documented, errors
-from app.api.state import Services, ready_services
+from app.api.state import Services
 
 MAX_INPUTS = 2048  # strings or token-id lists in one request (OpenAI's bound)
 INPUT_MAX_CHARS = 1 << 20  # one string (the body is at most 8 MiB anyway)
@@ -102,9 +103,8 @@ async def _token_ids(svc: Services, given: str | list) -> list[list[int]]:
 
 
 @post("/v1/embeddings", status_code=200, responses=errors(*KEYED, *BODY, 404), operation_class=Documented)
-async def embeddings(request: Request, data: JSONBody[EmbeddingRequest]) -> EmbeddingList:
+async def embeddings(svc: NamedDependency[Services], data: JSONBody[EmbeddingRequest]) -> EmbeddingList:
     """One L2-normalised vector per input. Inputs longer than the model's context are a 400 unless `truncate`."""
-    svc = ready_services(request)
     engine = svc.engine
     model = _served_model(svc, data.model)
     size = int(engine.model_info["hidden_size"])
