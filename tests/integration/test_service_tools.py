@@ -153,7 +153,7 @@ def test_a_round_trip_with_a_tool_result(client):
     call = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice=WEATHER_ONLY,
                                           parallel_tool_calls=False, temperature=0, max_tokens=64)
     msg = call.choices[0].message
-    history = [*ASK, msg.model_dump(exclude_none=True),
+    history = [*ASK, msg.model_dump(),  # as the SDK dumps it: nulls included
                {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 21, "sky": "clear"}'}]
     r = client.chat.completions.create(model="default", messages=history, tools=TOOLS, temperature=0, max_tokens=48)
     assert r.usage.prompt_tokens > call.usage.prompt_tokens + 30  # the call and its result are in the prompt
