@@ -420,7 +420,8 @@ async def chat_completions(request: Request, data: JSONBody[ChatRequest]) -> Res
         choices, usage = await _collect(request, job, call.params.n)
         replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
         return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
-            {"index": i, "message": r.message("".join(c.text)) if r else {"role": "assistant", "content": "".join(c.text)},
+            {"index": i, "message": r.message("".join(c.text)) if r
+             else {"role": "assistant", "content": "".join(c.text)},
              "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
              "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
              if call.top_logprobs is not None else None}

@@ -58,6 +58,7 @@ def test_auto_allows_text_or_text_then_enforced_calls(grammars):
     assert accepts(grammars, auto, "Let me check.\n" + PARIS + "\n" + NOW)
     assert not accepts(grammars, auto, "Let me check.\n<tool_call>\nnot json\n</tool_call>")
     assert not accepts(grammars, auto, "Check <tool_call>" + PARIS[len("<tool_call>"):] + " and text after")
+    assert not accepts(grammars, auto, 'Text <tool_call>{"name": "get_weather"}</tool_call>')  # no call as text
 
 
 def test_llama3_calls_once_and_only_at_the_start(grammars):

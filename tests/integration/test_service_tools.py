@@ -92,12 +92,15 @@ def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
     assert none.choices[0].message.content == plain.choices[0].message.content  # no tools rendered, no constraint
 
 
-def test_streamed_deltas_reassemble_to_the_whole_reply(client):
+def test_streamed_deltas_reassemble_to_the_whole_reply(client, server: ServerProcess):
     kw = {"model": "default", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
           "max_tokens": 64, "parallel_tool_calls": False}
     whole = client.chat.completions.create(**kw).choices[0]
-    for extra in ({}, {"speculative": "ngram"}):
+    for extra in ({"speculative": "off"}, {"speculative": "ngram"}):
+        accepted = server.stats()["engine"]["spec_accepted_tokens"]
         got = reassemble(client.chat.completions.create(**kw, stream=True, extra_body=extra))[0]
+        if extra["speculative"] == "ngram":  # steps brought several tokens: the call copies the prompt's names
+            assert server.stats()["engine"]["spec_accepted_tokens"] > accepted
         assert got["finish"] == whole.finish_reason == "tool_calls"
         assert got["content"] == ""
         assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == \
