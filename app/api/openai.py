@@ -135,7 +135,8 @@ async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
     if plan is not None and plan.grammar is not None:
         params.response_format = plan.grammar
     return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
-                 include_usage=_include_usage(body), top_logprobs=logprobs, tools=plan)
+                 include_usage=_include_usage(body), top_logprobs=logprobs,
+                 tools=plan if plan and plan.grammar else None)  # tool_choice "none": the reply is text
 
 
 async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
