@@ -129,7 +129,7 @@ async def test_sampled_calls_all_validate_with_n_and_seeds(server: ServerProcess
             model="default", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
             temperature=1.0, seed=seed, n=3, max_tokens=64)
 
-    replies = await asyncio.gather(*(one(seed) for seed in range(4)))
+    replies = await asyncio.gather(*(one(seed) for seed in range(4)))  # 12 seeded streams (seed, index)
     await aclient.close()
     seen = set()
     for r in replies:
