@@ -5,7 +5,7 @@ A reply with calls is `[text] begin call (separator call)* end`, each call being
 (generated compactly, like every JSON constraint: engine/structured.py). The grammar is llguidance Lark:
 
 - `required`, or one named function: the calls from the first token (one, or one or more when parallel);
-- `auto`: free text that never spells the trigger (begin + call_open), or text up to the trigger and the
+- `auto`: free text that never spells the trigger (begin + call_open, trailing whitespace off), or text up to it and the
   calls from there (a lazy lexeme: the text stops at the first trigger). A reply can end either way. A format
   without a trigger (Llama 3.x's bare JSON) calls only at the start: free text never starts with "{";
 - `none`: no grammar at all (the caller does not render the tools either).
@@ -39,8 +39,9 @@ class ToolFormat:
 
     @property
     def trigger(self) -> str:
-        """What starts the calls in an `auto` reply."""
-        return self.begin + self.call_open
+        """What starts the calls in an `auto` reply: its marker without trailing whitespace, so that free text
+        cannot spell the marker with other whitespace after it (a call written as text)."""
+        return (self.begin + self.call_open).rstrip()
 
     def head(self, name: str) -> str:
         """A call's text before its arguments."""
@@ -135,10 +136,11 @@ def tool_grammar(fmt: ToolFormat, tools: list[Tool], choice: ToolChoice, paralle
         # Free text never spells the trigger: where it does, the calls begin (and are enforced).
         lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){_regex_literal(trigger)}(?s:.*)/")
         lines.append(f"lead[lazy]: TEXT {_lark_string(trigger)}")
-        # The first call's opening is already written by the lead: its own rule starts after it.
+        # The lead wrote the trigger: the first call's rule starts after it.
         firsts = []
+        skip = len(trigger) - len(fmt.begin)
         for i, t in enumerate(tools):
-            rest = fmt.head(t.name)[len(fmt.call_open):]
+            rest = fmt.head(t.name)[skip:]
             lines.append(f"first_{i}: {_lark_string(rest)} args_{i} {_lark_string(fmt.tail())}")
             firsts.append(f"first_{i}")
         lines.append("first: " + " | ".join(firsts))

@@ -108,8 +108,8 @@ def report(results: list[dict[str, Any]]) -> str:
         rs = [r for r in results if cat in ("all", r["category"])]
         complete, valid = sum(r["complete"] for r in rs), sum(r["valid"] for r in rs)
         acc = sum(r["correct"] for r in rs) / len(rs)
-        lines.append(f"{cat:10} {len(rs):5d} {complete:5d} {valid / max(complete, 1):7.1%} {sum(r['cut'] for r in rs):4d}"
-                     f" {acc:9.1%}")
+        cut = sum(r["cut"] for r in rs)
+        lines.append(f"{cat:10} {len(rs):5d} {complete:5d} {valid / max(complete, 1):7.1%} {cut:4d} {acc:9.1%}")
     lines.append("calls: complete calls; valid: of those, valid against their tool's schema; cut: replies that "
                  "max_tokens ended (their last call not counted)")
     return "\n".join(lines)

@@ -136,7 +136,8 @@ async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
     if plan is not None and plan.grammar is not None:
         params.response_format = plan.grammar
     return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
-                 include_usage=_include_usage(body), top_logprobs=logprobs, tools=plan)
+                 include_usage=_include_usage(body), top_logprobs=logprobs,
+                 tools=plan if plan and plan.grammar else None)  # tool_choice "none": the reply is text
 
 
 async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
@@ -420,7 +421,8 @@ async def chat_completions(request: Request, svc: NamedDependency[Services], dat
         choices, usage = await _collect(request, job, call.params.n)
         replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
         return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
-            {"index": i, "message": r.message("".join(c.text)) if r else {"role": "assistant", "content": "".join(c.text)},
+            {"index": i, "message": r.message("".join(c.text)) if r
+             else {"role": "assistant", "content": "".join(c.text)},
              "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
              "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
              if call.top_logprobs is not None else None}

@@ -56,6 +56,10 @@ class ChatMessage(Struct, forbid_unknown_fields=True, kw_only=True):
     tool_calls: ToolCalls | None = None
     tool_call_id: CallId | None = None
     refusal: None = None
+    # null in an assistant message sent back as the SDK dumps it (model_dump() without exclude_none)
+    function_call: None = None
+    audio: None = None
+    annotations: None = None
 
     def plain(self) -> dict[str, Any]:
         text = self.content if isinstance(self.content, str) or self.content is None \

@@ -1,19 +1,26 @@
-"""The tool-call grammar on the default model's tokenizer: what each tool_choice lets through, and what not."""
+"""The tool-call grammar on the default model's tokenizer: what each tool_choice lets through, and what not; and
+a template's own tool format through the engine."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+from engine_helpers import make_core
 
+from engine import Engine, GenerationRequest, SamplingParams
 from engine.structured import Grammars
 from engine.tool_calls import (
     GENERIC,
+    HERMES,
     LLAMA3_JSON,
     Tool,
     ToolChoice,
     closed_objects,
     tool_grammar,
 )
+from engine.tool_parser import split_reply
+from tests.unit.test_tool_render import HERMES_TEMPLATE
 
 WEATHER = Tool("get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
                                           "required": ["city"]}))
@@ -58,6 +65,7 @@ def test_auto_allows_text_or_text_then_enforced_calls(grammars):
     assert accepts(grammars, auto, "Let me check.\n" + PARIS + "\n" + NOW)
     assert not accepts(grammars, auto, "Let me check.\n<tool_call>\nnot json\n</tool_call>")
     assert not accepts(grammars, auto, "Check <tool_call>" + PARIS[len("<tool_call>"):] + " and text after")
+    assert not accepts(grammars, auto, 'Text <tool_call>{"name": "get_weather"}</tool_call>')  # no call as text
 
 
 def test_llama3_calls_once_and_only_at_the_start(grammars):
@@ -81,3 +89,27 @@ def test_closing_objects_leaves_declared_choices_alone():
     assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
     assert "additionalProperties" not in closed["allOf"][0]
     assert closed["$defs"]["d"]["additionalProperties"] is True
+
+
+async def test_a_hermes_template_renders_its_own_tools_and_the_reply_parses(default_model):
+    # The default weights under a Qwen2.5-like template: the format comes from the template, the prompt from its
+    # own rendering (content escaped), and a required call generated on the engine splits back into the call.
+    loaded, model = default_model
+    eng = Engine(make_core((replace(loaded, chat_template=HERMES_TEMPLATE), model), kv_memory=64 << 20), threads=2)
+    try:
+        assert eng.tool_format is HERMES
+        turns = [{"role": "user", "content": "Weather in Paris? <|im_end|>"}]
+        prompt = eng.render_chat(turns, tools=[WEATHER])
+        text = eng.tokenizer.decode(prompt, skip_special=False)
+        assert '{"type": "function", "function": {"name": "get_weather"' in text
+        assert prompt.count(eng.tokenizer.encode_chat("<|im_end|>")[0]) == 2  # the content's one stays text
+        params = SamplingParams(max_tokens=48, temperature=0.0, response_format=tool_grammar(
+            HERMES, [WEATHER], ToolChoice("required"), False))
+        out = []
+        async for ev in eng.generate(GenerationRequest(prompt, params)):
+            out.append(ev.text)
+        content, calls = split_reply(HERMES, "".join(out))
+        assert content == "" and [c.name for c in calls] == ["get_weather"]
+        assert "city" in json.loads(calls[0].arguments)
+    finally:
+        await eng.shutdown()

@@ -92,12 +92,15 @@ def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
     assert none.choices[0].message.content == plain.choices[0].message.content  # no tools rendered, no constraint
 
 
-def test_streamed_deltas_reassemble_to_the_whole_reply(client):
+def test_streamed_deltas_reassemble_to_the_whole_reply(client, server: ServerProcess):
     kw = {"model": "default", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
           "max_tokens": 64, "parallel_tool_calls": False}
     whole = client.chat.completions.create(**kw).choices[0]
-    for extra in ({}, {"speculative": "ngram"}):
+    for extra in ({"speculative": "off"}, {"speculative": "ngram"}):
+        accepted = server.stats()["engine"]["spec_accepted_tokens"]
         got = reassemble(client.chat.completions.create(**kw, stream=True, extra_body=extra))[0]
+        if extra["speculative"] == "ngram":  # steps brought several tokens: the call copies the prompt's names
+            assert server.stats()["engine"]["spec_accepted_tokens"] > accepted
         assert got["finish"] == whole.finish_reason == "tool_calls"
         assert got["content"] == ""
         assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == \
@@ -126,7 +129,7 @@ async def test_sampled_calls_all_validate_with_n_and_seeds(server: ServerProcess
             model="default", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
             temperature=1.0, seed=seed, n=3, max_tokens=64)
 
-    replies = await asyncio.gather(*(one(seed) for seed in range(4)))
+    replies = await asyncio.gather(*(one(seed) for seed in range(4)))  # 12 seeded streams (seed, index)
     await aclient.close()
     seen = set()
     for r in replies:
@@ -153,7 +156,7 @@ def test_a_round_trip_with_a_tool_result(client):
     call = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice=WEATHER_ONLY,
                                           parallel_tool_calls=False, temperature=0, max_tokens=64)
     msg = call.choices[0].message
-    history = [*ASK, msg.model_dump(exclude_none=True),
+    history = [*ASK, msg.model_dump(),  # as the SDK dumps it: nulls included
                {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 21, "sky": "clear"}'}]
     r = client.chat.completions.create(model="default", messages=history, tools=TOOLS, temperature=0, max_tokens=48)
     assert r.usage.prompt_tokens > call.usage.prompt_tokens + 30  # the call and its result are in the prompt
