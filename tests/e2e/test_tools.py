@@ -15,7 +15,7 @@ RESULT = {"city": "Paris", "sky": "clear", "temperature_c": 21}
 def test_a_call_and_its_result_show_as_a_card(chat, server, page, screenshot):
     chat.open()
     sid = chat.new_session()
-    chat.set_settings(max_tokens=48, temperature=0)
+    chat.set_settings(max_tokens=96, temperature=0)
     # a list that is not JSON is refused in the drawer, before anything is sent
     page.get_by_test_id("toggle-settings").click()
     page.get_by_test_id("settings-tools").fill("[{not json")
@@ -26,8 +26,9 @@ def test_a_call_and_its_result_show_as_a_card(chat, server, page, screenshot):
     page.get_by_test_id("settings-saved").wait_for(state="visible")
     page.get_by_test_id("toggle-settings").click()
     assert server.session(sid)["settings"]["tools"][0]["function"]["name"] == "get_weather"
-    # every reply must call it
-    r = server.http.patch(f"/api/sessions/{sid}", json={"settings": {"tool_choice": "required"}})
+    # every reply must call it, once
+    r = server.http.patch(f"/api/sessions/{sid}", json={"settings": {"tool_choice": "required",
+                                                                  "parallel_tool_calls": False}})
     assert r.status_code == 200, r.text
 
     chat.send("What is the weather in Paris?")
