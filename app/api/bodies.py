@@ -14,7 +14,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.api.errors import ServiceError
 from app.api.response_format import ResponseFormatField
-from app.api.tools import CallId, ToolCalls, ToolChoiceField, ToolDefs
+from app.api.tools import CallId, SessionToolDefs, ToolCalls, ToolChoiceField
 from app.domain.defaults import DEFAULT_TITLE
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class SessionSettings(Struct, forbid_unknown_fields=True):
     top_p: Annotated[float, Meta(gt=0, le=1)] | UnsetType = UNSET
     max_tokens: MaxTokens | UnsetType = UNSET
     # the tools every turn of the session may call (docs/api.md#tools-in-chat-sessions); null: none
-    tools: ToolDefs | None | UnsetType = UNSET
+    tools: SessionToolDefs | None | UnsetType = UNSET
     tool_choice: ToolChoiceField | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
 
@@ -54,7 +54,7 @@ class SessionSettings(Struct, forbid_unknown_fields=True):
 class ToolOverrides(Struct, forbid_unknown_fields=True, kw_only=True):
     """A message's own tools for its reply, over the session's settings (null `tools`: none this time)."""
 
-    tools: ToolDefs | None | UnsetType = UNSET
+    tools: SessionToolDefs | None | UnsetType = UNSET
     tool_choice: ToolChoiceField | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
 
@@ -211,7 +211,7 @@ class MessageSend(Command, tag="message.send"):
     content: Said
     idempotency_key: Id | None = None
     response_format: ResponseFormatField | None = None
-    tools: ToolDefs | None | UnsetType = UNSET  # this reply's tools, over the session's (ToolOverrides)
+    tools: SessionToolDefs | None | UnsetType = UNSET  # this reply's tools, over the session's (ToolOverrides)
     tool_choice: ToolChoiceField | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
 

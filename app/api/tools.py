@@ -60,6 +60,8 @@ class ToolCallIn(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 ToolDefs = Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)]
+# A session's or a message's tools: at least one (null says none), so the schema states what /v1 checks itself.
+SessionToolDefs = Annotated[list[ToolDef], Meta(min_length=1, max_length=MAX_TOOLS)]
 ToolChoiceField = Literal["none", "auto", "required"] | NamedToolChoice
 ToolCalls = Annotated[list[ToolCallIn], Meta(min_length=1, max_length=MAX_CALLS)]
 
