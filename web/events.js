@@ -3,6 +3,7 @@ import { state, emit, currentId } from "./state.js";
 import { toast } from "./chrome.js";
 import { settle, forgetAll } from "./commands.js";
 import { findMessage, nextPosition, setMessages, addMessage, updateMessage, appendText } from "./messages.js";
+import { callerOf } from "./toolcards.js";
 import { upsertSession, dropSession, openCurrent, refreshSessions } from "./sessions.js";
 import { restoreText } from "./composer.js";
 import { afterHistory } from "./branches.js";
@@ -31,6 +32,10 @@ export function handleEvent(ev) {
         if (ev.client_id) { settle(ev.client_id); state.own.add(msg.id); }
       }
       if (isCurrent) addMessage(msg);
+      if (isCurrent && msg.role === "tool") {
+        const caller = callerOf(msg.tool_call_id);
+        if (caller) updateMessage(caller); // its card shows the result
+      }
       if (msg.role === "assistant") emit("sessions");
       emit("busy");
       break;
@@ -46,6 +51,17 @@ export function handleEvent(ev) {
       const msg = findMessage(ev.message_id) || addMessage({ id: ev.message_id, session_id: sid, role: "assistant",
         content: "", status: "streaming", position: nextPosition() });
       appendText(msg, ev.text || "");
+      break;
+    }
+    case "tool_call": {
+      if (!isCurrent) break;
+      const msg = findMessage(ev.message_id);
+      if (!msg) break;
+      const calls = (msg.tool_calls = msg.tool_calls || []);
+      if (ev.id) calls[ev.index] = { id: ev.id, type: "function", function: { name: ev.name, arguments: "" } };
+      const call = calls[ev.index];
+      if (call) call.function.arguments += ev.arguments || "";
+      appendText(msg, ""); // drawn with the next frame
       break;
     }
     case "done":
@@ -74,6 +90,7 @@ function finish(ev) {
     completion_tokens: usage.completion_tokens ?? msg.completion_tokens,
     ttft_ms: timings.ttft_ms ?? msg.ttft_ms,
     tokens_per_s: timings.tokens_per_s ?? msg.tokens_per_s,
+    tool_calls: ev.tool_calls ?? null, // what the store keeps: a call cut short is not one
     error: ev.error || ev.message || msg.error,
   });
   updateMessage(msg);

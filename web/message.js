@@ -1,8 +1,9 @@
 // One message's view: role, content (Markdown for replies, text otherwise), status badge, stats.
 import { h } from "./dom.js";
 import { renderInto } from "./markdown.js";
+import { toolCards } from "./toolcards.js";
 
-const ROLE_LABEL = { user: "You", assistant: "Forge", system: "System" };
+const ROLE_LABEL = { user: "You", assistant: "Forge", system: "System", tool: "Tool" };
 const BADGES = { stopped: "Stopped", error: "Error", interrupted: "Interrupted" };
 const CARET_HOSTS = /^(P|H[1-6]|UL|OL|LI|BLOCKQUOTE|PRE|CODE|DIV|TABLE|THEAD|TBODY|TR|TD|TH)$/;
 
@@ -25,6 +26,8 @@ export function messageView(msg) {
     content,
     h("div.msg-foot", {}, branches, stats, actions));
   root.classList.add("msg-" + (ROLE_LABEL[msg.role] ? msg.role : "other"));
+  // a tool result shows in the card of the call it answers (toolcards.js)
+  if (msg.role === "tool") root.hidden = true;
   const view = { root, content, stats, badge, branches, actions };
   renderMessage(msg, view);
   return view;
@@ -45,12 +48,16 @@ export function renderBody(msg, view) {
     return;
   }
   const streaming = msg.status === "streaming";
-  if (streaming && !msg.content) {
+  if (streaming && !msg.content && !(msg.tool_calls && msg.tool_calls.length)) {
     view.content.replaceChildren(h("span.typing", { role: "img", "aria-label": "Generating" }, h("i"), h("i"), h("i")));
     return;
   }
   view.content.querySelector(".caret")?.remove();
+  view.content.querySelector(".tool-cards")?.remove();
   renderInto(view.content, msg.content || "");
+  if (msg.tool_calls && msg.tool_calls.length) {
+    view.content.appendChild(h("div.tool-cards", {}, toolCards(msg)));
+  }
   if (!streaming) return;
   // put the caret at the end of the innermost last block, so it follows the text
   let target = view.content;

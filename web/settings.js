@@ -1,4 +1,4 @@
-// The settings drawer of the open session: system prompt, temperature, top p, max tokens.
+// The settings drawer of the open session: system prompt, temperature, top p, max tokens, tools (a JSON list).
 import { api } from "./api.js";
 import { state } from "./state.js";
 import { $ } from "./chrome.js";
@@ -40,6 +40,7 @@ function fillSettings() {
   showTemperature();
   $("set-top-p").value = st.top_p ?? 1;
   $("set-max-tokens").value = st.max_tokens ?? 512;
+  $("set-tools").value = st.tools ? JSON.stringify(st.tools, null, 2) : "";
   $("settings-error").textContent = "";
   $("settings-saved").hidden = true;
 }
@@ -53,11 +54,17 @@ export async function saveSettings(e) {
   const maxTokens = Number($("set-max-tokens").value);
   if (!Number.isFinite(topP) || topP <= 0 || topP > 1) { err.textContent = "Top p must be a number in (0, 1]."; return; }
   if (!Number.isInteger(maxTokens) || maxTokens < 1) { err.textContent = "Max tokens must be a whole number of at least 1."; return; }
+  const toolsText = $("set-tools").value.trim();
+  let tools = null;
+  if (toolsText) {
+    try { tools = JSON.parse(toolsText); } catch (error) { tools = undefined; }
+    if (!Array.isArray(tools)) { err.textContent = "Tools must be a JSON list of tool definitions."; return; }
+  }
   const system = $("set-system").value;
   try {
     upsertSession(await api.updateSession(state.current.id, {
       system_prompt: system.trim() ? system : null,
-      settings: { temperature, top_p: topP, max_tokens: maxTokens },
+      settings: { temperature, top_p: topP, max_tokens: maxTokens, tools },
     }));
     err.textContent = "";
     $("settings-saved").hidden = false;

@@ -14,6 +14,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.api.errors import ServiceError
 from app.api.response_format import ResponseFormatField
+from app.api.tools import CallId, SessionToolDefs, ToolCalls, ToolChoiceField
 from app.domain.defaults import DEFAULT_TITLE
 
 T = TypeVar("T")
@@ -40,9 +41,27 @@ class SessionSettings(Struct, forbid_unknown_fields=True):
     temperature: Annotated[float, Meta(ge=0, le=2)] | UnsetType = UNSET
     top_p: Annotated[float, Meta(gt=0, le=1)] | UnsetType = UNSET
     max_tokens: MaxTokens | UnsetType = UNSET
+    # the tools every turn of the session may call (docs/api.md#tools-in-chat-sessions); null: none
+    tools: SessionToolDefs | None | UnsetType = UNSET
+    tool_choice: ToolChoiceField | None | UnsetType = UNSET
+    parallel_tool_calls: bool | None | UnsetType = UNSET
 
     def given(self) -> dict[str, Any]:
-        return {k: v for k in self.__struct_fields__ if (v := getattr(self, k)) is not UNSET}
+        """The fields given, as the plain JSON values the store keeps."""
+        return {k: msgspec.to_builtins(v) for k in self.__struct_fields__ if (v := getattr(self, k)) is not UNSET}
+
+
+class ToolOverrides(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A message's own tools for its reply, over the session's settings (null `tools`: none this time)."""
+
+    tools: SessionToolDefs | None | UnsetType = UNSET
+    tool_choice: ToolChoiceField | None | UnsetType = UNSET
+    parallel_tool_calls: bool | None | UnsetType = UNSET
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields given, as plain JSON values (app.domain.chat.ChatService.send's `tools`)."""
+        return {k: msgspec.to_builtins(v) for k in ToolOverrides.__struct_fields__
+                if (v := getattr(self, k)) is not UNSET}
 
 
 class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -75,11 +94,19 @@ class EditBody(Struct, forbid_unknown_fields=True, kw_only=True):
     content: Said
 
 
-class SendBody(EditBody, kw_only=True):
+class SendBody(ToolOverrides, kw_only=True):
     """`POST /api/sessions/{id}/messages`."""
 
+    content: Said
     idempotency_key: Id | None = None  # a retried send with the same key is answered, not stored twice
     response_format: ResponseFormatField | None = None  # constrains this reply (docs/api.md#structured-output)
+
+
+class ToolResultBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """`POST /api/sessions/{id}/tool_results`: the result of a call of the session's last reply."""
+
+    tool_call_id: CallId
+    content: Content
 
 
 class Empty(Struct, forbid_unknown_fields=True):
@@ -89,7 +116,7 @@ class Empty(Struct, forbid_unknown_fields=True):
 class ImportedMessage(Struct, kw_only=True):
     """One message of an export; its other fields (session id, position, dates, siblings) are ignored."""
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: Content
     status: Literal["streaming", "complete", "stopped", "error", "interrupted"] = "complete"
     finish_reason: Annotated[str, Meta(max_length=16)] | None = None
@@ -98,6 +125,8 @@ class ImportedMessage(Struct, kw_only=True):
     completion_tokens: Count | None = None
     ttft_ms: Seconds | None = None
     tokens_per_s: Annotated[float, Meta(ge=0, le=1e9)] | None = None
+    tool_calls: ToolCalls | None = None  # a reply's calls
+    tool_call_id: CallId | None = None  # a tool message's call
     # version 2 (branches): a reference within the file; the message it follows (null: none, left out: the
     # message before it in the file); whether it is the chosen one of its siblings
     id: Id | None = None
@@ -126,6 +155,13 @@ class Export(Struct, forbid_unknown_fields=True):
         index: dict[str, int] = {}
         for i, m in enumerate(self.messages):
             fields = {f: getattr(m, f) for f in m.__struct_fields__ if f not in ("id", "parent_id", "active")}
+            fields["tool_calls"] = msgspec.to_builtins(m.tool_calls) if m.tool_calls else None
+            if m.tool_calls and m.role != "assistant":
+                raise ServiceError("invalid_parameter", f"'messages[{i}].tool_calls' is only allowed on assistant "
+                                   "messages", param=f"messages[{i}].tool_calls")
+            if (m.tool_call_id is not None) != (m.role == "tool"):
+                raise ServiceError("invalid_parameter", f"'messages[{i}].tool_call_id' is required on tool messages "
+                                   "and only allowed there", param=f"messages[{i}].tool_call_id")
             previous = i - 1 if i else None
             if self.forge_export == 1:
                 out.append({**fields, "parent": previous, "active": True})
@@ -175,6 +211,27 @@ class MessageSend(Command, tag="message.send"):
     content: Said
     idempotency_key: Id | None = None
     response_format: ResponseFormatField | None = None
+    tools: SessionToolDefs | None | UnsetType = UNSET  # this reply's tools, over the session's (ToolOverrides)
+    tool_choice: ToolChoiceField | None | UnsetType = UNSET
+    parallel_tool_calls: bool | None | UnsetType = UNSET
+
+    def overrides(self) -> dict[str, Any]:
+        return ToolOverrides(tools=self.tools, tool_choice=self.tool_choice,
+                             parallel_tool_calls=self.parallel_tool_calls).overrides()
+
+
+class ToolResult(Command, tag="tool.result"):
+    """The result of a call of the session's last reply, stored as a `tool` message."""
+
+    session_id: Id
+    tool_call_id: CallId
+    content: Content
+
+
+class MessageContinue(Command, tag="message.continue"):
+    """A reply after the results of every call of the last one."""
+
+    session_id: Id
 
 
 class MessageEdit(Command, tag="message.edit"):
@@ -201,7 +258,7 @@ class Ping(Command, tag="ping"):
 
 
 AnyCommand = (SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | BranchSelect
-              | GenerationCancel | Ping)
+              | GenerationCancel | Ping | ToolResult | MessageContinue)
 
 
 class Envelope(Struct):

@@ -16,13 +16,14 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from engine import Engine
 
-from app.api.bodies import EditBody, Empty, Export, SendBody, SessionFields
+from app.api.bodies import EditBody, Empty, Export, SendBody, SessionFields, ToolResultBody
 from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, Events, OptionalBody, OptionalBodyEvents, errors
 from app.api.outbox import Outbox
 from app.api.response_format import plain
 from app.api.sse import keepalive, with_keepalives
+from app.api.tools import check_settings
 from app.config import Settings
 from app.domain import errors as domain
 from app.domain.chat import ChatService
@@ -44,6 +45,7 @@ async def list_sessions(request: Request, store: NamedDependency[Store]) -> dict
 async def create_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
                          data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
     """A new session (the body may be left out)."""
+    await check_settings(engine, data.settings if data else None)
     return await store.create_session(owner(request.scope),
                                       **(data or SessionFields()).new_session(session_defaults(engine)))
 
@@ -59,9 +61,10 @@ async def read_session(request: Request, store: NamedDependency[Store], session_
 
 
 @patch("/{session_id:str}", responses=errors(*KEYED, *BODY, 404, 409))
-async def update_session(request: Request, store: NamedDependency[Store], session_id: FromPath[str],
-                         data: JSONBody[SessionFields]) -> dict[str, Any]:
+async def update_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
+                         session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
     """Change title, system prompt or settings (merged over the current ones)."""
+    await check_settings(engine, data.settings)
     try:
         updated = await store.update_session(session_id, owner(request.scope), **data.changes())
     except Conflict as e:
@@ -99,6 +102,7 @@ async def import_session(request: Request, store: NamedDependency[Store], engine
         raise ServiceError("invalid_parameter", f"'messages' holds {len(data.messages)} messages; the limit is {limit}",
                            param="messages")
     s = data.session
+    await check_settings(engine, s.settings)
     session = {"title": (s.title or "").strip() or DEFAULT_TITLE, "system_prompt": s.system_prompt,
                "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})}}
     return await store.import_session(owner(request.scope), session, data.tree())
@@ -203,7 +207,26 @@ async def send_message(request: Request, chat: NamedDependency[ChatService], set
     who = owner(request.scope)
     return await turn_stream(chat, settings, lambda sink, queued: chat.send(
         session_id, who, data.content, sink=sink, idempotency_key=data.idempotency_key,
-        response_format=plain(data.response_format), queued=queued))
+        response_format=plain(data.response_format), queued=queued, tools=data.overrides()))
+
+
+@post("/{session_id:str}/tool_results", status_code=201, responses=errors(*KEYED, *BODY, 404, 409))
+async def post_tool_result(request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str],
+                           data: JSONBody[ToolResultBody]) -> dict[str, Any]:
+    """Store the result of a call of the session's last reply as a `tool` message (docs/api.md#tools-in-chat-
+    sessions); the reply continues with `POST .../continue` once every call has one."""
+    _, message = await chat.tool_result(session_id, owner(request.scope), data.tool_call_id, data.content)
+    return message
+
+
+@post("/{session_id:str}/continue", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+      operation_class=OptionalBodyEvents)
+async def continue_reply(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
+                         session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
+    """SSE: a reply after the results of every call of the last one."""
+    who = owner(request.scope)
+    return await turn_stream(chat, settings, lambda sink, queued: chat.resume(session_id, who, sink=sink,
+                                                                              queued=queued))
 
 
 @post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200,
@@ -239,5 +262,5 @@ async def cancel(request: Request, store: NamedDependency[Store], chat: NamedDep
 
 router = Router(path="/api/sessions", route_handlers=[
     list_sessions, create_session, import_session, read_session, update_session, delete_session, export_session,
-    select_branch, send_message, edit_message, regenerate, cancel,
+    select_branch, send_message, edit_message, regenerate, cancel, post_tool_result, continue_reply,
 ])

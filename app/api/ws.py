@@ -21,6 +21,7 @@ from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
 from app.api.response_format import plain
 from app.api.state import Services
+from app.api.tools import check_settings
 from app.domain import errors as domain
 from app.domain.defaults import session_defaults
 from app.domain.errors import not_found
@@ -60,6 +61,8 @@ class Connection:
             bodies.BranchSelect: self.branch_select,
             bodies.GenerationCancel: self.generation_cancel,
             bodies.Ping: self.ping,
+            bodies.ToolResult: self.tool_result,
+            bodies.MessageContinue: self.message_continue,
         }
 
     def send(self, event: dict[str, Any] | None) -> None:
@@ -228,6 +231,7 @@ class Connection:
 
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
         self._room_for(None)
+        await check_settings(self.svc.engine, cmd.settings)
         session = await self.svc.store.create_session(self.owner,
                                                       **cmd.fields().new_session(session_defaults(self.svc.engine)))
         self._watch(session["id"], session["title"])
@@ -247,7 +251,18 @@ class Connection:
         self._room_for(cmd.session_id)
         await self._start(cmd, lambda queued: self.svc.chat.send(
             cmd.session_id, self.owner, cmd.content, sink=self.send, client_id=cmd.client_id,
-            idempotency_key=cmd.idempotency_key, response_format=plain(cmd.response_format), queued=queued))
+            idempotency_key=cmd.idempotency_key, response_format=plain(cmd.response_format), queued=queued,
+            tools=cmd.overrides()))
+
+    async def tool_result(self, cmd: bodies.ToolResult) -> None:
+        self._room_for(cmd.session_id)
+        _, message = await self.svc.chat.tool_result(cmd.session_id, self.owner, cmd.tool_call_id, cmd.content)
+        self._reply({"type": "message.created", "session_id": cmd.session_id, "message": message}, cmd.client_id)
+
+    async def message_continue(self, cmd: bodies.MessageContinue) -> None:
+        self._room_for(cmd.session_id)
+        await self._start(cmd, lambda queued: self.svc.chat.resume(cmd.session_id, self.owner, sink=self.send,
+                                                                   client_id=cmd.client_id, queued=queued))
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)

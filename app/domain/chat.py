@@ -17,11 +17,13 @@ from app.domain.admission import Admission, Ticket
 from app.domain.admit import Admitter
 from app.domain.errors import ServiceError, not_found
 from app.domain.guard import Guard
-from app.domain.plan import Plan, plan_edit, plan_regenerate, plan_send
+from app.domain.plan import Plan, plan_continue, plan_edit, plan_regenerate, plan_send
 from app.domain.presence import Presence
 from app.domain.prompt import render, sampling
 from app.domain.response_format import compile_response_format
 from app.domain.run import Runner
+from app.domain.tools import TOOL_KEYS, ToolPlan, check_result
+from app.domain.tools import plan as plan_tools
 from app.domain.turn import Queued, Sink, Turn
 from app.metrics import Metrics
 from app.store import Conflict, Store
@@ -62,8 +64,9 @@ class ChatService:
 
     async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
                    idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
-                   queued: Queued | None = None) -> Turn | None:
-        """Append a user message and stream a reply (constrained by `response_format`, when given). Raises
+                   queued: Queued | None = None, tools: dict[str, Any] | None = None) -> Turn | None:
+        """Append a user message and stream a reply (constrained by `response_format`, when given; `tools`: this
+        message's `tools` / `tool_choice` / `parallel_tool_calls`, over the session's settings). Raises
         ServiceError before storing anything. Past the engine's capacity this waits to be admitted (`queued` is
         called when it starts waiting); a full queue or a passed deadline raises ServiceError with
         `retry_after_s`.
@@ -73,7 +76,29 @@ class ChatService:
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
         return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_send(s, msgs, content),
-                                 idempotency_key, response_format, queued)
+                                 idempotency_key, response_format, queued, tools)
+
+    async def resume(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None,
+                     queued: Queued | None = None) -> Turn:
+        """A reply continuing the conversation after the results of every call of its last reply."""
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_continue(msgs),
+                                 queued=queued)
+
+    async def tool_result(self, session_id: str, owner: str, tool_call_id: str, content: str
+                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Store the result of a call of the chosen branch's last reply (a `tool` message below it and the
+        results before); returns the session and the message. Refused while a reply is being generated."""
+        with self.guard.reserve(session_id):
+            found = await self.store.get_history(session_id, owner)
+            if found is None:
+                raise not_found(session_id)
+            _, branch = found
+            check_result(branch, tool_call_id)
+            added = await self.store.add_tool_result(session_id, owner, parent_id=branch[-1]["id"],
+                                                     tool_call_id=tool_call_id, content=content)
+            if added is None:
+                raise not_found(session_id)
+            return added
 
     async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
                    client_id: str | None = None, queued: Queued | None = None) -> Turn:
@@ -118,7 +143,7 @@ class ChatService:
 
     async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None, plan_for: Planner,
                      idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
-                     queued: Queued | None = None) -> Turn:
+                     queued: Queued | None = None, tools: dict[str, Any] | None = None) -> Turn:
         gen: RequestStream | None = None
         held: Ticket | None = None  # admitted, and no turn owns it yet
         try:
@@ -128,10 +153,14 @@ class ChatService:
                     raise not_found(session_id)
                 before, messages = found
                 plan = plan_for(before, messages)
+                tool_plan = await self._tools(before["settings"], tools or {}, response_format is not None)
                 # Rendering and tokenizing a long conversation takes a while: not on the event loop.
-                prompt = await asyncio.to_thread(render, self.engine, before, plan.history)
+                prompt = await asyncio.to_thread(render, self.engine, before, plan.history,
+                                                 tool_plan.render if tool_plan else None)
                 params = sampling(self.engine, before["settings"], len(prompt))
                 params.response_format = await compile_response_format(self.engine, response_format)
+                if tool_plan is not None and tool_plan.grammar is not None:
+                    params.response_format = tool_plan.grammar
                 req = GenerationRequest(prompt_token_ids=prompt, params=params)
                 held = await self.admitter.admit(owner, params.n, queued)  # nothing is stored before this
                 self.guard.check_open()
@@ -144,10 +173,11 @@ class ChatService:
                 session, branch = started
                 reply = branch[-1]
                 turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
-                            title=session["title"], sink=sink, client_id=client_id, ticket=held)
+                            title=session["title"], sink=sink, client_id=client_id, ticket=held,
+                            tool_format=tool_plan.fmt if tool_plan else None)
                 if plan.branches:
                     turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
-                else:
+                elif plan.user_content is not None:
                     turn.emit({"type": "message.created", "session_id": session_id, "message": branch[-2]})
                 turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
                 if plan.title is not None:
@@ -164,6 +194,19 @@ class ChatService:
                 await gen.aclose()
             if held is not None:
                 self.admitter.release(held)
+
+    async def _tools(self, settings: dict[str, Any], given: dict[str, Any], response_format: bool) -> ToolPlan | None:
+        """The turn's tools: the message's own (`given`) over the session's settings; the session's tool_choice
+        and parallel_tool_calls count only beside tools. Errors name the message's field or `settings.<field>`."""
+        if "tools" in given:
+            tools, prefix = given["tools"], ""
+        else:  # a tool_choice given without any tools is the message's fault
+            tools = settings.get("tools")
+            prefix = "settings." if tools is not None else ""
+        kept = {k: settings.get(k) for k in TOOL_KEYS[1:]} if tools is not None else {}
+        options = {**kept, **{k: v for k, v in given.items() if k != "tools"}}
+        return await plan_tools(self.engine, tools, options.get("tool_choice"), options.get("parallel_tool_calls"),
+                                response_format=response_format, prefix=prefix)
 
     def _generate(self, req: GenerationRequest) -> RequestStream:
         """The engine takes the request now or refuses it: nothing is stored for a refused turn."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from app.domain.defaults import DEFAULT_TITLE
 from app.domain.errors import ServiceError
+from app.domain.tools import check_continue
 
 TITLE_CHARS = 60
 
@@ -50,12 +51,18 @@ def plan_edit(messages: list[dict[str, Any]], session_id: str, message_id: str, 
                 user_content=content, branches=True)
 
 
+def plan_continue(messages: list[dict[str, Any]]) -> Plan:
+    """A reply below the chosen branch's last message: the results of every call of the reply before them."""
+    check_continue(messages)
+    return Plan(history=list(messages), parent_id=messages[-1]["id"])
+
+
 def plan_regenerate(messages: list[dict[str, Any]]) -> Plan:
     """A sibling of the last reply (if the branch ends with one), below the user message it answered."""
     kept = list(messages)
     if kept and kept[-1]["role"] == "assistant":
         kept.pop()
-    if not kept or kept[-1]["role"] != "user":
+    if not kept or kept[-1]["role"] not in ("user", "tool"):
         raise ServiceError("invalid_parameter", "nothing to regenerate: the session does not end with a user message "
-                           "or an assistant reply to one")
+                           "(or tool results) or an assistant reply to one")
     return Plan(history=kept, parent_id=kept[-1]["id"], branches=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine.tool_calls import Tool
 from engine.types import SamplingParams
 
 from app.domain.defaults import session_defaults, turn_extras
@@ -13,22 +14,29 @@ if TYPE_CHECKING:
     from engine import Engine
 
 
-def render(engine: Engine, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
-    """The prompt's token ids: the session's system prompt, then `history` (slow on a long conversation: the
-    caller runs it off the event loop)."""
-    msgs: list[dict[str, str]] = []
+def render(engine: Engine, session: dict[str, Any], history: list[dict[str, Any]],
+           tools: list[Tool] | None = None) -> list[int]:
+    """The prompt's token ids: the session's system prompt, then `history` with its tool calls and results, the
+    `tools` listed as the model's tool format has it (slow on a long conversation: the caller runs it off the
+    event loop)."""
+    msgs: list[dict[str, Any]] = []
     if session.get("system_prompt"):
         msgs.append({"role": "system", "content": session["system_prompt"]})
     for m in history:
         # Replies that failed or never produced text are not part of the conversation; neither is the
         # question they answered (templates may require user/assistant to alternate).
-        if m["role"] == "assistant" and (not m["content"] or m.get("status") == "error"):
+        if m["role"] == "assistant" and ((not m["content"] and not m.get("tool_calls")) or m.get("status") == "error"):
             if msgs and msgs[-1]["role"] == "user":
                 msgs.pop()
             continue
-        msgs.append({"role": m["role"], "content": m["content"]})
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        msgs.append(msg)
     try:
-        return list(engine.render_chat(msgs, add_generation_prompt=True))
+        return list(engine.render_chat(msgs, add_generation_prompt=True, tools=tools))
     except ValueError as e:
         raise ServiceError("invalid_parameter", f"the model's chat template refused the conversation: {e}") from None
 

@@ -17,6 +17,7 @@ from engine.types import GenerationEvent
 from app.domain.admit import Admitter
 from app.domain.errors import ServiceError
 from app.domain.guard import Guard
+from app.domain.tools import ToolReply
 from app.domain.turn import Turn
 from app.metrics import Metrics
 from app.store import Store
@@ -30,7 +31,7 @@ log = logging.getLogger("forge.chat")
 SAVE_INTERVAL_S = 0.5
 FINAL_TRIES = 2
 
-_STATUS = {"stop": "complete", "length": "complete", "timeout": "stopped", "error": "error"}
+_STATUS = {"stop": "complete", "length": "complete", "tool_calls": "complete", "timeout": "stopped", "error": "error"}
 
 
 class Runner:
@@ -52,6 +53,7 @@ class Runner:
         killed = False
         tracker = self.metrics.tracker("chat")
         last_save = time.monotonic()
+        calls = ToolReply(turn.tool_format) if turn.tool_format is not None else None
         if self.guard.shutting_down:  # interrupt_all() ran while this turn was being set up
             turn.cancelled = True
             self.engine.abort(turn.request_id)
@@ -60,7 +62,9 @@ class Runner:
                 async for ev in gen:
                     tracker.observe(ev)
                     completion += len(ev.token_ids)
-                    if ev.text:
+                    if calls is not None:
+                        self._emit_split(turn, calls, ev, parts)
+                    elif ev.text:
                         parts.append(ev.text)
                         turn.emit({"type": "delta", "session_id": turn.session_id, "message_id": turn.message_id,
                                    "text": ev.text})
@@ -81,7 +85,7 @@ class Runner:
             tracker.close()
             self.admitter.release(turn.ticket)
         try:
-            await self._finish(turn, parts, completion, final, failure, killed, prompt_len)
+            await self._finish(turn, parts, completion, final, failure, killed, prompt_len, calls)
         except Exception:
             log.exception("could not finish the turn in session %s", turn.session_id)
         finally:
@@ -91,11 +95,29 @@ class Runner:
         if killed:
             raise asyncio.CancelledError
 
+    def _emit_split(self, turn: Turn, calls: ToolReply, ev: GenerationEvent, parts: list[str]) -> None:
+        """A reply that may call tools: its text as `delta`s, each call's start and argument fragments as
+        `tool_call` events (OpenAI's delta shape: `id`, `type` and `name` on a call's first only)."""
+        delta = calls.delta(ev.text, ev.finish_reason)
+        ids = {"session_id": turn.session_id, "message_id": turn.message_id}
+        if delta.get("content"):
+            parts.append(delta["content"])
+            turn.emit({"type": "delta", **ids, "text": delta["content"]})
+        for call in delta.get("tool_calls", ()):
+            event = {"type": "tool_call", **ids, "index": call["index"]}
+            if "id" in call:
+                event.update(id=call["id"], name=call["function"]["name"])
+            event["arguments"] = call["function"]["arguments"]
+            turn.emit(event)
+
     async def _finish(self, turn: Turn, parts: list[str], completion: int, final: GenerationEvent | None,
-                      failure: str | None, killed: bool, prompt_len: int) -> None:
+                      failure: str | None, killed: bool, prompt_len: int, calls: ToolReply | None = None) -> None:
         ids = {"session_id": turn.session_id, "message_id": turn.message_id}
         reason = final.finish_reason if final is not None else ("abort" if (turn.cancelled or killed) else "error")
         assert reason is not None  # `final` is the event that carried one
+        if calls is not None:
+            reason = calls.finish_reason(reason) or reason
+        tool_calls = calls.calls() if calls is not None and reason == "tool_calls" else None
         if reason == "abort":
             status = "interrupted" if self.guard.shutting_down else "stopped"
         else:
@@ -114,24 +136,29 @@ class Runner:
         if timings and completion >= 2 and timings.total > timings.ttft:
             tps = round((completion - 1) / (timings.total - timings.ttft), 3)
         if not await self._store_final(turn, "".join(parts), status, reason, prompt_tokens, cached, completion,
-                                       ttft_ms, tps):
+                                       ttft_ms, tps, tool_calls):
             status, failure = "error", failure or "the reply could not be stored"
         self.guard.forget(turn)  # before the last event goes out: a client reacting to it finds the session free
         if failure is not None:
             turn.emit(ServiceError("internal", failure).event(**ids))
-        turn.emit({"type": "done", **ids, "status": status, "finish_reason": reason,
-                   "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
-                   "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}})
+        done = {"type": "done", **ids, "status": status, "finish_reason": reason,
+                "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
+                "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}}
+        if tool_calls:
+            done["tool_calls"] = tool_calls
+        turn.emit(done)
 
     async def _store_final(self, turn: Turn, text: str, status: str, reason: str, prompt_tokens: int,
-                           cached: int | None, completion: int, ttft_ms: float | None, tps: float | None) -> bool:
+                           cached: int | None, completion: int, ttft_ms: float | None, tps: float | None,
+                           tool_calls: list[dict] | None = None) -> bool:
         """The reply's last write, tried twice; if it can't be made, the reply is stored as "error" with a
         smaller write (the client is told so). False when the reply is not stored as `status`."""
         for attempt in range(FINAL_TRIES):
             try:
                 await self.store.finish_reply(turn.message_id, content=text, status=status, finish_reason=reason,
                                               prompt_tokens=prompt_tokens, cached_tokens=cached,
-                                              completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps)
+                                              completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps,
+                                              tool_calls=tool_calls)
                 return True
             except Exception:
                 log.exception("could not store the reply %s (attempt %d)", turn.message_id, attempt + 1)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.admission import Ticket
+from engine.tool_calls import ToolFormat
 
 log = logging.getLogger("forge.chat")
 
@@ -27,6 +28,7 @@ class Turn:
     sink: Sink
     client_id: str | None = None
     ticket: Ticket | None = None  # its admission; released when the generation ends
+    tool_format: ToolFormat | None = None  # the reply may call tools: read as content and calls
     task: asyncio.Task | None = None
     cancelled: bool = False
     done: bool = False

@@ -9,7 +9,8 @@ from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Intege
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+CALL_ID_CHARS = 256
 REPLICA_NAME_CHARS = 200
 
 NAMING = {
@@ -95,6 +96,10 @@ class Message(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # The replica generating a reply (its --replica-name); None for replies stored before replicas existed.
     replica: Mapped[str | None] = mapped_column(String(REPLICA_NAME_CHARS), nullable=True)
+    # A reply that called tools: its calls as OpenAI's `tool_calls` ([{id, type, function: {name, arguments}}]).
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # A tool message (role "tool"): the call it answers.
+    tool_call_id: Mapped[str | None] = mapped_column(String(CALL_ID_CHARS), nullable=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +116,8 @@ class Message(Base):
             "completion_tokens": self.completion_tokens,
             "ttft_ms": self.ttft_ms,
             "tokens_per_s": self.tokens_per_s,
+            "tool_calls": self.tool_calls,
+            "tool_call_id": self.tool_call_id,
             "created_at": iso(self.created_at),
         }
 

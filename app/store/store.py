@@ -20,7 +20,8 @@ from app.store.tree import choose, chosen_branch
 
 EXPORT_VERSION = 2  # 1: one conversation (no branches); still imported
 UPDATE_TRIES = 20
-_FACTS = ("finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tokens_per_s")
+_FACTS = ("finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tokens_per_s",
+          "tool_calls", "tool_call_id")
 
 
 class Conflict(Exception):
@@ -189,6 +190,30 @@ class Store:
                 session.title = title
             return session.to_dict(), chosen_branch(rows)
 
+    async def add_tool_result(self, session_id: str, owner: str, *, parent_id: str, tool_call_id: str,
+                              content: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """In one transaction: a tool message (role "tool", status "complete") answering `tool_call_id`, below
+        message `parent_id` (the chosen branch's last), as the chosen one of its siblings; touch the session.
+        Returns the session and the new message; None when the session or `parent_id` is gone."""
+        now = utcnow()
+        async with self.sessionmaker.begin() as db:
+            session = await _owned(db, session_id, owner)
+            if session is None:
+                return None
+            rows = await _messages(db, session_id)
+            below = next((r for r in rows if r.id == parent_id), None)
+            if below is None:
+                return None
+            msg = Message(id=new_id(), session_id=session_id, parent_id=below.id,
+                          ordinal=max(r.ordinal for r in rows) + 1, position=below.position + 1, active=True,
+                          role="tool", content=content, status="complete", tool_call_id=tool_call_id,
+                          created_at=now, updated_at=now)
+            db.add(msg)
+            rows.append(msg)
+            choose(rows, msg.id)
+            session.updated_at = now
+            return session.to_dict(), {**msg.to_dict(), "siblings": [r.id for r in rows if r.parent_id == below.id]}
+
     async def save_progress(self, message_id: str, content: str, completion_tokens: int) -> None:
         """Store a streaming reply as it stands (also re-asserts status "streaming", see mark_interrupted)."""
         async with self.sessionmaker.begin() as db:
@@ -197,8 +222,10 @@ class Store:
 
     async def finish_reply(self, message_id: str, *, content: str, status: str, finish_reason: str | None,
                            prompt_tokens: int | None, cached_tokens: int | None, completion_tokens: int | None,
-                           ttft_ms: float | None, tokens_per_s: float | None) -> dict[str, Any] | None:
-        """Final write of a reply; None when it was deleted meanwhile (session deleted)."""
+                           ttft_ms: float | None, tokens_per_s: float | None,
+                           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """Final write of a reply (`tool_calls`: the calls it made); None when it was deleted meanwhile (session
+        deleted)."""
         assert status in MESSAGE_STATUSES and status != "streaming", status
         async with self.sessionmaker.begin() as db:
             row = await db.get(Message, message_id)
@@ -212,6 +239,7 @@ class Store:
             row.completion_tokens = completion_tokens
             row.ttft_ms = ttft_ms
             row.tokens_per_s = tokens_per_s
+            row.tool_calls = tool_calls
             row.updated_at = utcnow()
         return row.to_dict()
 

@@ -28,11 +28,11 @@ EXAMPLES = 5  # per operation and phase; the coverage phase adds its boundary va
 DEADLINE_S = 60.0  # one answer, a whole stream included: a hang detector, far above any normal answer
 RSS_GROWTH_MB = 150  # after warm-up; caches (prefix blocks, compiled shapes) may grow a little
 # Valid data is refused (400) for reasons a schema cannot state: the prompt against the model's context, token
-# ids against its vocabulary, a regex or grammar that does not compile, references within an export. Elsewhere
-# valid data must be accepted.
+# ids against its vocabulary, a regex or grammar that does not compile, references within an export, tools whose
+# names repeat or whose parameters cannot be enforced (a session's settings). Elsewhere valid data must be accepted.
 CONFIG = """
 [[operations]]
-include-path-regex = "^/(v1/((chat/)?completions|embeddings)|api/sessions/import)$"
+include-path-regex = "^/(v1/((chat/)?completions|embeddings)|api/sessions(/import|/[^/]+)?)$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 """
 

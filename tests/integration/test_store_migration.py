@@ -1,6 +1,6 @@
-"""Migrations 0003 (reply branches, search) and 0004 (replicas, leases, PostgreSQL search) on a database made by
-the schema before them: created by Alembic at 0002, filled through plain SQL as that schema's code wrote it, then
-upgraded; on SQLite and on PostgreSQL."""
+"""Migrations 0003 (reply branches, search), 0004 (replicas, leases, PostgreSQL search) and 0005 (tool calls) on a
+database made by the schema before them: created by Alembic at 0002, filled through plain SQL as that schema's code
+wrote it, then upgraded; on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import sqlite3
@@ -121,3 +121,58 @@ async def test_0004_down_and_up_again_keeps_messages_and_search(database_url: st
     finally:
         await store.close()
 
+
+
+async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: str) -> None:
+    """0005's columns hold a reply's calls and a result's call id; rows made at 0004 keep everything (nulls in the
+    new columns), SQLite's FTS5 triggers keep indexing, and the downgrade takes the results away with the columns."""
+    url = database_url
+    command.upgrade(alembic_config(url), "0004")
+    store = Store(url)
+    try:  # the messages as 0004's code wrote them (today's model has the new columns)
+        s = await store.create_session(ME, "Tools", None, {})
+        async with store.engine.begin() as conn:
+            for i, (mid, role, content, status) in enumerate([("m" * 32, "user", "weather in Lisbon?", "complete"),
+                                                              ("r" * 32, "assistant", "", "streaming")]):
+                await conn.execute(text(
+                    "INSERT INTO messages (id, session_id, parent_id, ordinal, position, active, role, content, status,"
+                    " created_at, updated_at) VALUES (:id, :sid, :parent, :i, :i, :active, :role, :content, :status,"
+                    " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"),
+                    {"id": mid, "sid": s["id"], "parent": "m" * 32 if i else None, "i": i, "active": True,
+                     "role": role, "content": content, "status": status})
+    finally:
+        await store.close()
+    branch = [{"id": "m" * 32}, {"id": "r" * 32}]
+    upgrade(url)
+    store = Store(url)
+    calls = [{"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}]
+    try:
+        _, before = await store.get_history(s["id"], ME)  # type: ignore[misc]
+        assert [(m["content"], m["tool_calls"], m["tool_call_id"]) for m in before] == \
+            [("weather in Lisbon?", None, None), ("", None, None)]
+        await store.finish_reply(branch[-1]["id"], content="", status="complete", finish_reason="tool_calls",
+                                 prompt_tokens=9, cached_tokens=0, completion_tokens=12, ttft_ms=None,
+                                 tokens_per_s=None, tool_calls=calls)
+        added = await store.add_tool_result(s["id"], ME, parent_id=branch[-1]["id"], tool_call_id="call_1",
+                                            content="sunny and breezy")
+        assert added is not None and added[1]["parent_id"] == branch[-1]["id"]
+        _, after = await store.get_history(s["id"], ME)  # type: ignore[misc]
+        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in after] == \
+            [("user", None, None), ("assistant", calls, None), ("tool", None, "call_1")]
+        assert [h["message"]["role"] for h in await store.search(ME, "breezy", 10)] == ["tool"]
+        exported = await store.export_session(s["id"], ME)
+        assert [m["tool_call_id"] for m in exported["messages"]] == [None, None, "call_1"]  # type: ignore[index]
+    finally:
+        await store.close()
+    command.downgrade(alembic_config(url), "0004")
+    assert [r[0] for r in await query(url, "SELECT role FROM messages ORDER BY ordinal")] == ["user", "assistant"]
+    if url.startswith("sqlite"):
+        assert {r[1] for r in await query(url, "PRAGMA table_info(messages)")} & {"tool_calls", "tool_call_id"} == set()
+    upgrade(url)
+    store = Store(url)
+    try:
+        _, branch = await store.get_history(s["id"], ME)  # type: ignore[misc]
+        assert [m["tool_calls"] for m in branch] == [None, None]
+    finally:
+        await store.close()
