@@ -375,7 +375,9 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
         if packed and VNNI512:
             a = vzero_tile_of(rows, 16)
             g = 0
-            while g + 4 <= ng:  # four groups a round: their scales in one load and conversion
+            # Tiles under I8_TILE rows (single-row decode) take four groups a round: their scales in one load and
+            # conversion. Full tiles share each group's scales across their rows already and gain nothing.
+            while len(rows) < I8_TILE and g + 4 <= ng:
                 s = base + g * 4
                 sc = quad_scales4_tile(scale, s, xd, xds, g)
                 prefetch(q, s * 16 + PREFETCH_BYTES)
