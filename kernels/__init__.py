@@ -5,13 +5,14 @@ path), NumPy (float32 reference) and CuPy (CUDA kernels).
 
 All offer: asarray, to_numpy, upload, synchronize, begin_step, prepare_linear, prepare_embedding,
 empty_kv_cache (of dtype `kv_dtype`), embedding, rms_norm, add_rms_norm, linear, rope_cos_sin, rope,
-rope_write_kv, silu_mul, argmax_rows, sample_rows, logprob_rows, apply_token_bitmask, write_kv, paged_attention. CuPy adds
-capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
+rope_write_kv, silu_mul, argmax_rows, sample_rows, logprob_rows, apply_token_bitmask, write_kv, paged_attention,
+warm_up. CuPy adds capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
 """
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +56,9 @@ class Backend(Protocol):
     def synchronize(self) -> None: ...
     def begin_step(self, rows: int | None = None) -> None: ...
     def end_step(self, seconds: float) -> None: ...
+    def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Compile (or load from a cache) every kernel the model will run, after its weights are prepared;
+        `progress(i, n, what)` before each of n stages. A no-op where nothing compiles ahead."""
     def prepare_linear(self, w: Weight) -> Any: ...
     def prepare_embedding(self, w: Weight) -> Any: ...
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any) -> Any: ...
@@ -69,7 +73,8 @@ class Backend(Protocol):
     def silu_mul(self, gate_up: Any) -> Any: ...
     def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]: ...
     def sample_rows(self, logits: Any, table: np.ndarray) -> np.ndarray: ...
-    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray,
+                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None: ...
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any: ...
@@ -127,8 +132,9 @@ def get_backend(name: str = "auto", threads: int | None = None, activations: str
     if kind == "numpy":
         backend, what = NumpyBackend(), "numpy (float32 reference)"
     elif kind == "numba":
-        from kernels.numba_backend import NumbaBackend  # imports numba (~0.5 s): only when wanted
+        from kernels.numba_backend import NumbaBackend, configure_process  # imports numba: only when wanted
 
+        configure_process()
         backend = NumbaBackend(threads, activations)
         what = f"numba with {backend.threads} threads" + (", int8 activations" if activations == "q8" else "")
     else:

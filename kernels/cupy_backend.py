@@ -97,6 +97,9 @@ class CupyBackend:
             for name in (k for k, f in KERNELS.items() if f == file):
                 self._kernel(name)
 
+    def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Nothing more to do: `compile_kernels` readies the GPU kernels."""
+
     def _f32(self, a: Any, what: str, aligned: bool = False) -> Any:
         """`a` as contiguous float32; with `aligned`, also starting on a 16-byte boundary (a copy if a contiguous view
         does not): kernels that read it in 16-byte vectors (gemv.cu's float4 loads of x) need that."""

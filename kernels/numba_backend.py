@@ -1,5 +1,6 @@
 """Numba backend: the CPU path. Weights stay quantized (kernels/weight.py) and the hot ops are
-compiled kernels (kernels/numba_*.py); everything else is inherited from the NumPy reference.
+compiled kernels (kernels/numba_*.py); the host ops it shares with the NumPy reference come from
+kernels/host_ops.py.
 
 Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
@@ -24,7 +25,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from kernels import ACTIVATIONS, numba_amx
+from kernels import ACTIVATIONS, host_ops, numba_amx
 from kernels.attention_meta import AttentionMetadata
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
@@ -34,7 +35,7 @@ from kernels.numba_ops import (
     PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
-from kernels.numpy_backend import NumpyBackend, prefill_tile
+from kernels.host_ops import Scratch, prefill_operands, prefill_tile
 from kernels.simd import VNNI512, target_has
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
@@ -67,17 +68,26 @@ BLAS_ATTENTION_ROWS = 64
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
 
-# 'workqueue', numba's fallback layer, aborts the process when two Python threads launch parallel
-# kernels at once (two engines in one process); 'omp' (GNU libgomp, there wherever gcc is) and
-# 'tbb' do not. Takes effect at the first parallel launch.
-numba.config.THREADING_LAYER = "threadsafe"
-# Idle kernel threads spin this many rounds (tens of microseconds) before they sleep: long enough
-# to stay awake across the small serial ops between a step's parallel launches, short enough to
-# sleep between steps. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) made every launch wake a thread
-# (~15 us on a VM, and the launch waits for it): two threads were no faster than one. Spinning is
-# what hurts when another process takes a core; the ThreadTuner then drops to fewer threads.
-# Read by libgomp when the first parallel kernel loads it; a value set by the user wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+
+
+def configure_process() -> None:
+    """The process-wide settings this backend's kernels want, made once before the first backend is
+    built (kernels.get_backend calls it; idempotent). Not an import side effect: importing the module
+    leaves the process as it was."""
+    # 'workqueue', numba's fallback layer, aborts the process when two Python threads launch parallel
+    # kernels at once (two engines in one process); 'omp' (GNU libgomp, there wherever gcc is) and
+    # 'tbb' do not. Takes effect at the first parallel launch.
+    numba.config.THREADING_LAYER = "threadsafe"
+    # Idle kernel threads spin this many rounds (tens of microseconds) before they sleep: long enough
+    # to stay awake across the small serial ops between a step's parallel launches, short enough to
+    # sleep between steps. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) made every launch wake a thread
+    # (and the launch waits for it): two threads were no faster than one. Spinning is what hurts when
+    # another process takes a core; the ThreadTuner then drops to fewer threads.
+    # Read by libgomp when the first parallel kernel loads it; a value set by the user wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+    # This backend's workers call OpenBLAS side by side (panels, prefill attention), one thread each.
+    threadpool_limits(limits=NumbaBackend.blas_threads, user_api="blas")
+
 
 @dataclass(slots=True, weakref_slot=True)
 class Linear:
@@ -93,17 +103,35 @@ class Linear:
         return self.blocked.kind if self.blocked is not None else self.weight.kind
 
 
-class NumbaBackend(NumpyBackend):
+class NumbaBackend:
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
     `activations="q8"` quantizes the activations of decode products to int8 (see
-    kernels/numba_linear.py); the default "f32" keeps them float32."""
+    kernels/numba_linear.py); the default "f32" keeps them float32. Build it through
+    kernels.get_backend, which makes the process-wide settings first (`configure_process`)."""
 
     name = "numba"
+    xp = np
+    kv_dtype = np.float32
+    choice = ""  # get_backend says what it chose and why
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
 
+    # the host ops every CPU backend shares (kernels/host_ops.py)
+    asarray = staticmethod(host_ops.asarray)
+    to_numpy = staticmethod(host_ops.to_numpy)
+    upload = staticmethod(host_ops.upload)
+    synchronize = staticmethod(host_ops.synchronize)
+    empty_kv_cache = staticmethod(host_ops.empty_kv_cache)
+    write_kv = staticmethod(host_ops.write_kv)
+    rope_cos_sin = staticmethod(host_ops.rope_cos_sin)
+    rope = staticmethod(host_ops.rope)
+    argmax_rows = staticmethod(host_ops.argmax_rows)
+    sample_rows = staticmethod(host_ops.sample_rows)
+    logprob_rows = staticmethod(host_ops.logprob_rows)
+    apply_token_bitmask = staticmethod(host_ops.apply_token_bitmask)
+
     def __init__(self, threads: int | None = None, activations: str = "f32") -> None:
-        super().__init__()
+        self._scratch = Scratch()  # the stepping thread's attention scratch
         assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
         self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
@@ -118,8 +146,6 @@ class NumbaBackend(NumpyBackend):
         # instead of a couple, a hundred-odd launches a step).
         numba.set_num_threads(1)
         self._lut: np.ndarray | None = None
-        # Process-wide: this backend's workers call OpenBLAS side by side, one thread each.
-        threadpool_limits(limits=self.blas_threads, user_api="blas")
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
         self._local = threading.local()  # each worker's panel and attention scores scratch
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
@@ -144,6 +170,43 @@ class NumbaBackend(NumpyBackend):
         if self._step_rows is not None:
             self.tuner.record(self._step_rows, self.active_threads, seconds)
             self._step_rows = None
+
+    def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Compile (or load from the on-disk cache) every kernel signature the model uses, with progress.
+
+        Run it after the model's weights are prepared: the blocked kernels compile for the scale dtypes
+        those have (`scale_dtypes`; float32 when none). The arrays mirror the model's dtypes
+        and layouts (tests check that a real forward adds no new compilation after this).
+        """
+        rng = np.random.default_rng(0)
+        # scales that are float16 values, so that either layout can hold them
+        q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), np.full((8, 2), 0.5, np.float32), None, 32)
+        # groups of 16: the float path even with q8 activations
+        q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)
+        with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
+        parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
+        weights = [Linear(w.shape, block_rows(w, half=dtype == np.uint16))
+                   for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str) for w in parts]
+        few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
+        kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
+        qkv = np.ones((2, 24), np.float32)
+        cos, sin = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32)
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("matvec", lambda: [self.linear(few, w) for w in weights]),
+            ("dequantize", lambda: [self.linear(many, w) for w in weights]),
+            ("rms_norm", lambda: (self.rms_norm(few, few[0], 1e-5), self.add_rms_norm(few, few.copy(), few[0], 1e-5))),
+            ("rms_norm (many rows)", lambda: self.add_rms_norm(many, many.copy(), few[0], 1e-5)),
+            ("rope + kv write", lambda: self.rope_write_kv(qkv, cos, sin, 1, 1, kv, kv.copy(), np.array([0, 1]))),
+            ("silu_mul", lambda: self.silu_mul(few)),
+            ("attention", lambda: [kernel(
+                np.ones((2, 1, 8), np.float32), kv, kv, np.array([0, 2]), np.array([2]), np.zeros((1, 1), np.int32),
+                np.float32(1.0), np.empty((2, 1, 8), np.float32))
+                for kernel in (paged_attention_kernel, paged_attention_serial)]),
+        ]
+        for i, (name, run) in enumerate(steps, 1):
+            if progress:
+                progress(i, len(steps), name)
+            run()
 
     # ---- weights ---------------------------------------------------------------
     def prepare_linear(self, w: Weight) -> Linear:
@@ -191,7 +254,8 @@ class NumbaBackend(NumpyBackend):
         rms_norm_serial(x, weight, eps, out)
         return out
 
-    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray,
+                     eps: float) -> tuple[np.ndarray, np.ndarray]:
         """In place on `residual` (residual += x), which the caller owns; returns (norm, residual)."""
         out = np.empty_like(x)
         fn = add_rms_norm_serial if x.shape[0] < PARALLEL_ROWS else add_rms_norm_parallel
@@ -265,7 +329,8 @@ class NumbaBackend(NumpyBackend):
         silu_mul_kernel(gate_up, out)
         return out
 
-    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float) -> np.ndarray:
+    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
+                        scale: float) -> np.ndarray:
         if meta.plan is None:  # validate and size once per step; every layer reuses it
             meta.plan = self._attention_plan(q.shape, k_cache.shape, meta)
         tables, ctx, qs, kernel, long, short = meta.plan
@@ -285,7 +350,7 @@ class NumbaBackend(NumpyBackend):
         """The step's sequences: those with at least BLAS_ATTENTION_ROWS new rows (`long`: tiles of
         BLAS products in the workers), the others for the compiled kernel (`short`: None when that is
         every sequence, else their rows and their own query starts, contexts and tables)."""
-        tables, ctx, qs = self._plan(q_shape, cache_shape, meta)[:3]
+        tables, ctx, qs = host_ops.attention_plan(q_shape, cache_shape, meta)[:3]
         q_lens = np.diff(qs)
         dots = int(np.dot(q_lens, ctx)) * q_shape[1]
         kernel = paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
@@ -301,7 +366,7 @@ class NumbaBackend(NumpyBackend):
     def _blas_prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
         """One long prefill's attention: the NumPy reference's tiles of BLAS products, handed out to the
         workers largest first (a causal tile's cost grows with its last row)."""
-        ops = self._prefill_operands(q, k_cache, v_cache, table, c, r0, r1, scale)
+        ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)
         n = r1 - r0
         spans = [(i0, min(n, i0 + BLAS_ATTENTION_ROWS)) for i0 in range(0, n, BLAS_ATTENTION_ROWS)][::-1]
 
@@ -321,37 +386,5 @@ class NumbaBackend(NumpyBackend):
 
 
 def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | None = None) -> None:
-    """Compile (or load from the on-disk cache) every kernel signature the model uses, with progress.
-
-    Run it after the model's weights are prepared: the blocked kernels compile for the scale dtypes
-    those have (`backend.scale_dtypes`; float32 when none). The arrays mirror the model's dtypes
-    and layouts (tests check that a real forward adds no new compilation after this).
-    """
-    rng = np.random.default_rng(0)
-    # scales that are float16 values, so that either layout can hold them
-    q8 = Weight("q8", rng.integers(-8, 8, (8, 64), dtype=np.int8), np.full((8, 2), 0.5, np.float32), None, 32)
-    q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)  # float path even with q8 activations
-    with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
-    parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
-    weights = [Linear(w.shape, block_rows(w, half=dtype == np.uint16))
-               for dtype in sorted(backend.scale_dtypes or {np.dtype(np.float32)}, key=str) for w in parts]
-    few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
-    kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
-    qkv = np.ones((2, 24), np.float32)
-    cos, sin = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32)
-    steps: list[tuple[str, Callable[[], Any]]] = [
-        ("matvec", lambda: [backend.linear(few, w) for w in weights]),
-        ("dequantize", lambda: [backend.linear(many, w) for w in weights]),
-        ("rms_norm", lambda: (backend.rms_norm(few, few[0], 1e-5), backend.add_rms_norm(few, few.copy(), few[0], 1e-5))),
-        ("rms_norm (many rows)", lambda: backend.add_rms_norm(many, many.copy(), few[0], 1e-5)),
-        ("rope + kv write", lambda: backend.rope_write_kv(qkv, cos, sin, 1, 1, kv, kv.copy(), np.array([0, 1]))),
-        ("silu_mul", lambda: backend.silu_mul(few)),
-        ("attention", lambda: [kernel(
-            np.ones((2, 1, 8), np.float32), kv, kv, np.array([0, 2]), np.array([2]), np.zeros((1, 1), np.int32),
-            np.float32(1.0), np.empty((2, 1, 8), np.float32)) for kernel in (paged_attention_kernel, paged_attention_serial)]),
-    ]
-    for i, (name, run) in enumerate(steps, 1):
-        if progress:
-            progress(i, len(steps), name)
-        run()
-
+    """`backend.warm_up(progress)`, for callers that have not moved to the method yet."""
+    backend.warm_up(progress)

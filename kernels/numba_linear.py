@@ -55,10 +55,11 @@ from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
 from kernels.simd import (LANES, VNNI512, f32_at, f32x4_at, fold4, hsum, hsum_halves, hsum_quarters, pair_scales,
-                          prefetch, q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8_tile, q4_quad_i8_tile, q4_quad_split_tile,
-                          q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32, q8_dot32_i8_tile,
-                          q8_dot32_tile, quad_scales, scale_acc_tile, splat_at, tile_offsets, vfma, vfma_s, vload,
-                          vzero, vzero_tile, vzero_tile_of)
+                          prefetch, q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8_tile, q4_quad_i8_tile,
+                          q4_quad_split_tile, q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32,
+                          q8_dot32_i8_tile, q8_dot32_tile, quad_scales, quad_scales4_tile, scale_acc_tile,
+                          scale_quad_acc_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero_tile,
+                          vzero_tile_of)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -373,10 +374,26 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
         base = blk * ng * 4
         if packed and VNNI512:
             a = vzero_tile_of(rows, 16)
-            for g in range(ng):
+            g = 0
+            # Tiles under I8_TILE rows (single-row decode) take four groups a round: their scales in one load and
+            # conversion. Full tiles share each group's scales across their rows already and gain nothing.
+            while len(rows) < I8_TILE and g + 4 <= ng:
+                s = base + g * 4
+                sc = quad_scales4_tile(scale, s, xd, xds, g)
+                prefetch(q, s * 16 + PREFETCH_BYTES)
+                a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16, xq, g * 32, rows), sc, 0, a)
+                prefetch(q, s * 16 + 64 + PREFETCH_BYTES)
+                a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 64, xq, g * 32 + 32, rows), sc, 1, a)
+                prefetch(q, s * 16 + 128 + PREFETCH_BYTES)
+                a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 128, xq, g * 32 + 64, rows), sc, 2, a)
+                prefetch(q, s * 16 + 192 + PREFETCH_BYTES)
+                a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 192, xq, g * 32 + 96, rows), sc, 3, a)
+                g += 4
+            while g < ng:
                 s = base + g * 4
                 prefetch(q, s * 16 + PREFETCH_BYTES)
                 a = scale_acc_tile(q4_quad_i8_tile(q, s * 16, xq, g * 32, rows), quad_scales(scale, s), xd, xds, g, a)
+                g += 1
             for i in range(len(ts)):
                 y0, y1, y2, y3 = hsum_quarters(a[i])
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)

@@ -419,6 +419,56 @@ def scale_acc_tile(typingctx, ints, w, xd, offs, g, accs):
 
 
 @intrinsic
+def quad_scales4_tile(typingctx, scale, si, xd, offs, g):
+    """Four groups' scales at once, for each row i of a tile: scale[si : si + 16] (a block's four rows'
+    scales of groups g .. g + 3, lane 4k + r group g + k's row r) times row i's activation scales, lanes 4k ..
+    4k + 3 times xd[offs[i] + g + k]. One load and conversion for four groups; `scale_quad_acc_tile` takes
+    group k's lanes. The products are `quad_scales` times the activation scale, bit for bit."""
+    if not (_reads_as_f32(scale) and isinstance(offs, types.UniTuple)):
+        return None
+    _check_flat(xd)
+    if xd.dtype != types.float32:
+        return None
+    ret = types.UniTuple(F32x16, offs.count)
+
+    def codegen(context, builder, sig, args):
+        sa, si_, xa, offs_, g_ = args
+        w16 = _load_f32(builder, _flat_ptr(context, builder, scale, sa, si_), scale.dtype, 16)
+        spread = ir.Constant(ir.VectorType(_i32, 16), [j // 4 for j in range(16)])
+        outs = []
+        for i in range(offs.count):
+            at = builder.add(context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
+                             context.cast(builder, g_, g, types.intp))
+            x4 = _load_f32(builder, _flat_ptr(context, builder, xd, xa, at), xd.dtype, 4)
+            outs.append(builder.fmul(w16, builder.shuffle_vector(x4, x4, spread)))
+        return context.make_tuple(builder, ret, outs)
+
+    return ret(scale, si, xd, offs, g), codegen
+
+
+@intrinsic
+def scale_quad_acc_tile(typingctx, ints, sc, k, accs):
+    """accs[i] + ints[i] * group k's scales of sc[i] (`quad_scales4_tile`), lanes 4r .. 4r + 3 times
+    sc[i][4k + r]: `scale_acc_tile` with the scales of four groups made at once (k a constant, 0 .. 3)."""
+    if not (isinstance(ints, types.UniTuple) and ints.dtype == F32x16 and accs == ints and sc == ints
+            and isinstance(k, types.IntegerLiteral) and 0 <= k.literal_value < 4):
+        return None
+    kk = k.literal_value
+
+    def codegen(context, builder, sig, args):
+        ints_, sc_, _, accs_ = args
+        pick = ir.Constant(ir.VectorType(_i32, 16), [4 * kk + j // 4 for j in range(16)])
+        outs = []
+        for i in range(ints.count):
+            v = builder.extract_value(sc_, i)
+            outs.append(_fmuladd(builder, builder.extract_value(ints_, i), builder.shuffle_vector(v, v, pick),
+                                 builder.extract_value(accs_, i)))
+        return context.make_tuple(builder, sig.return_type, outs)
+
+    return accs(ints, sc, k, accs), codegen
+
+
+@intrinsic
 def hsum_quarters(typingctx, v):
     """(sum of lanes 0-3, 4-7, 8-11, 12-15) of an F32x16 (float32)."""
     if v != F32x16:

@@ -113,6 +113,7 @@ def main() -> None:
     p.add_argument("--per-row", action="store_true", help="a T-row product's cost relative to T one-row products")
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPE_SETS))
     args = p.parse_args()
+    numba_backend.configure_process()  # as kernels.get_backend does before building the backend
     global SHAPES
     SHAPES = SHAPE_SETS[args.shape]
     rng = np.random.default_rng(0)

@@ -357,6 +357,25 @@ def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activatio
 
 
 @pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("case", ["q4", "q4 min"])
+def test_int8_q4_products_over_group_counts_around_four_group_rounds(rng, case, scales):
+    # The q4 int8 kernel takes a block's groups four at a time (their scales in one vector) and the
+    # groups left over one at a time: every group count from one round minus one to two rounds plus
+    # one, and row tiles with and without a remainder, each scale in its own group's lanes.
+    be = NumbaBackend(threads=2, activations="q8")
+    for ng in (3, 4, 5, 7, 8, 9, 18):
+        k = 32 * ng
+        w = blocked_case(case, 13, k, rng, scales)
+        lin = be.prepare_linear(w)
+        x = random_activations(rng, 6, k)
+        want = int8_model(x, w)
+        for rows in (1, 4, 5, 6):
+            got = be.linear(x[:rows], lin)
+            scale = np.abs(want[:rows]).max()
+            np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"groups {ng} T{rows}")
+
+
+@pytest.mark.parametrize("scales", SCALES)
 def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng, scales):
     for case in BLOCKED_CASES:
         w = blocked_case(case, 7, 64, rng, scales)
