@@ -163,7 +163,7 @@ class Engine:
         t1 = time.perf_counter()
         # After the weights: the kernels compile for their scale dtypes (a no-op where nothing compiles).
         where = {"numba": "CPU ", "cupy": "GPU "}.get(be.name, "")
-        _warm_up(be, lambda i, n, what: say(f"compiling {where}kernels {i}/{n} ({what}) ..."))
+        be.warm_up(lambda i, n, what: say(f"compiling {where}kernels {i}/{n} ({what}) ..."))
         if where:
             say(f"{where}kernels ready in {time.perf_counter() - t1:.1f}s")
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
@@ -430,19 +430,6 @@ class Engine:
         for request_id in [r for r, s in self._routes.items() if s.loop is loop]:
             self._routes.pop(request_id, None)
             self.core.abort(request_id)
-
-
-def _warm_up(be: Any, progress: Callable[[int, int, str], None]) -> None:
-    """`be.warm_up(progress)`; backends from before the interface had the method are warmed the old way."""
-    warm_up = getattr(be, "warm_up", None)
-    if warm_up is not None:
-        warm_up(progress)
-    elif be.name == "numba":
-        from kernels.numba_backend import warm_up as numba_warm_up
-
-        numba_warm_up(be, progress)
-    elif be.name == "cupy":
-        be.compile_kernels(progress)
 
 
 def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:

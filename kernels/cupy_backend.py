@@ -98,7 +98,8 @@ class CupyBackend:
                 self._kernel(name)
 
     def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
-        """Nothing more to do: `compile_kernels` readies the GPU kernels."""
+        """Compile every CUDA source now, so the first request does not wait on NVRTC."""
+        self.compile_kernels(progress)
 
     def _f32(self, a: Any, what: str, aligned: bool = False) -> Any:
         """`a` as contiguous float32; with `aligned`, also starting on a 16-byte boundary (a copy if a contiguous view

@@ -383,8 +383,3 @@ class NumbaBackend:
                 run(span)
         else:
             list(self._pool.map(run, spans))
-
-
-def warm_up(backend: NumbaBackend, progress: Callable[[int, int, str], None] | None = None) -> None:
-    """`backend.warm_up(progress)`, for callers that have not moved to the method yet."""
-    backend.warm_up(progress)

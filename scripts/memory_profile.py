@@ -84,10 +84,7 @@ def main() -> None:
         state["be"] = get_backend("auto")
 
     def kernels() -> None:
-        if state["be"].name == "numba":
-            from kernels.numba_backend import warm_up
-
-            warm_up(state["be"])
+        state["be"].warm_up()
 
     def prepare() -> None:
         from engine.model.llama import LlamaModel

@@ -225,9 +225,9 @@ def test_a_failed_capture_leaves_that_bucket_eager(cp, gpu, rng):
     assert graphs.run([5] * 6, [0] * 6, [[0]] * 6) is None
 
 
-def test_compile_kernels_builds_every_source_up_front(gpu):
+def test_warm_up_compiles_every_source_up_front(gpu):
     seen = []
-    gpu.compile_kernels(lambda i, n, file: seen.append((i, n, file)))
+    gpu.warm_up(lambda i, n, file: seen.append((i, n, file)))
     files = sorted(set(KERNELS.values()))
     assert seen == [(i, len(files), f) for i, f in enumerate(files, 1)]
     assert set(gpu._functions) == set(KERNELS)

@@ -46,9 +46,7 @@ def test_numpy_warm_up_is_a_no_op_that_reports_nothing():
     assert seen == []
 
 
-def test_numba_warm_up_reports_each_stage_in_order_and_the_alias_does_the_same():
-    from kernels.numba_backend import warm_up
-
+def test_numba_warm_up_reports_each_stage_in_order_and_again_the_same():
     be = NumbaBackend(threads=1)
     seen: list[tuple[int, int, str]] = []
     be.warm_up(lambda i, n, what: seen.append((i, n, what)))
@@ -56,7 +54,7 @@ def test_numba_warm_up_reports_each_stage_in_order_and_the_alias_does_the_same()
     assert n >= 5 and [s[0] for s in seen] == list(range(1, n + 1)) and {s[1] for s in seen} == {n}
     assert all(isinstance(s[2], str) and s[2] for s in seen)
     again: list[tuple[int, int, str]] = []
-    warm_up(be, lambda i, n, what: again.append((i, n, what)))
+    be.warm_up(lambda i, n, what: again.append((i, n, what)))
     assert again == seen
     be.warm_up()  # no progress callback
 
