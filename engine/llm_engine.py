@@ -71,7 +71,9 @@ class LLMEngine:
         self.runner = ModelRunner(loaded, model, num_blocks, bs, self.config.max_num_seqs, self.config.cuda_graphs)
         self.blocks = BlockManager(num_blocks, bs)
         if self.config.kv_spill_size:
-            self.blocks.spill = self._spill_tier()
+            if not self.config.kv_spill_dir:
+                raise ValueError("kv_spill_size is set but kv_spill_dir is not")
+            self.blocks.spill = self.spill_tier(self.config.kv_spill_dir, self.config.kv_spill_size)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens, self.config.max_waiting),
             self.blocks,
@@ -86,17 +88,16 @@ class LLMEngine:
         self._groups = RequestGroups()
         self._seq_ids = itertools.count()
 
-    def _spill_tier(self) -> KVSpill:
-        """The spill tier in `kv_spill_dir`, its files named for this model, backend and KV layout."""
+    def spill_tier(self, directory: str, capacity: int) -> KVSpill:
+        """A spill tier for this engine's blocks in `directory` (files named for this model, backend and KV
+        layout), at most `capacity` bytes. ValueError when no block file fits or the folder is unusable."""
         c, be, m = self.loaded.config, self.backend, self.loaded
         kv_dtype = np.dtype(be.kv_dtype)
         shape = (2 * c.num_layers, self.config.block_size, c.num_kv_heads, c.head_dim)
         size = file_size(self.config.block_size, int(np.prod(shape)) * kv_dtype.itemsize)
-        if not self.config.kv_spill_dir:
-            raise ValueError("kv_spill_size is set but kv_spill_dir is not")
-        if self.config.kv_spill_size < size:
-            raise ValueError(f"kv_spill_size {self.config.kv_spill_size} bytes holds no block file ({size} bytes "
-                             f"each for this model); 0 turns the spill tier off")
+        if capacity < size:
+            raise ValueError(f"kv_spill_size {capacity} bytes holds no block file ({size} bytes each for this "
+                             f"model); 0 turns the spill tier off")
         try:
             file_bytes = os.path.getsize(m.path) if os.path.isfile(m.path) else 0
         except OSError:
@@ -105,10 +106,9 @@ class LLMEngine:
             m.name, os.path.basename(m.path), file_bytes, c.arch, m.quant, self.model.weight_bytes, be.name,
             getattr(be, "activations", "f32"), kv_dtype.str, shape))
         try:
-            return KVSpill(self.config.kv_spill_dir, self.config.kv_spill_size, layout, shape, kv_dtype,
-                           self.runner.read_block, self.runner.write_block)
+            return KVSpill(directory, capacity, layout, shape, kv_dtype, self.runner.read_block, self.runner.write_block)
         except OSError as exc:
-            raise ValueError(f"kv_spill_dir {self.config.kv_spill_dir!r} is not a usable folder: {exc}") from None
+            raise ValueError(f"kv_spill_dir {directory!r} is not a usable folder: {exc}") from None
 
     def close(self, timeout: float | None = None) -> None:
         """The step loop has stopped: the cached blocks go to the spill tier (a restart warms from them), its writes

@@ -151,3 +151,19 @@ def test_bad_spill_flags_get_a_clear_cli_error(capsys):
         err = capsys.readouterr().err
         assert exit_.value.code == 2, err
         assert f"forge {args[0]}: error:" in err and "as a size" in err and "Traceback" not in err
+
+
+def test_the_server_reports_its_spill_tier(server):
+    """The served engine has a spill tier by default, beside its SQLite file; /metrics and the admin feed carry
+    its counters."""
+    import httpx
+
+    from tests.integration.conftest import ADMIN_TOKEN
+
+    assert (server.db_path.parent / "kv-spill").is_dir()
+    engine = server.stats()["engine"]
+    assert engine["kv_spill_enabled"] is True and engine["kv_spill_capacity_bytes"] == 2 << 30
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10).text
+    for name in ("forge_kv_spill_files", "forge_kv_spill_hit_rate", "forge_kv_spilled_blocks_total",
+                 "forge_kv_restored_bytes_total", "forge_kv_spill_restore_seconds_total"):
+        assert f"\n{name} " in text, name
