@@ -14,6 +14,7 @@ walk that runs out of cached blocks goes on in the tier, reading blocks back int
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -181,9 +182,9 @@ class BlockManager:
             if self.blocks[bid].ref_count == 0:
                 self.free.move_to_end(bid, last=False)
 
-    def spill_cached(self) -> None:
-        """Hand the cached blocks to the spill tier, least recently used first, as many as its budget holds (at
-        shutdown: a restart then warms from disk, the heads of conversations included)."""
+    def spill_cached(self, deadline: float | None = None) -> None:
+        """Hand the cached blocks to the spill tier, least recently used first, as many as its budget holds, until
+        `deadline` (time.monotonic) passes (at shutdown: a restart then warms from disk, conversations' heads too)."""
         if self.spill is None:
             return
         idle = [bid for bid in self.free if self.blocks[bid].digest is not None]
@@ -191,6 +192,8 @@ class BlockManager:
         order = idle + busy
         fits = self.spill.capacity // max(1, self.spill.payload_bytes)
         for bid in order[-fits:] if fits else []:
+            if deadline is not None and time.monotonic() > deadline:
+                break
             block = self.blocks[bid]
             self.spill.offer(block.digest, block.tokens, bid, wait=True)
 

@@ -39,6 +39,7 @@ class SpillStats:
     lookups: int = 0  # blocks missing from memory looked up here
     discarded: int = 0  # files refused on reading (corrupt, truncated, another block): recomputed instead
     dropped: int = 0  # evicted blocks not spilled because the writer was behind
+    write_errors: int = 0
     restore_s: float = 0.0
 
 
@@ -164,8 +165,8 @@ class KVSpill:
                 if digest is None:
                     return
                 self._write(digest)
-            except Exception:  # a full disk or a bad folder costs the spill, never the engine
-                log.exception("KV spill write failed")
+            except Exception:  # a bug here must not stop the writer: flush() would wait forever
+                log.exception("KV spill writer failed")
             finally:
                 self._queue.task_done()
 
@@ -174,23 +175,30 @@ class KVSpill:
             tokens, data = self._pending[digest]
         path = self._path(digest)
         size = fmt.file_size(len(tokens), self.payload_bytes)
-        try:
-            if size <= self.capacity:
-                tmp = path.with_suffix(".tmp")
+        written = False
+        if size <= self.capacity:
+            tmp = path.with_suffix(".tmp")
+            try:
+                payload = memoryview(np.ascontiguousarray(data)).cast("B")
                 with open(tmp, "wb") as f:
-                    for part in fmt.encode(self.layout, digest, tokens, memoryview(np.ascontiguousarray(data)).cast("B")):
+                    for part in fmt.encode(self.layout, digest, tokens, payload):
                         f.write(part)
                 os.replace(tmp, path)
-        finally:
-            with self._lock:
-                self._pending.pop(digest, None)
-                self._pending_bytes -= self.payload_bytes
-                if size <= self.capacity:
-                    self._index[digest] = size
-                    self._bytes += size
-                    self.stats.spilled_blocks += 1
-                    self.stats.spilled_bytes += size
-                victims = self._over_budget()
+                written = True
+            except OSError as exc:  # a full disk or a bad folder costs the spill, never the engine
+                tmp.unlink(missing_ok=True)
+                self.stats.write_errors += 1
+                if self.stats.write_errors % 1000 == 1:
+                    log.warning("KV spill write failed (%d so far): %s", self.stats.write_errors, exc)
+        with self._lock:
+            self._pending.pop(digest, None)
+            self._pending_bytes -= self.payload_bytes
+            if written:
+                self._index[digest] = size
+                self._bytes += size
+                self.stats.spilled_blocks += 1
+                self.stats.spilled_bytes += size
+            victims = self._over_budget()
         for victim in victims:
             self._path(victim).unlink(missing_ok=True)
 
@@ -256,4 +264,5 @@ class KVSpill:
             "kv_spill_restore_seconds": s.restore_s,
             "kv_spill_discarded": s.discarded,
             "kv_spill_dropped": s.dropped,
+            "kv_spill_write_errors": s.write_errors,
         }

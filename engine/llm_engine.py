@@ -106,7 +106,8 @@ class LLMEngine:
             m.name, os.path.basename(m.path), file_bytes, c.arch, m.quant, self.model.weight_bytes, be.name,
             getattr(be, "activations", "f32"), kv_dtype.str, shape))
         try:
-            return KVSpill(directory, capacity, layout, shape, kv_dtype, self.runner.read_block, self.runner.write_block)
+            return KVSpill(directory, capacity, layout, shape, kv_dtype, self.runner.read_block,
+                           self.runner.write_block)
         except OSError as exc:
             raise ValueError(f"kv_spill_dir {directory!r} is not a usable folder: {exc}") from None
 
@@ -114,8 +115,9 @@ class LLMEngine:
         """The step loop has stopped: the cached blocks go to the spill tier (a restart warms from them), its writes
         finish (within `timeout` seconds)."""
         if self.blocks.spill is not None:
-            self.blocks.spill_cached()
-            self.blocks.spill.close(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.blocks.spill_cached(deadline)
+            self.blocks.spill.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, req: GenerationRequest, arrival: float | None = None) -> None:
