@@ -201,7 +201,7 @@ async def _resume(engine: Engine, repeats: int) -> dict:
                     {"role": "assistant", "content": _text(140, turn + 50)}]
     core = engine.core  # the engine is idle between requests: its spill tier can be swapped
     own = core.blocks.spill
-    times: dict[str, list[float]] = {"recompute": [], "cached": [], "spilled": []}
+    times: dict[str, list[float]] = {"recompute": [], "cached": [], "spilled": [], "restore": []}
     restored = 0
     question = iter(range(10_000))
 
@@ -222,15 +222,17 @@ async def _resume(engine: Engine, repeats: int) -> dict:
                 times["cached"].append((await next_turn())[0])  # the conversation's blocks in memory
                 core.blocks.spill = tier
                 await engine.reset_prefix_cache(spill=True)  # evicted: every cached block to the tier
-                before = tier.stats.restored_blocks
+                before, spent = tier.stats.restored_blocks, tier.stats.restore_s
                 times["spilled"].append((await next_turn())[0])
                 restored = tier.stats.restored_blocks - before
+                times["restore"].append((tier.stats.restore_s - spent) * 1000)
         finally:
             core.blocks.spill = own
             tier.close()
         await engine.reset_prefix_cache()
     result = {k: statistics.median(v) for k, v in times.items()}
-    return {"ttft_ms": result, "prompt_tokens": prompt_len, "restored_blocks": restored,
+    restore_ms = result.pop("restore")
+    return {"ttft_ms": result, "prompt_tokens": prompt_len, "restored_blocks": restored, "restore_ms": restore_ms,
             "spilled_over_recompute": result["spilled"] / result["recompute"]}
 
 
