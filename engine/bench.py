@@ -194,8 +194,11 @@ async def _resume(engine: Engine, repeats: int) -> dict:
     """TTFT of a ~2,000-token conversation's next turn (a new question, one token out) with the conversation's KV
     in memory (`cached`), evicted to a spill tier in a temporary folder (`spilled`), and evicted with no spill
     tier (`recompute`); the median of `repeats` rounds, each question new (its own blocks are never reused)."""
+    info = engine.model_info
+    # A small model or KV budget (the GPU check's tiny dry run) gets a shorter conversation, never a refusal.
+    target = min(RESUME_TOKENS, engine.max_context // 2, info["kv_blocks"] * info["kv_block_size"] // 2)
     history: list[dict] = []
-    while len(engine.render_chat(history or [{"role": "user", "content": ""}])) < RESUME_TOKENS:
+    while len(engine.render_chat(history or [{"role": "user", "content": ""}])) < target:
         turn = len(history) // 2
         history += [{"role": "user", "content": f"Question {turn}: " + _text(60, turn)},
                     {"role": "assistant", "content": _text(140, turn + 50)}]
