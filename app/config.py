@@ -181,7 +181,8 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
                    help="folder for evicted KV blocks, read back instead of recomputed (serve: beside the SQLite "
                         "database, else ./data/kv-spill)")
     p.add_argument("--kv-spill-size", default=None,
-                   help="disk budget of the KV spill folder, e.g. 2GiB; 0: off (default: 2GiB for serve, 0 otherwise)")
+                   help="disk budget of the KV spill folder, e.g. 2GiB; 0: off (default: 2GiB for serve or with "
+                        "--kv-spill-dir, else off)")
 
 
 def serve_flags(p: argparse.ArgumentParser) -> None:

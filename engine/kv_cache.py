@@ -218,7 +218,8 @@ class BlockManager:
 
     def _restore(self, token_ids: list[int], matched: list[int]) -> list[int]:
         """Go on with the prefix walk past the cached blocks `matched` (taken) in the spill tier: each block found
-        there is read into a fresh block (taken, cached). Stops at the first block absent or refused."""
+        there is read into a fresh block (taken, cached); one back in memory after a gap is shared. Stops at the
+        first block found nowhere, or refused."""
         assert self.spill is not None
         bs = self.block_size
         last = self.blocks[matched[-1]] if matched else None
@@ -226,19 +227,22 @@ class BlockManager:
         restored: list[int] = []
         for start in range(len(matched) * bs, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
             tokens = tuple(token_ids[start : start + bs])
-            digest = block_digest(digest, tokens)
-            if not self.free or not self.spill.find(digest):
-                break
-            bid = self._fresh()
-            block = self.blocks[bid]
-            if not self.spill.restore(digest, tokens, bid):
-                block.ref_count = 0
-                self.free[bid] = None
-                self.free.move_to_end(bid, last=False)
-                break
-            key = block_key(parent, tokens)
-            block.key, block.parent_key, block.tokens, block.digest = key, parent, tokens, digest
-            self.cached.setdefault(key, bid)
+            key, digest = block_key(parent, tokens), block_digest(digest, tokens)
+            bid = self.cached.get(key)
+            if bid is not None and self.blocks[bid].digest == digest:  # in memory after a gap: shared as usual
+                self._take(bid)
+            else:
+                if not self.free or not self.spill.find(digest):
+                    break
+                bid = self._fresh()
+                block = self.blocks[bid]
+                if not self.spill.restore(digest, tokens, bid):
+                    block.ref_count = 0
+                    self.free[bid] = None
+                    self.free.move_to_end(bid, last=False)
+                    break
+                block.key, block.parent_key, block.tokens, block.digest = key, parent, tokens, digest
+                self.cached.setdefault(key, bid)
             restored.append(bid)
             parent = key
         return restored

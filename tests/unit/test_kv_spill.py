@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from engine import kv_spill_file as fmt
+from engine.kv_cache import BlockManager
 from engine.kv_spill import KVSpill
 
 SHAPE = (4, 2, 1, 8)  # [2 * layers, block_size, kv_heads, head_dim]
@@ -109,3 +111,38 @@ def test_the_budget_keeps_the_most_recently_used_and_a_restart_rebuilds_the_inde
         assert other.dir != spill.dir and other.num_files == 0 and not other.restore(*blocks[4], 6)
     finally:
         other.close()
+
+
+def computed(bm, cache: FakeCache, tokens: list[int]) -> SimpleNamespace:
+    """A sequence admitted, its blocks 'computed' (fresh values written) and committed; still holding them."""
+    seq = SimpleNamespace(token_ids=tokens, pooled=None, block_table=[], num_computed=0)
+    cached = bm.admit(seq)
+    assert bm.reserve(seq, len(tokens) - cached)
+    for bid in seq.block_table[cached // bm.block_size :]:
+        cache.data[bid] = np.random.default_rng(bid + len(tokens)).standard_normal(SHAPE)
+    seq.num_computed = len(tokens)
+    bm.commit(seq)
+    return seq
+
+
+def test_the_prefix_walk_reads_evicted_blocks_back_and_shares_those_still_in_memory(tmp_path):
+    cache = FakeCache(8)
+    bm = BlockManager(8, 2)
+    bm.spill = tier(tmp_path, cache)
+    try:
+        a = computed(bm, cache, list(range(11)))  # 5 full blocks + 1 partial
+        table = list(a.block_table)
+        want = {i: cache.data[bid].copy() for i, bid in enumerate(table[:5])}
+        bm.release(a)
+        bm.free.move_to_end(table[2], last=False)  # the chain's middle block is the next to go: a gap
+        b = computed(bm, cache, [100, 101, 102])  # takes two fresh blocks: evicts the middle one
+        assert bm.stats.evictions == 1 and table[2] in b.block_table
+        bm.release(b)
+        again = SimpleNamespace(token_ids=list(range(13)), pooled=None, block_table=[], num_computed=0)
+        assert bm.admit(again) == 10  # five blocks: two in memory, one read back, two in memory after the gap
+        assert again.block_table[:2] == table[:2] and again.block_table[3:5] == table[3:5]
+        assert bm.spill.stats.restored_blocks == 1
+        for i, bid in enumerate(again.block_table[:5]):
+            assert np.array_equal(cache.data[bid], want[i]), i
+    finally:
+        bm.spill.close()
