@@ -6,10 +6,12 @@ layout, so another model's or backend's files are never read. The step thread on
 evicted block (`offer`); a writer thread writes it (temp file + rename) and keeps the folder within its byte budget,
 least recently used first. `restore` runs on the step thread: cheaper than the prefill it replaces. A block still
 waiting for the writer is restored from its copy. The index is rebuilt from the folder at start (ordered by
-modification time, which a restore refreshes), so files survive a restart; one process per folder.
+modification time, which a restore refreshes), so files survive a restart. Processes sharing a folder (replicas on
+one machine) share its files, every read checked as always, but each counts the budget for the files it knows.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -28,6 +30,7 @@ from engine import kv_spill_file as fmt
 log = logging.getLogger("forge.engine")
 
 MAX_PENDING_BYTES = 256 << 20  # copies waiting for the writer; past this, evicted blocks are dropped, not queued
+STALE_TMP_S = 3600.0  # a temp file this old is an interrupted write's leftover
 
 
 @dataclass(slots=True)
@@ -144,10 +147,8 @@ class KVSpill:
         with self._lock:
             if digest in self._index:
                 self._index.move_to_end(digest)
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # the order the index is rebuilt in after a restart
-        except OSError:
-            pass
         return np.frombuffer(payload, dtype=self.dtype).reshape(self.shape)
 
     def _drop(self, digest: bytes, path: Path) -> None:
@@ -177,7 +178,7 @@ class KVSpill:
         size = fmt.file_size(len(tokens), self.payload_bytes)
         written = False
         if size <= self.capacity:
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_name(f"{digest.hex()}.{os.getpid()}.tmp")  # replicas may share a folder
             try:
                 payload = memoryview(np.ascontiguousarray(data)).cast("B")
                 with open(tmp, "wb") as f:
@@ -214,10 +215,12 @@ class KVSpill:
     # ---- life ----------------------------------------------------------------------
     def _rebuild(self) -> None:
         """The index from the folder: files by modification time; leftovers of an interrupted write removed."""
-        found = []
+        found, now = [], time.time()
         for entry in os.scandir(self.dir):
             if entry.name.endswith(".tmp"):
-                Path(entry.path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # another live process's write is younger than this
+                    if now - entry.stat().st_mtime > STALE_TMP_S:
+                        Path(entry.path).unlink(missing_ok=True)
                 continue
             stem, _, suffix = entry.name.partition(".")
             if "." + suffix != fmt.SUFFIX or len(stem) != 32:

@@ -1,6 +1,7 @@
 """The spill tier without a model: the block file's checks, the writer, the LRU budget, the index rebuilt at start."""
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -99,9 +100,11 @@ def test_the_budget_keeps_the_most_recently_used_and_a_restart_rebuilds_the_inde
     finally:
         spill.close()
     (spill.dir / "leftover.tmp").write_bytes(b"half a write")
+    os.utime(spill.dir / "leftover.tmp", (time.time() - 7200, time.time() - 7200))  # an interrupted write's
+    (spill.dir / "live.tmp").write_bytes(b"another process writing")
     again = tier(tmp_path, cache, capacity=2 * one)  # a smaller budget at the next start
     try:
-        assert again.num_files == 2 and not (again.dir / "leftover.tmp").exists()
+        assert again.num_files == 2 and not (again.dir / "leftover.tmp").exists() and (again.dir / "live.tmp").exists()
         assert blocks[0][0] not in again and again.restore(*blocks[4], 6)
         assert np.array_equal(cache.data[6], cache.data[4])
     finally:
