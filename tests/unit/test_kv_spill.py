@@ -149,3 +149,23 @@ def test_the_prefix_walk_reads_evicted_blocks_back_and_shares_those_still_in_mem
             assert np.array_equal(cache.data[bid], want[i]), i
     finally:
         bm.spill.close()
+
+
+def test_the_model_runner_copies_a_block_out_of_and_back_into_a_gpu_kv_cache(monkeypatch):
+    """read_block / write_block on the CuPy backend's host code (a NumPy stand-in for CuPy): float16 blocks."""
+    import _cupy_stand_in
+    from engine.model_runner import ModelRunner
+    from kernels.cupy_backend import CupyBackend
+
+    _cupy_stand_in.install(monkeypatch)
+    gpu = CupyBackend()
+    caches = [(gpu.empty_kv_cache(4, 2, 1, 8), gpu.empty_kv_cache(4, 2, 1, 8)) for _ in range(2)]
+    for i, (k, v) in enumerate(caches):
+        k[...] = np.arange(k.size, dtype=np.float16).reshape(k.shape) + i
+        v[...] = -np.arange(v.size, dtype=np.float16).reshape(v.shape) - i
+    runner = SimpleNamespace(backend=gpu, kv_caches=caches)
+    block = ModelRunner.read_block(runner, 1)
+    assert block.shape == SHAPE and block.dtype == np.float16 and isinstance(block, np.ndarray)
+    ModelRunner.write_block(runner, 3, block)
+    for k, v in caches:
+        assert np.array_equal(np.asarray(k[3]), np.asarray(k[1])) and np.array_equal(np.asarray(v[3]), np.asarray(v[1]))
