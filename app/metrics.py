@@ -238,6 +238,9 @@ class _EngineCollector:
              "kv_spill_restore_seconds"),
             ("forge_kv_spill_discarded", "KV spill files refused on reading (corrupt or stale): recomputed.",
              "kv_spill_discarded"),
+            ("forge_kv_spill_dropped", "Evicted KV blocks not spilled: the spill writer was behind.",
+             "kv_spill_dropped"),
+            ("forge_kv_spill_write_errors", "KV spill files that could not be written.", "kv_spill_write_errors"),
         )
         for name, doc, key in counters:
             if key in s:
