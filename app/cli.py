@@ -115,6 +115,8 @@ def _load(args: argparse.Namespace) -> Engine:
         quantize=args.quantize,
         activations=args.activations or "f32",
         speculative=args.speculative or "ngram",
+        kv_spill_dir=args.kv_spill_dir or ("data/kv-spill" if args.kv_spill_size else None),
+        kv_spill_size=args.kv_spill_size or ("2GiB" if args.kv_spill_dir else 0),
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
 

@@ -24,6 +24,8 @@ class Settings:
     database_url: str = "sqlite+aiosqlite:///./data/forge.db"
     backend: str = "auto"
     kv_memory: str = "1GiB"
+    kv_spill_dir: str | None = None  # evicted KV blocks' files; None: kv-spill next to the SQLite file, else ./data
+    kv_spill_size: str = "2GiB"  # the spill tier's disk budget; 0 turns it off
     speculative: str = "ngram"  # n-gram speculative decoding by default ("off" to disable); requests may override
     spec_row_cost: float | None = None  # a draft row's cost relative to a one-row step; None: measured (tests pin it)
     api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
@@ -117,6 +119,21 @@ class Settings:
         if self.embedding_pooling not in ("mean", "last"):
             raise ValueError(f"embedding_pooling must be 'mean' or 'last', got {self.embedding_pooling!r}")
         check_activations(self.activations, self.backend)
+        from engine.engine import parse_size  # the engine's own reading of a size
+
+        try:
+            parse_size(self.kv_spill_size)
+        except ValueError as exc:
+            raise ValueError(f"kv_spill_size: {exc}") from None
+
+    def spill_dir(self) -> str:
+        """Where the KV spill tier lives: `kv_spill_dir`, else beside the SQLite file, else ./data/kv-spill."""
+        if self.kv_spill_dir:
+            return self.kv_spill_dir
+        m = re.match(r"^sqlite(?:\+\w+)?:///(.+)$", self.database_url)
+        if m and not m.group(1).startswith(":memory:"):
+            return os.path.join(os.path.dirname(m.group(1)) or ".", "kv-spill")
+        return os.path.join("data", "kv-spill")
 
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
@@ -160,6 +177,12 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
                         "faster, close to but not equal to the float32 results)")
     p.add_argument("--speculative", default=None, choices=["off", "ngram"],
                    help="n-gram speculative decoding for requests that do not choose (default: ngram)")
+    p.add_argument("--kv-spill-dir", default=None,
+                   help="folder for evicted KV blocks, read back instead of recomputed (serve: beside the SQLite "
+                        "database, else ./data/kv-spill)")
+    p.add_argument("--kv-spill-size", default=None,
+                   help="disk budget of the KV spill folder, e.g. 2GiB; 0: off (default: 2GiB for serve or with "
+                        "--kv-spill-dir, else off)")
 
 
 def serve_flags(p: argparse.ArgumentParser) -> None:
@@ -190,7 +213,8 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
 
 _SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                    "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
-                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling")
+                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling",
+                   "kv_spill_dir", "kv_spill_size")
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

@@ -40,7 +40,8 @@ def _load_engine(settings: Settings) -> Engine:
     return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
                        max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
                        activations=settings.activations, speculative=settings.speculative,
-                       spec_row_cost=settings.spec_row_cost)
+                       spec_row_cost=settings.spec_row_cost, kv_spill_dir=settings.spill_dir(),
+                       kv_spill_size=settings.kv_spill_size)
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, *, migrate: bool = True) -> Litestar:

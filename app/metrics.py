@@ -210,6 +210,9 @@ class _EngineCollector:
             ("forge_spec_acceptance_rate", "Speculative decoding: accepted / drafted tokens.", "spec_acceptance_rate"),
             ("forge_spec_mean_accepted_length", "Speculative decoding: tokens a verifying sequence gains per step "
              "(accepted drafts + 1).", "spec_mean_accepted_length"),
+            ("forge_kv_spill_files", "KV spill tier: block files on disk.", "kv_spill_files"),
+            ("forge_kv_spill_bytes", "KV spill tier: bytes on disk.", "kv_spill_bytes"),
+            ("forge_kv_spill_hit_rate", "KV spill tier: blocks read back / blocks looked up.", "kv_spill_hit_rate"),
         )
         for name, doc, key in gauges:
             if key in s:
@@ -223,6 +226,21 @@ class _EngineCollector:
             ("forge_engine_steps", "Engine steps run.", "steps"),
             ("forge_spec_drafted_tokens", "Speculative decoding: draft tokens verified.", "spec_drafted_tokens"),
             ("forge_spec_accepted_tokens", "Speculative decoding: draft tokens accepted.", "spec_accepted_tokens"),
+            ("forge_kv_spilled_blocks", "KV blocks evicted from memory and written to the spill tier.",
+             "kv_spilled_blocks"),
+            ("forge_kv_spilled_bytes", "Bytes written to the KV spill tier.", "kv_spilled_bytes"),
+            ("forge_kv_restored_blocks", "KV blocks read back from the spill tier instead of recomputed.",
+             "kv_restored_blocks"),
+            ("forge_kv_restored_bytes", "Bytes read back from the KV spill tier.", "kv_restored_bytes"),
+            ("forge_kv_spill_lookups", "KV blocks missing from memory looked up in the spill tier.",
+             "kv_spill_lookups"),
+            ("forge_kv_spill_restore_seconds", "Time spent reading KV blocks back from the spill tier.",
+             "kv_spill_restore_seconds"),
+            ("forge_kv_spill_discarded", "KV spill files refused on reading (corrupt or stale): recomputed.",
+             "kv_spill_discarded"),
+            ("forge_kv_spill_dropped", "Evicted KV blocks not spilled: the spill writer was behind.",
+             "kv_spill_dropped"),
+            ("forge_kv_spill_write_errors", "KV spill files that could not be written.", "kv_spill_write_errors"),
         )
         for name, doc, key in counters:
             if key in s:

@@ -10,6 +10,7 @@ import collections
 import json
 import resource
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -186,6 +187,58 @@ async def _embeddings(engine: Engine, batch: int, repeats: int) -> dict:
             f"inputs_per_s_batch{batch}": statistics.median(together)}
 
 
+RESUME_TOKENS = 2000  # the conversation whose next turn `_resume` times
+
+
+async def _resume(engine: Engine, repeats: int) -> dict:
+    """TTFT of a ~2,000-token conversation's next turn (a new question, one token out) with the conversation's KV
+    in memory (`cached`), evicted to a spill tier in a temporary folder (`spilled`), and evicted with no spill
+    tier (`recompute`); the median of `repeats` rounds, each question new (its own blocks are never reused)."""
+    info = engine.model_info
+    # A small model or KV budget (the GPU check's tiny dry run) gets a shorter conversation, never a refusal.
+    target = min(RESUME_TOKENS, engine.max_context // 2, info["kv_blocks"] * info["kv_block_size"] // 2)
+    history: list[dict] = []
+    while len(engine.render_chat(history or [{"role": "user", "content": ""}])) < target:
+        turn = len(history) // 2
+        history += [{"role": "user", "content": f"Question {turn}: " + _text(60, turn)},
+                    {"role": "assistant", "content": _text(140, turn + 50)}]
+    core = engine.core  # the engine is idle between requests: its spill tier can be swapped
+    own = core.blocks.spill
+    times: dict[str, list[float]] = {"recompute": [], "cached": [], "spilled": [], "restore": []}
+    restored = 0
+    question = iter(range(10_000))
+
+    async def next_turn() -> tuple[float, int]:
+        q = next(question)
+        prompt = engine.render_chat(history + [{"role": "user", "content": f"Follow-up {q}: " + _text(12, q)}])
+        r = await _run(engine, prompt, 1)
+        return r["timings"].ttft * 1000, len(prompt)
+
+    with tempfile.TemporaryDirectory(prefix="forge-bench-spill-") as folder:
+        tier = core.spill_tier(folder, 1 << 30)
+        try:
+            for _ in range(repeats):
+                core.blocks.spill = None
+                await engine.reset_prefix_cache()
+                ms, prompt_len = await next_turn()  # nothing cached: the whole conversation computed
+                times["recompute"].append(ms)
+                times["cached"].append((await next_turn())[0])  # the conversation's blocks in memory
+                core.blocks.spill = tier
+                await engine.reset_prefix_cache(spill=True)  # evicted: every cached block to the tier
+                before, spent = tier.stats.restored_blocks, tier.stats.restore_s
+                times["spilled"].append((await next_turn())[0])
+                restored = tier.stats.restored_blocks - before
+                times["restore"].append((tier.stats.restore_s - spent) * 1000)
+        finally:
+            core.blocks.spill = own
+            tier.close()
+        await engine.reset_prefix_cache()
+    result = {k: statistics.median(v) for k, v in times.items()}
+    restore_ms = result.pop("restore")
+    return {"ttft_ms": result, "prompt_tokens": prompt_len, "restored_blocks": restored, "restore_ms": restore_ms,
+            "spilled_over_recompute": result["spilled"] / result["recompute"]}
+
+
 class OpProfile:
     """Stands in for the model's backend and times every op call (the model itself is unchanged)."""
 
@@ -245,6 +298,11 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
         "calls_per_step": {k: v / steps for k, v in prof.calls.items()},
         "outside_kernels_share": (forward_s - ops_s) / forward_s,
     }
+
+
+async def _resume_fields(engine: Engine, repeats: int) -> dict:
+    r = await _resume(engine, repeats)
+    return {"resume_ttft_ms": r["ttft_ms"], "resume": {k: v for k, v in r.items() if k != "ttft_ms"}}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -316,6 +374,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         "tools": await _tools(engine, decode_len),
         "speculative": await _speculative(engine, 64 if quick else 160, 1 if quick else 3),
         "embeddings": await _embeddings(engine, 32, 1 if quick else 3),
+        **await _resume_fields(engine, 1 if quick else 3),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "weight_mb": engine.model_info["weight_bytes"] / 1e6,
         "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
@@ -362,6 +421,9 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         (f"embeddings ({result['embeddings']['input_tokens']}-token inputs), alone / 32 in one request",
          f"{result['embeddings']['inputs_per_s_batch1']:.1f} / {result['embeddings']['inputs_per_s_batch32']:.1f} "
          "inputs/s"),
+        (f"next turn of a {result['resume']['prompt_tokens']}-token chat: KV recomputed / cached / spilled",
+         f"{result['resume_ttft_ms']['recompute']:.0f} / {result['resume_ttft_ms']['cached']:.0f} / "
+         f"{result['resume_ttft_ms']['spilled']:.0f} ms TTFT ({result['resume']['restored_blocks']} blocks read back)"),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
         ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]

@@ -35,6 +35,7 @@ from kernels import check_activations, get_backend, resolve_backend
 
 log = logging.getLogger("forge.engine")
 
+SPILL_CLOSE_S = 10.0  # how long shutdown waits for the cached blocks' spill files
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 
@@ -133,6 +134,8 @@ class Engine:
         progress: Callable[[str], None] | None = None,
         speculative: str = "ngram",
         spec_row_cost: float | None = None,
+        kv_spill_dir: str | None = None,
+        kv_spill_size: str | int = 0,
     ) -> "Engine":
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
@@ -143,9 +146,13 @@ class Engine:
         decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
         line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose;
         `spec_row_cost`: a draft row's cost relative to a one-row step, fixed (None: measured online, so what is
-        drafted depends on this machine's load).
+        drafted depends on this machine's load). `kv_spill_dir` / `kv_spill_size` (e.g. "2GiB"; 0: off): the
+        spill tier, where evicted prefix blocks go and are read back from (engine/kv_spill.py).
         """
         t0 = time.perf_counter()
+        spill_size = parse_size(kv_spill_size)  # a bad size fails before the weights load
+        if spill_size and not kv_spill_dir:
+            raise ValueError("kv_spill_size needs a kv_spill_dir")
 
         def say(line: str) -> None:
             log.info("%s", line)
@@ -167,7 +174,8 @@ class Engine:
         if where:
             say(f"{where}kernels ready in {time.perf_counter() - t1:.1f}s")
         config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
-                              SpecConfig(mode=speculative, row_cost=spec_row_cost))
+                              SpecConfig(mode=speculative, row_cost=spec_row_cost), kv_spill_dir=kv_spill_dir,
+                              kv_spill_size=spill_size)
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
@@ -321,13 +329,16 @@ class Engine:
         Raises InvalidRequest naming what cannot be enforced."""
         await asyncio.to_thread(self.core.grammars.compile, fmt)
 
-    async def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (blocks in use stay valid); applied between two steps."""
+    async def reset_prefix_cache(self, spill: bool = False) -> None:
+        """Forget every cached prefix (blocks in use stay valid); applied between two steps. `spill`: evict them
+        to the spill tier, as a full cache would (it returns once they are written)."""
         if self._stopping:
             raise RuntimeError("engine is shut down")
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("reset_prefix_cache", done))
+        self._commands.put(("reset_prefix_cache", done, spill))
         await asyncio.wrap_future(done)
+        if spill and self.core.blocks.spill is not None:
+            await asyncio.to_thread(self.core.blocks.spill.flush)
 
     def abort(self, request_id: str) -> None:
         """End a request (finish reason "abort") within one step. Thread-safe."""
@@ -340,6 +351,7 @@ class Engine:
         self._stopping = True
         self._commands.put(("stop",))
         await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.core.close, SPILL_CLOSE_S)
 
     # ---- the step thread -----------------------------------------------------------
     def _loop(self) -> None:
@@ -384,7 +396,7 @@ class Engine:
                 self._dispatch(self.core.abort(cmd[1]))
             elif cmd[0] == "reset_prefix_cache":
                 try:
-                    self.core.blocks.reset_prefix_cache()
+                    self.core.blocks.reset_prefix_cache(spill=cmd[2])
                     cmd[1].set_result(None)
                 except Exception as exc:
                     cmd[1].set_exception(exc)

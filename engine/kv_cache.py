@@ -8,14 +8,21 @@ Prefix reuse: a full block is keyed by hash(parent_key, its token ids). A new se
 walks the keys of its prompt and shares every leading block already cached (ref counted,
 never copied). A freed block keeps its key and waits on an LRU free list; it is evicted
 only when a fresh block is needed. Partial blocks are never shared.
+
+With a spill tier (engine/kv_spill.py) an evicted block's K/V goes to disk under its chain digest, and a prefix
+walk that runs out of cached blocks goes on in the tier, reading blocks back into fresh ones.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.kv_spill_file import block_digest
+
 if TYPE_CHECKING:
+    from engine.kv_spill import KVSpill
     from engine.sequence import Sequence
 
 
@@ -26,6 +33,7 @@ class Block:
     key: int | None = None
     parent_key: int | None = None
     tokens: tuple[int, ...] = ()  # kept for the collision check
+    digest: bytes | None = None  # the stable chain digest: the block's name in the spill tier
 
 
 @dataclass(slots=True)
@@ -49,6 +57,7 @@ class BlockManager:
     free: OrderedDict[int, None] = field(init=False)  # ref_count == 0, least recently used first
     cached: dict[int, int] = field(init=False)  # key -> block id
     stats: PrefixStats = field(default_factory=PrefixStats)
+    spill: KVSpill | None = None
 
     def __post_init__(self) -> None:
         assert self.num_blocks > 0 and self.block_size > 0
@@ -99,6 +108,8 @@ class BlockManager:
         matched = self.match_prefix(seq.token_ids) if seq.pooled is None else []
         for bid in matched:
             self._take(bid)
+        if self.spill is not None and seq.pooled is None:
+            matched += self._restore(seq.token_ids, matched)
         seq.block_table = matched
         seq.num_computed = len(matched) * self.block_size
         return seq.num_computed
@@ -120,11 +131,12 @@ class BlockManager:
         while first > 0 and self.blocks[seq.block_table[first - 1]].key is None:
             first -= 1
         parent = self.blocks[seq.block_table[first - 1]].key if first else None
+        digest = self.blocks[seq.block_table[first - 1]].digest if first else None
         for i in range(first, full):
             block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            key = block_key(parent, tokens)
-            block.key, block.parent_key, block.tokens = key, parent, tokens
+            key, digest = block_key(parent, tokens), block_digest(digest, tokens)
+            block.key, block.parent_key, block.tokens, block.digest = key, parent, tokens, digest
             # Another sequence may have cached the same content first: keep that one.
             self.cached.setdefault(key, block.block_id)
             parent = key
@@ -158,13 +170,32 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed = 0
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached block. The free ones are reused first, before blocks never written: the
-        KV cache's untouched pages stay unmapped (a 1 GiB budget costs only the memory in use)."""
+    def reset_prefix_cache(self, spill: bool = False) -> None:
+        """Forget every cached block (`spill`: evict them, to the spill tier when there is one). The free ones are
+        reused first, before blocks never written: the KV cache's untouched pages stay unmapped (a 1 GiB budget
+        costs only the memory in use)."""
         for bid in list(self.cached.values()):
-            self._forget(self.blocks[bid])
+            block = self.blocks[bid]
+            if spill and self.spill is not None and block.digest is not None:
+                self.spill.offer(block.digest, block.tokens, bid)
+            self._forget(block)
             if self.blocks[bid].ref_count == 0:
                 self.free.move_to_end(bid, last=False)
+
+    def spill_cached(self, deadline: float | None = None) -> None:
+        """Hand the cached blocks to the spill tier, least recently used first, as many as its budget holds, until
+        `deadline` (time.monotonic) passes (at shutdown: a restart then warms from disk, conversations' heads too)."""
+        if self.spill is None:
+            return
+        idle = [bid for bid in self.free if self.blocks[bid].digest is not None]
+        busy = [bid for bid in self.cached.values() if self.blocks[bid].ref_count and self.blocks[bid].digest]
+        order = idle + busy
+        fits = self.spill.capacity // max(1, self.spill.payload_bytes)
+        for bid in order[-fits:] if fits else []:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            block = self.blocks[bid]
+            self.spill.offer(block.digest, block.tokens, bid, wait=True)
 
     # ---- internals -----------------------------------------------------------------
     def _take(self, bid: int) -> None:
@@ -179,11 +210,44 @@ class BlockManager:
         assert block.ref_count == 0
         if block.key is not None:
             self.stats.evictions += 1
+            if self.spill is not None and block.digest is not None:
+                self.spill.offer(block.digest, block.tokens, bid)
             self._forget(block)
         block.ref_count = 1
         return bid
 
+    def _restore(self, token_ids: list[int], matched: list[int]) -> list[int]:
+        """Go on with the prefix walk past the cached blocks `matched` (taken) in the spill tier: each block found
+        there is read into a fresh block (taken, cached); one back in memory after a gap is shared. Stops at the
+        first block found nowhere, or refused."""
+        assert self.spill is not None
+        bs = self.block_size
+        last = self.blocks[matched[-1]] if matched else None
+        parent, digest = (last.key, last.digest) if last else (None, None)
+        restored: list[int] = []
+        for start in range(len(matched) * bs, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
+            tokens = tuple(token_ids[start : start + bs])
+            key, digest = block_key(parent, tokens), block_digest(digest, tokens)
+            bid = self.cached.get(key)
+            if bid is not None and self.blocks[bid].digest == digest:  # in memory after a gap: shared as usual
+                self._take(bid)
+            else:
+                if not self.free or not self.spill.find(digest):
+                    break
+                bid = self._fresh()
+                block = self.blocks[bid]
+                if not self.spill.restore(digest, tokens, bid):
+                    block.ref_count = 0
+                    self.free[bid] = None
+                    self.free.move_to_end(bid, last=False)
+                    break
+                block.key, block.parent_key, block.tokens, block.digest = key, parent, tokens, digest
+                self.cached.setdefault(key, bid)
+            restored.append(bid)
+            parent = key
+        return restored
+
     def _forget(self, block: Block) -> None:
         if block.key is not None and self.cached.get(block.key) == block.block_id:
             del self.cached[block.key]
-        block.key, block.parent_key, block.tokens = None, None, ()
+        block.key, block.parent_key, block.tokens, block.digest = None, None, (), None

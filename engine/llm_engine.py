@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from engine.kv_cache import BlockManager
+from engine.kv_spill import KVSpill
+from engine.kv_spill_file import file_size
 from engine.loader import LoadedModel
 from engine.metrics import EngineMetrics
 from engine.model.llama import LlamaModel
@@ -49,6 +52,8 @@ class EngineConfig:
     max_waiting: int = 256
     speculative: SpecConfig = field(default_factory=SpecConfig)
     cuda_graphs: bool = True  # replay plain decode steps from CUDA graphs where the backend can (engine/decode_graphs.py)
+    kv_spill_dir: str | None = None  # evicted prefix blocks go to files here (engine/kv_spill.py) ...
+    kv_spill_size: int = 0  # ... within this many bytes; 0: no spill tier
 
 
 class LLMEngine:
@@ -65,6 +70,10 @@ class LLMEngine:
             raise ValueError(f"kv_memory {self.config.kv_memory} bytes holds fewer than 2 blocks of {bs} tokens")
         self.runner = ModelRunner(loaded, model, num_blocks, bs, self.config.max_num_seqs, self.config.cuda_graphs)
         self.blocks = BlockManager(num_blocks, bs)
+        if self.config.kv_spill_size:
+            if not self.config.kv_spill_dir:
+                raise ValueError("kv_spill_size is set but kv_spill_dir is not")
+            self.blocks.spill = self.spill_tier(self.config.kv_spill_dir, self.config.kv_spill_size)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_batched_tokens, self.config.max_waiting),
             self.blocks,
@@ -78,6 +87,37 @@ class LLMEngine:
         self.spec_policy = SpecPolicy(self.config.speculative.row_cost)
         self._groups = RequestGroups()
         self._seq_ids = itertools.count()
+
+    def spill_tier(self, directory: str, capacity: int) -> KVSpill:
+        """A spill tier for this engine's blocks in `directory` (files named for this model, backend and KV
+        layout), at most `capacity` bytes. ValueError when no block file fits or the folder is unusable."""
+        c, be, m = self.loaded.config, self.backend, self.loaded
+        kv_dtype = np.dtype(be.kv_dtype)
+        shape = (2 * c.num_layers, self.config.block_size, c.num_kv_heads, c.head_dim)
+        size = file_size(self.config.block_size, int(np.prod(shape)) * kv_dtype.itemsize)
+        if capacity < size:
+            raise ValueError(f"kv_spill_size {capacity} bytes holds no block file ({size} bytes each for this "
+                             f"model); 0 turns the spill tier off")
+        try:
+            file_bytes = os.path.getsize(m.path) if os.path.isfile(m.path) else 0
+        except OSError:
+            file_bytes = 0
+        layout = "|".join(str(x) for x in (
+            m.name, os.path.basename(m.path), file_bytes, c.arch, m.quant, self.model.weight_bytes, be.name,
+            getattr(be, "activations", "f32"), kv_dtype.str, shape))
+        try:
+            return KVSpill(directory, capacity, layout, shape, kv_dtype, self.runner.read_block,
+                           self.runner.write_block)
+        except OSError as exc:
+            raise ValueError(f"kv_spill_dir {directory!r} is not a usable folder: {exc}") from None
+
+    def close(self, timeout: float | None = None) -> None:
+        """The step loop has stopped: the cached blocks go to the spill tier (a restart warms from them), its writes
+        finish (within `timeout` seconds)."""
+        if self.blocks.spill is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.blocks.spill_cached(deadline)
+            self.blocks.spill.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # ---- requests ------------------------------------------------------------------
     def add_request(self, req: GenerationRequest, arrival: float | None = None) -> None:

@@ -54,6 +54,18 @@ class ModelRunner:
         width = -(-self.max_context // block_size)
         self.graphs = DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
 
+    def read_block(self, block_id: int) -> np.ndarray:
+        """A host copy of one block's K and V in every layer: [2 * layers, block_size, kv_heads, head_dim]."""
+        be = self.backend
+        return np.stack([be.to_numpy(cache[block_id]) for kv in self.kv_caches for cache in kv])
+
+    def write_block(self, block_id: int, data: np.ndarray) -> None:
+        """Put a `read_block` copy back into block `block_id`."""
+        caches = [cache for kv in self.kv_caches for cache in kv]
+        assert data.shape[0] == len(caches)
+        for cache, part in zip(caches, data):
+            self.backend.upload(cache[block_id], part)
+
     def run(self, inputs: list[SeqInput]) -> Any:
         """Write every input's K/V and return float32 logits [sum(num_logits), vocab] on the backend, in
         input order. On CuPy a graph's logits are its own buffer: valid until the next step.

@@ -24,6 +24,8 @@ def engine_stats(scheduler: Scheduler, blocks: BlockManager, groups: RequestGrou
         "prefix_hit_rate": ps.hit_tokens / ps.queried_tokens if ps.queried_tokens else 0.0,
         "prefix_evictions": ps.evictions,
         "preemptions": scheduler.num_preemptions,
+        "kv_spill_enabled": blocks.spill is not None,
+        **(blocks.spill.snapshot() if blocks.spill is not None else {}),
         "speculative": speculative,
         **metrics.snapshot(),
     }

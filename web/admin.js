@@ -122,6 +122,10 @@ function update(s) {
     ["Generated tokens", pick(e, "generated_tokens_total")],
     ["KV blocks", pick(e, "kv_blocks_total") !== null ? (pick(e, "kv_blocks_used") ?? 0) + " / " + pick(e, "kv_blocks_total") : null],
     ["Engine steps", pick(e, "steps")],
+    ["KV spilled", spill(e, "kv_spilled_blocks", "kv_spilled_bytes")],
+    ["KV restored", spill(e, "kv_restored_blocks", "kv_restored_bytes")],
+    ["KV spill hit rate / restore time", pick(e, "kv_spill_lookups") !== null
+      ? pct(pick(e, "kv_spill_hit_rate") ?? 0) + " · " + duration(pick(e, "kv_spill_restore_seconds") ?? 0) : null],
     ["WebSockets", pick(s, "websocket_connections")],
     ["Uptime", pick(s, "uptime_s") !== null ? duration(pick(s, "uptime_s")) : null],
     ["Requests finished", Object.keys(finished).length ? Object.entries(finished).map(([k, v]) => k + " " + v).join(" · ") : null],
@@ -159,6 +163,11 @@ function facts(dl, pairs) {
 function duration(sec) {
   const d = Math.floor(sec / 86400), hh = Math.floor((sec % 86400) / 3600), mm = Math.floor((sec % 3600) / 60);
   return d ? `${d}d ${hh}h` : hh ? `${hh}h ${mm}m` : `${mm}m ${Math.floor(sec % 60)}s`;
+}
+
+function spill(e, blocks, bytes) {
+  const n = pick(e, blocks);
+  return n === null ? null : n.toLocaleString() + " blocks · " + ((pick(e, bytes) ?? 0) / 1e6).toFixed(1) + " MB";
 }
 
 function humanCount(n) {
