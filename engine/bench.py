@@ -50,6 +50,7 @@ async def _run(engine: Engine, prompt: list[int], max_tokens: int, params: Sampl
         stamps += [time.perf_counter()] * len(ev.token_ids)
         if ev.final:
             final = ev
+    assert final is not None  # a generation always ends with a final event
     return {"start": start, "stamps": stamps, "text": "".join(text), "token_ids": token_ids, "usage": final.usage,
             "timings": final.timings}
 
@@ -246,7 +247,7 @@ class OpProfile:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self.seconds: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.calls: collections.Counter[str] = collections.Counter()
 
     def __getattr__(self, name: str) -> Any:
@@ -282,7 +283,8 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     await engine.reset_prefix_cache()
     prompt = _raw_prompt(engine, 32, 3)
     await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
-    model.backend, model.forward_device = prof, forward  # the engine is idle between requests
+    # The engine is idle between requests; the instance attribute shadows the method until `del` below.
+    model.backend, vars(model)["forward_device"] = prof, forward
     try:
         r = await _run(engine, prompt, tokens,
                        SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"))
@@ -294,7 +296,7 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     return {
         "steps": steps,
         "step_ms": forward_s / steps * 1000,
-        "ops_ms": {k: v / steps * 1000 for k, v in prof.seconds.most_common()},
+        "ops_ms": {k: v / steps * 1000 for k, v in sorted(prof.seconds.items(), key=lambda kv: -kv[1])},
         "calls_per_step": {k: v / steps for k, v in prof.calls.items()},
         "outside_kernels_share": (forward_s - ops_s) / forward_s,
     }

@@ -141,7 +141,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
                 _adjust_rows(scaled[off : off + counts[i]], rows[i])
             off += counts[i]
         top = scaled.max(axis=1)
-        for j in np.flatnonzero(~np.isfinite(top)):
+        for j in np.flatnonzero(~np.isfinite(top)).tolist():
             _raise_bad_row(int(idx[j]), float(top[j]))
         # Subtract the max before dividing so a tiny temperature gives -inf, never inf - inf.
         scaled -= top[:, None]
@@ -161,6 +161,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             tokens = _verify_greedy(best[i], draft)
         else:
             p, rng = row.params, row.rng
+            assert scaled is not None and rng is not None  # a sampled row: scaled above, its rng checked
             tokens = []
             for j in range(counts[i]):
                 t = draw(scaled[off + j], p.top_k, p.top_p, p.min_p, rng.random())
@@ -177,7 +178,7 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
     owners = [i for i, n in enumerate(num_tokens) for _ in range(n)]  # emitted token -> its sequence
     want = [e for e, i in enumerate(owners) if rows[i].params.logprobs is not None]
     if want:
-        ks = [rows[owners[e]].params.logprobs for e in want]
+        ks = [k for e in want if (k := rows[owners[e]].params.logprobs) is not None]  # all of want
         found = logprob_rows(logits[[emitted_rows[e] for e in want]], token_ids[want], max(ks))
         for e, lp in zip(want, token_logprobs(token_ids[want], ks, *found)):
             logprobs[e] = lp
@@ -221,7 +222,7 @@ def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
     """The sampling table (kernels/row_sampling.py) of `is_single_draw` rows: one draw from the rng of each
     row with temperature > 0, the draw `sample` would make for it."""
     return np.array([(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p,
-                      r.rng.random() if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
+                      _draw(r) if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
 
 
 def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow]) -> list[tuple[list[int], list[TokenLogprob] | None] | ValueError]:
@@ -232,7 +233,7 @@ def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow])
     want = [j for j, r in enumerate(rows) if r.params.logprobs is not None and ids[j] >= 0]
     found: dict[int, TokenLogprob] = {}
     if want:
-        ks = [rows[j].params.logprobs for j in want]
+        ks = [k for j in want if (k := rows[j].params.logprobs) is not None]  # all of want
         lps = token_logprobs(ids[want], ks, *backend.logprob_rows(logits, np.asarray(want, dtype=np.int64), ids[want], max(ks)))
         found = dict(zip(want, lps))
     return [([t], [found[j]] if j in found else None) if t >= 0
@@ -295,3 +296,9 @@ def _adjust_rows(x: np.ndarray, row: SamplerRow) -> None:
 
 def _raise_bad_row(i: int, value: float) -> None:
     raise ValueError(f"logits row {i} has no usable token (best logit is {value}: NaN, +inf, or every token at -inf)")
+
+
+def _draw(row: SamplerRow) -> float:
+    """One uniform from the rng of a row that samples (temperature > 0: it has one)."""
+    assert row.rng is not None, "a row with temperature > 0 needs an rng"
+    return row.rng.random()

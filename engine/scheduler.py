@@ -62,6 +62,7 @@ class Scheduler:
                 seq.draft.clear()  # no room to verify it: a plain decode
             while not self.blocks.reserve(seq, 1):
                 victim = next((s for s in reversed(self.running) if s not in batch.seqs), None)
+                assert victim is not None  # seq itself is running and not yet in the batch
                 self._preempt(victim, batch)
                 if victim is seq:
                     break

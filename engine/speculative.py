@@ -50,7 +50,7 @@ class Drafter:
         self.acceptance, self.greedy = acceptance, greedy  # where generated tokens are scored, and as what
         self.src: int | None = None  # the track: position of the token predicted to come next
         self.match = 0  # how many tokens before `src` equal the sequence's last tokens (up to MAX_MATCH)
-        self._after_pair: dict[tuple[int, int], list[int]] = {}  # two tokens -> positions that followed them
+        self._after_pair: dict[tuple[int, ...], list[int]] = {}  # two tokens -> positions that followed them
         self._after_token: dict[int, int] = {}  # a token -> the position that followed it last
         self._seen = 0  # tokens taken in
 

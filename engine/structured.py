@@ -28,11 +28,13 @@ from engine.lltokenizer import build_lltokenizer
 from engine.types import InvalidRequest, ResponseFormat
 
 if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict in llguidance's stubs only
+
     from engine.tokenizer import Tokenizer
 
 Matcher = llguidance.LLMatcher
 CACHE_SIZE = 256  # compiled constraints kept
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ANY_OBJECT = '{"type": "object"}'
 
 

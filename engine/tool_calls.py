@@ -92,7 +92,7 @@ def closed_objects(schema: object) -> object:
         return [closed_objects(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, object] = {}
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
             out[key] = {k: closed_objects(v) for k, v in value.items()}

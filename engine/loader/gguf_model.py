@@ -62,12 +62,13 @@ def load_gguf(path: Path) -> LoadedModel:
             if ARCHS[arch] and kind in ("q_bias", "k_bias"):
                 w = np.ascontiguousarray(unpermute_qk(w, config.num_heads if kind == "q_bias" else config.num_kv_heads))
             return w
-        w = gguf_weight(g.raw(name), t.type_id, t.shape)
+        rows, cols = t.shape  # a matrix: its shape was checked against expected_shapes above
+        m = gguf_weight(g.raw(name), t.type_id, (rows, cols))
         g.release(name)
         if ARCHS[arch] and kind in ("q", "k"):
             n_heads = config.num_heads if kind == "q" else config.num_kv_heads
-            w = w.take_rows(unpermute_qk(np.arange(t.shape[0]), n_heads))
-        return w
+            m = m.take_rows(unpermute_qk(np.arange(t.shape[0]), n_heads))
+        return m
 
     # NumPy releases the GIL while splitting blocks: a few threads roughly halve the load time
     with ThreadPoolExecutor(max_workers=min(4, _cpus())) as pool:
@@ -162,6 +163,7 @@ def _rope_scaling(g: GGUFFile, arch: str, head_dim: int, theta: float) -> dict |
     if kind in (None, "none") or (factor in (None, 0.0, 1.0) and kind != "yarn"):
         return None
     if kind == "linear":
+        assert factor is not None  # a missing factor returned None above
         return {"rope_type": "linear", "factor": float(factor)}
     if kind == "yarn":
         out = {"rope_type": "yarn", "factor": float(factor or 1.0)}

@@ -112,7 +112,7 @@ def _config(path: Path, cfg: dict, gen: dict, arch: str, tokenizer: Tokenizer) -
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     if heads <= 0 or heads % kv_heads or head_dim % 2:
         raise ModelLoadError(f"{path}: bad attention shape: {heads} heads, {kv_heads} KV heads, head_dim {head_dim}")
-    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    rope_params = p if isinstance(p := cfg.get("rope_parameters"), dict) else {}
     theta = cfg.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling") or rope_params or None
     if isinstance(scaling, dict):

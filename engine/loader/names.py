@@ -1,6 +1,8 @@
 """Canonical weight names and how GGUF and HF name them."""
 from __future__ import annotations
 
+import numpy as np
+
 from engine.config import ModelConfig
 
 # canonical per-layer suffix -> (GGUF name, HF name); {i} is the layer index
@@ -37,12 +39,12 @@ def tensor_plan(num_layers: int, attention_bias: bool, tied: bool, source: int) 
     return plan
 
 
-def permute_qk(w, n_heads: int):
+def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp converter's row permutation of Q/K (HF rotate-half -> GGUF interleaved RoPE)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute_qk(w, n_heads: int):
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Inverse of `permute_qk`: GGUF llama Q/K rows back to the HF layout."""
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 

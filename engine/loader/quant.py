@@ -178,7 +178,7 @@ _BLOCK_FNS: dict[int, tuple[Callable[[np.ndarray], Split], int]] = {
     10: (_q2_k, 16), 11: (_q3_k, 16), 12: (_q4_k, 32), 13: (_q5_k, 32), 14: (_q6_k, 16),
 }
 _FOUR_BIT = frozenset({2, 3, 12})  # Q4_0, Q4_1, Q4_K: packed two values a byte
-_FLOAT_TYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype("<u2")}  # 30: BF16 as raw bits
+_FLOAT_TYPES: dict[int, np.dtype] = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype("<u2")}  # 30: BF16, raw bits
 SUPPORTED_TYPES: frozenset[int] = frozenset(_BLOCK_FNS) | frozenset(_FLOAT_TYPES)
 
 

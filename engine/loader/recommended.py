@@ -37,7 +37,8 @@ def _checked(found: dict[str, Any], source: str) -> dict[str, float]:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidRequest(f"{name} is not a number")
             value = int(value) if name == "top_k" else float(value)
-            SamplingParams(**{name: value}).validate(vocab_size=1)
+            setting: dict[str, Any] = {name: value}
+            SamplingParams(**setting).validate(vocab_size=1)
         except (InvalidRequest, ValueError, TypeError, OverflowError) as e:
             log.warning("ignoring the %s recommendation %s=%r: %s", source, name, value, e)
             continue

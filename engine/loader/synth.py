@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,7 +333,7 @@ def plan_tensors(shape: SynthShape, quant: str) -> list[_Tensor]:
     return out
 
 
-def _chunks(t: _Tensor, rng: np.random.Generator):
+def _chunks(t: _Tensor, rng: np.random.Generator) -> Iterator[np.ndarray]:
     """The tensor's bytes, a chunk of whole rows at a time."""
     if t.values is not None:
         yield t.values.astype(np.float32).view(np.uint8)
@@ -456,7 +456,7 @@ def write_synthetic(shape: SynthShape, quant: str, out: str | Path, seed: int = 
             rng = np.random.default_rng([seed, i])  # an independent stream per tensor
             w.write_padding(fout, fout.tell())
             for chunk in _chunks(t, rng):
-                fout.write(memoryview(chunk))
+                fout.write(chunk.data)
             if progress and t.name.endswith("ffn_down.weight"):
                 done = int(t.name.split(".")[1]) + 1
                 if done % max(1, shape.layers // 4) == 0 or done == shape.layers:

@@ -81,7 +81,7 @@ def from_gguf_metadata(fields: dict[str, Any]) -> Tokenizer:
     bos = _opt_id(fields.get("tokenizer.ggml.bos_token_id"), n)
     eos = _opt_id(fields.get("tokenizer.ggml.eos_token_id"), n)
     unk = _opt_id(fields.get("tokenizer.ggml.unknown_token_id"), n)
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)  # first id wins on duplicates, as in llama.cpp
 

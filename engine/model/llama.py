@@ -54,11 +54,11 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     attn_norm=be.asarray(w("attn_norm")),
-                    qkv=be.prepare_linear(concat_rows([w("q"), w("k"), w("v")])),
+                    qkv=be.prepare_linear(concat_rows([_matrix(w(n)) for n in ("q", "k", "v")])),
                     qkv_bias=bias,
                     o=be.prepare_linear(w("o")),
                     ffn_norm=be.asarray(w("ffn_norm")),
-                    gate_up=be.prepare_linear(concat_rows([w("gate"), w("up")])),
+                    gate_up=be.prepare_linear(concat_rows([_matrix(w(n)) for n in ("gate", "up")])),
                     down=be.prepare_linear(w("down")),
                 )
             )
@@ -146,3 +146,9 @@ class LlamaModel:
         rows = be.asarray(logits_rows)
         x, _ = be.add_rms_norm(h[rows], residual[rows], self.final_norm, self.config.rms_eps)
         return be.linear(x, self.lm_head)
+
+
+def _matrix(w: Weight | np.ndarray) -> Weight:
+    """A projection's weight: the loaders give every matrix as a Weight (vectors as arrays)."""
+    assert isinstance(w, Weight), f"a projection matrix must be a Weight, got {type(w).__name__}"
+    return w
