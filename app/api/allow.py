@@ -17,4 +17,4 @@ async def allow_header(message: Message, scope: Scope) -> None:
     if not methods:
         return
     headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
-    message["headers"] = [*headers, (b"allow", ", ".join(sorted(methods)).encode())]  # type: ignore[typeddict-item]
+    message["headers"] = [*headers, (b"allow", ", ".join(sorted(methods)).encode())]

@@ -7,7 +7,8 @@ ServiceError naming the field (`param`); the engine checks its own limits (Sampl
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -177,12 +178,12 @@ class Export(Struct, forbid_unknown_fields=True):
             parent = previous if m.parent_id is UNSET else None if m.parent_id is None else index[m.parent_id]
             out.append({**fields, "parent": parent, "active": m.active})
         chosen: dict[int | None, int] = {}  # parent -> the chosen child
-        for i, m in enumerate(out):
-            if m["active"] or m["parent"] not in chosen or not out[chosen[m["parent"]]]["active"]:
-                chosen[m["parent"]] = i
+        for i, row in enumerate(out):
+            if row["active"] or row["parent"] not in chosen or not out[chosen[row["parent"]]]["active"]:
+                chosen[row["parent"]] = i
         picked = set(chosen.values())
-        for i, m in enumerate(out):
-            m["active"] = i in picked
+        for i, row in enumerate(out):
+            row["active"] = i in picked
         return out
 
 
@@ -274,7 +275,13 @@ _AT = re.compile(r" - at `(?:key` in `)?\$([^`]*)`$")
 _FIELD = re.compile(r"Object (missing required|contains unknown) field `([^`]*)`")
 
 
-def decode(raw: bytes | str, into: type[T], what: str = "request body", unsupported: bool = False) -> T:
+@overload
+def decode(raw: bytes | str, into: type[T], what: str = ..., unsupported: bool = ...) -> T: ...
+@overload
+def decode(raw: bytes | str, into: UnionType, what: str = ..., unsupported: bool = ...) -> Any: ...  # AnyCommand
+
+
+def decode(raw: bytes | str, into: Any, what: str = "request body", unsupported: bool = False) -> Any:
     """Decode JSON `raw` into `into`; a ServiceError naming the field otherwise.
 
     `unsupported`: unknown fields (and known ones typed `None`) are OpenAI parameters Forge does not

@@ -23,7 +23,7 @@ from engine.types import EngineOverloaded, InvalidRequest
 
 from app.api.errors import ServiceError
 from app.api.openapi import BODY, KEYED, Documented, errors
-from app.api.state import Services
+from app.api.state import Ready
 
 MAX_INPUTS = 2048  # strings or token-id lists in one request (OpenAI's bound)
 INPUT_MAX_CHARS = 1 << 20  # one string (the body is at most 8 MiB anyway)
@@ -72,7 +72,7 @@ def _invalid(message: str, param: str = "input") -> ServiceError:
     return ServiceError("invalid_parameter", message, param=param)
 
 
-def _served_model(svc: Services, model: str) -> str:
+def _served_model(svc: Ready, model: str) -> str:
     served = str(svc.engine.model_info.get("name") or "default")
     if model not in (served, "default"):
         raise ServiceError("model_not_found", f"the model '{model}' does not exist; this server serves '{served}'",
@@ -80,7 +80,7 @@ def _served_model(svc: Services, model: str) -> str:
     return served
 
 
-async def _token_ids(svc: Services, given: str | list) -> list[list[int]]:
+async def _token_ids(svc: Ready, given: str | list) -> list[list[int]]:
     """The request's inputs as token-id lists: a string, strings, token ids (one input) or token-id lists."""
     if isinstance(given, str):
         given = [given]
@@ -103,7 +103,7 @@ async def _token_ids(svc: Services, given: str | list) -> list[list[int]]:
 
 
 @post("/v1/embeddings", status_code=200, responses=errors(*KEYED, *BODY, 404), operation_class=Documented)
-async def embeddings(svc: NamedDependency[Services], data: JSONBody[EmbeddingRequest]) -> EmbeddingList:
+async def embeddings(svc: NamedDependency[Ready], data: JSONBody[EmbeddingRequest]) -> EmbeddingList:
     """One L2-normalised vector per input. Inputs longer than the model's context are a 400 unless `truncate`."""
     engine = svc.engine
     model = _served_model(svc, data.model)

@@ -71,7 +71,7 @@ class Gate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            scope.setdefault("state", {})["owner"] = self._check(scope, headers)  # type: ignore[typeddict-unknown-key]
+            scope.setdefault("state", {})["owner"] = self._check(scope, headers)
         except ServiceError as err:
             await self._refuse(scope, receive, send, err)
             return
@@ -117,12 +117,12 @@ class Gate:
             headers.append((b"www-authenticate", b"Bearer"))
         if scope["type"] == "http":
             await send({"type": "http.response.start", "status": err.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         await receive()  # websocket.connect
-        if "websocket.http.response" in scope.get("extensions", {}):
+        if "websocket.http.response" in (scope.get("extensions") or {}):
             await send({"type": "websocket.http.response.start", "status": err.status, "headers": headers})
-            await send({"type": "websocket.http.response.body", "body": body})
+            await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": err.code})
 
@@ -133,7 +133,7 @@ async def security_headers(message: Message, scope: Scope) -> None:
         csp = SCHEMA_CSP if _under(scope["path"], ("/schema",)) else CSP
         present = {k.lower() for k, _ in message.get("headers", [])}
         extra = [(k, v) for k, v in [(b"content-security-policy", csp.encode()), *HEADERS] if k not in present]
-        message["headers"] = [*message.get("headers", []), *extra]  # type: ignore[typeddict-item]
+        message["headers"] = [*message.get("headers", []), *extra]
 
 
 def _check_path(scope: Scope) -> None:

@@ -30,7 +30,7 @@ from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
 from app.api.outbox import Outbox
 from app.api.response_format import compile_response_format
 from app.api.sse import with_keepalives
-from app.api.state import Services
+from app.api.state import Ready
 from app.domain.defaults import openai_defaults
 
 log = logging.getLogger("forge.openai")
@@ -59,11 +59,11 @@ class _Call:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-def _model_id(svc: Services) -> str:
+def _model_id(svc: Ready) -> str:
     return str(svc.engine.model_info.get("name") or "default")
 
 
-def _check_model(model: str, svc: Services) -> str:
+def _check_model(model: str, svc: Ready) -> str:
     served = _model_id(svc)
     if model not in (served, "default"):
         raise ServiceError("model_not_found", f"the model '{model}' does not exist; this server serves '{served}'",
@@ -71,7 +71,7 @@ def _check_model(model: str, svc: Services) -> str:
     return served
 
 
-async def _sampling(body: Sampling, svc: Services, prompt_len: int, max_tokens: int | None,
+async def _sampling(body: Sampling, svc: Ready, prompt_len: int, max_tokens: int | None,
                     logprobs: int | None) -> SamplingParams:
     """SamplingParams from the body, its `response_format` compiled and parameters left out taken from
     app.defaults (the model's recommendation, else OpenAI's; `max_tokens` capped by
@@ -116,7 +116,7 @@ def _include_usage(body: Sampling) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
+async def _parse_chat(body: ChatRequest, svc: Ready) -> _Call:
     model = _check_model(body.model, svc)
     mct = body.max_completion_tokens
     if body.max_tokens is not None and mct is not None and body.max_tokens != mct:
@@ -140,7 +140,7 @@ async def _parse_chat(body: ChatRequest, svc: Services) -> _Call:
                  tools=plan if plan and plan.grammar else None)  # tool_choice "none": the reply is text
 
 
-async def _parse_completion(body: CompletionRequest, svc: Services) -> _Call:
+async def _parse_completion(body: CompletionRequest, svc: Ready) -> _Call:
     model = _check_model(body.model, svc)
     raw: Any = body.prompt
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
@@ -179,7 +179,7 @@ class _Job:
     `enter` takes its place in admission (app/admission.py; True when admitted at once, else `wait`), `start`
     hands it to the engine (both raise a ServiceError); `cancel` aborts it or leaves the queue."""
 
-    def __init__(self, svc: Services, call: _Call, owner_id: str, chat: bool) -> None:
+    def __init__(self, svc: Ready, call: _Call, owner_id: str, chat: bool) -> None:
         self.svc = svc
         self.chat = chat  # chat spells the engine's `logprobs` count `top_logprobs`
         self.owner = owner_id
@@ -267,11 +267,11 @@ class _Usage:
                 "prompt_tokens_details": {"cached_tokens": self.cached}}
 
 
-def _token_text(svc: Services, token_id: int) -> str:
+def _token_text(svc: Ready, token_id: int) -> str:
     return svc.engine.tokenizer.decode([token_id])
 
 
-def _chat_logprobs(svc: Services, items: list[Any], top: int) -> list[dict[str, Any]]:
+def _chat_logprobs(svc: Ready, items: list[Any], top: int) -> list[dict[str, Any]]:
     out = []
     for lp in items:
         tok = _token_text(svc, lp.token_id)
@@ -281,7 +281,7 @@ def _chat_logprobs(svc: Services, items: list[Any], top: int) -> list[dict[str, 
     return out
 
 
-def _completion_logprobs(svc: Services, items: list[Any], offset: int) -> dict[str, Any]:
+def _completion_logprobs(svc: Ready, items: list[Any], offset: int) -> dict[str, Any]:
     tokens, values, tops, offsets = [], [], [], []
     for lp in items:
         tok = _token_text(svc, lp.token_id)
@@ -409,7 +409,7 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
 
 @post("/chat/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
       operation_class=JsonOrEvents)
-async def chat_completions(request: Request, svc: NamedDependency[Services], data: JSONBody[ChatRequest]) -> Response:
+async def chat_completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
     call = await _parse_chat(data, svc)
     if data.user:
@@ -419,14 +419,14 @@ async def chat_completions(request: Request, svc: NamedDependency[Services], dat
     base = {"id": cid, "created": created, "model": call.model, "system_fingerprint": None}
     if not call.stream:
         choices, usage = await _collect(request, job, call.params.n)
-        replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
+        tool_replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
         return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
             {"index": i, "message": r.message("".join(c.text)) if r
              else {"role": "assistant", "content": "".join(c.text)},
              "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
              "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
              if call.top_logprobs is not None else None}
-            for (i, c), r in zip(enumerate(choices), replies)]})
+            for (i, c), r in zip(enumerate(choices), tool_replies)]})
 
     usage_null = {"usage": None} if call.include_usage else {}
     replies = [tools.ToolReply(call.tools.fmt) for _ in range(call.params.n)] if call.tools else None
@@ -457,7 +457,7 @@ async def chat_completions(request: Request, svc: NamedDependency[Services], dat
 
 @post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
       operation_class=JsonOrEvents)
-async def completions(request: Request, svc: NamedDependency[Services], data: JSONBody[CompletionRequest]) -> Response:
+async def completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
     call = await _parse_completion(data, svc)
     if data.user:
@@ -499,7 +499,7 @@ async def completions(request: Request, svc: NamedDependency[Services], data: JS
     return _sse(job, _stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
-def _model_card(svc: Services) -> dict[str, Any]:
+def _model_card(svc: Ready) -> dict[str, Any]:
     info = svc.engine.model_info
     return {"id": _model_id(svc), "object": "model", "created": int(svc.started_at), "owned_by": "forge",
             "max_model_len": int(svc.engine.max_context), "quantization": info.get("quant"),
@@ -507,13 +507,13 @@ def _model_card(svc: Services) -> dict[str, Any]:
 
 
 @get("/models", responses=errors(*KEYED))
-async def list_models(svc: NamedDependency[Services]) -> dict[str, Any]:
+async def list_models(svc: NamedDependency[Ready]) -> dict[str, Any]:
     """The one model served."""
     return {"object": "list", "data": [_model_card(svc)]}
 
 
 @get("/models/{model_id:path}", responses=errors(*KEYED, 404))
-async def read_model(svc: NamedDependency[Services], model_id: FromPath[str]) -> dict[str, Any]:
+async def read_model(svc: NamedDependency[Ready], model_id: FromPath[str]) -> dict[str, Any]:
     """The served model's card (`default` is an alias)."""
     model_id = model_id.lstrip("/")
     if model_id not in (_model_id(svc), "default"):

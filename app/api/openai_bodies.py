@@ -98,9 +98,6 @@ class Sampling(Struct, forbid_unknown_fields=True, kw_only=True):
     repetition_penalty: Annotated[float, Meta(ge=0.01, le=10)] | None = None
     speculative: Literal["off", "ngram"] | None = None  # None: the server's --speculative
     # Refused by name when given.
-    tools: None = None
-    tool_choice: None = None
-    parallel_tool_calls: None = None
     functions: None = None
     function_call: None = None
     suffix: None = None
@@ -133,3 +130,7 @@ class CompletionRequest(Sampling, kw_only=True):
     echo: bool | None = None
     best_of: Samples | None = None
     logprobs: Annotated[int, Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    # Refused by name when given (ChatRequest takes them).
+    tools: None = None
+    tool_choice: None = None
+    parallel_tool_calls: None = None

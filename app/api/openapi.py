@@ -6,17 +6,21 @@ keys, optional bodies, SSE answers and the `Retry-After` of 429 / 503.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIHeader, OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
+from litestar.openapi.spec.request_body import RequestBody
 from msgspec import Struct
 
 from app.api.errors import STATUS
 
-Code = Literal[tuple(STATUS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    Code = str  # one of STATUS's keys: the Literal below is built at run time, for the schema
+else:
+    Code = Literal[tuple(STATUS)]
 
 
 class ErrorDetail(Struct, forbid_unknown_fields=True):
@@ -99,7 +103,7 @@ class OptionalBody(Documented):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.request_body is not None and not isinstance(self.request_body, dict):
+        if isinstance(self.request_body, RequestBody):
             self.request_body.required = False
 
 
@@ -143,9 +147,9 @@ def _constrain(schema: Any, t: msgspec.inspect.Type) -> None:
             if value is not None:
                 setattr(schema, name, value)
     elif isinstance(t, msgspec.inspect.StrType):
-        for name, value in (("min_length", t.min_length), ("max_length", t.max_length), ("pattern", t.pattern)):
-            if value is not None:
-                setattr(schema, name, value)
+        for name, bound in (("min_length", t.min_length), ("max_length", t.max_length), ("pattern", t.pattern)):
+            if bound is not None:
+                setattr(schema, name, bound)
     elif isinstance(t, msgspec.inspect.ListType):
         if t.min_length is not None:
             schema.min_items = t.min_length
@@ -163,7 +167,7 @@ def _of_type(schema: Schema, json_type: OpenAPIType | None) -> list[Schema]:
         return []
     if schema.type == json_type:
         return [schema]
-    subs = [s for s in (schema.one_of or []) + (schema.any_of or []) if isinstance(s, Schema)]
+    subs = [s for s in [*(schema.one_of or []), *(schema.any_of or [])] if isinstance(s, Schema)]
     return [o for sub in subs for o in _of_type(sub, json_type)]
 
 

@@ -3,7 +3,7 @@ each by its parameter name (`DEPENDENCIES`). Those of a loaded model answer 503 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -28,17 +28,35 @@ class Services:
     connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
 
 
+@runtime_checkable  # Litestar checks a dependency's type with isinstance
+class Ready(Protocol):
+    """`Services` with the model loaded and the database open: what the `svc` dependency gives."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def chat(self) -> ChatService: ...
+    @property
+    def started_at(self) -> float: ...
+
+
 def provide_services(state: State) -> Services:
     """The services as they are now (the model may still be loading)."""
     return state.forge
 
 
-def provide_ready(state: State) -> Services:
+def provide_ready(state: State) -> Ready:
     """The services with the model loaded and the database open, else 503."""
     svc: Services = state.forge
-    if svc.chat is None or svc.store is None:
+    if svc.chat is None or svc.store is None or svc.engine is None:
         raise ServiceError("unavailable", "the model is still loading; retry shortly")
-    return svc
+    return cast(Ready, svc)  # the check above: none of them is None
 
 
 def provide_store(state: State) -> Store:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from litestar import WebSocket, websocket
@@ -20,7 +20,7 @@ from app.api.errors import ServiceError, busy_database
 from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
 from app.api.response_format import plain
-from app.api.state import Services
+from app.api.state import Ready, Services
 from app.api.tools import check_settings
 from app.domain import errors as domain
 from app.domain.defaults import session_defaults
@@ -42,7 +42,8 @@ class Connection:
 
     def __init__(self, socket: WebSocket, svc: Services) -> None:
         self.socket = socket
-        self.svc = svc
+        # Typed as loaded: `handle` refuses every command until it is, and only commands open sessions and turns.
+        self.svc = cast(Ready, svc)
         self.owner = owner(socket.scope)
         self.outbox = Outbox(svc.settings.outbox_events, svc.settings.outbox_bytes, self._stalled)
         self.bucket = TokenBucket(svc.settings.ws_commands_per_s)
@@ -81,9 +82,11 @@ class Connection:
                     break
                 if self.outbox.stalled:
                     break
-                if msg.get("text") is not None:
-                    raw: str | bytes = msg["text"]
-                    size = len(raw.encode()) if len(raw) > MAX_FRAME_BYTES // 4 else len(raw)
+                if msg["type"] != "websocket.receive":  # nothing else comes after the accept
+                    continue
+                if (text := msg.get("text")) is not None:
+                    raw: str | bytes = text
+                    size = len(text.encode()) if len(text) > MAX_FRAME_BYTES // 4 else len(text)
                 else:
                     raw = msg.get("bytes") or b""
                     size = len(raw)
@@ -153,7 +156,7 @@ class Connection:
                 raise ServiceError("rate_limited", f"more than {self.svc.settings.ws_commands_per_s:g} commands a "
                                    "second; slow down")
             try:
-                cmd = bodies.decode(raw, AnyCommand, "message")
+                cmd: AnyCommand = bodies.decode(raw, AnyCommand, "message")
             except ServiceError:
                 envelope = _envelope(raw)
                 raise
