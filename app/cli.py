@@ -150,9 +150,11 @@ async def _generate(engine: Engine, args: argparse.Namespace) -> None:
                 print(ev.text, end="", flush=True)
             if ev.final:
                 final = ev
+        assert final is not None  # a generation always ends with a final event
         if final.finish_reason == "error":
             raise ValueError(final.error)
         if args.json:
+            assert final.usage is not None and final.timings is not None  # every final event but an error's
             print(json.dumps({
                 "text": "".join(text),
                 "token_ids": token_ids,
@@ -198,6 +200,7 @@ async def _chat(engine: Engine, args: argparse.Namespace) -> None:
                 print(f"(not sent: {exc}; /reset starts over)", file=sys.stderr)
                 continue
             turns.append({"role": "assistant", "content": "".join(reply)})
+            assert final is not None and final.usage is not None and final.timings is not None  # see _generate
             u, t = final.usage, final.timings
             print(f"\n[{u.completion_tokens} tokens, {u.cached_tokens}/{u.prompt_tokens} prompt tokens cached, "
                   f"TTFT {t.ttft * 1000:.0f} ms]", file=sys.stderr)

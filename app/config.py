@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class Settings:
     embedding_pooling: str = "mean"  # /v1/embeddings: "mean" | "last" (a model's own GGUF pooling_type wins)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Build settings from FORGE_* variables (or `env`), then apply the non-None `overrides`.
 
         Raises ValueError naming the variable or field when a value has the wrong type

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
                                generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 disable_created_metrics()  # no `*_created` series next to every counter and histogram
 
@@ -176,7 +176,7 @@ class _EngineCollector:
     def describe(self) -> list:
         return []  # dynamic: don't let the registry call collect() at registration
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         adm = self.m.admission
         if adm is not None:
             yield GaugeMetricFamily("forge_admission_queue_depth", "Generations waiting to be admitted.",

@@ -111,15 +111,15 @@ class Leases:
         holds an unexpired lease. One statement: of two replicas taking at once, one gets it."""
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
-            values = dict(session_id=session_id, replica=replica, token=uuid.uuid4().hex, taken_at=now,
-                          expires_at=now + self.ttl)
+            token, expires_at = uuid.uuid4().hex, now + self.ttl
+            values = dict(session_id=session_id, replica=replica, token=token, taken_at=now, expires_at=expires_at)
             insert = _insert(db, SessionLease).values(**values)
             taken = await db.execute(insert.on_conflict_do_update(
                 index_elements=["session_id"], set_={k: v for k, v in values.items() if k != "session_id"},
                 where=SessionLease.expires_at <= now).returning(SessionLease.token))
-            if taken.scalar_one_or_none() != values["token"]:
+            if taken.scalar_one_or_none() != token:
                 return None
-            return Lease(session_id, replica, values["token"], values["expires_at"])
+            return Lease(session_id, replica, token, expires_at)
 
     async def release(self, lease: Lease) -> bool:
         """End the turn of `lease`; False when it was no longer held by it (it expired and was taken again)."""

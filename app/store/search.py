@@ -111,7 +111,7 @@ async def search_like(db: AsyncSession, owner: str, query: str, limit: int) -> l
 
     titles = await db.execute(select(ChatSession.id, ChatSession.title).where(
         ChatSession.owner == owner, every(ChatSession.title)).order_by(ChatSession.updated_at.desc()).limit(limit))
-    hits = [(sid, None, title) for sid, title in titles.all()]
+    hits: list[tuple[str, str | None, str]] = [(sid, None, title) for sid, title in titles.all()]
     found = await db.execute(select(Message.session_id, Message.id, Message.content).join(
         ChatSession, ChatSession.id == Message.session_id).where(
         ChatSession.owner == owner, every(Message.content)).order_by(ChatSession.updated_at.desc(), Message.ordinal)

@@ -93,7 +93,7 @@ class Store:
         async with self.sessionmaker.begin() as db:
             row = await _owned(db, session_id, owner)
             rows = await _messages(db, session_id) if row is not None else []
-            if not choose(rows, message_id):
+            if row is None or not choose(rows, message_id):
                 return None
             return row.to_dict(), chosen_branch(rows)
 
@@ -184,7 +184,7 @@ class Store:
                 db.add(msg)
                 rows.append(msg)
                 below = msg
-            choose(rows, below.id)
+            choose(rows, msg.id)  # the reply just added
             session.updated_at = now
             if title is not None:
                 session.title = title
