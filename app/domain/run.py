@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.types import GenerationEvent
 
@@ -141,7 +141,7 @@ class Runner:
         self.guard.forget(turn)  # before the last event goes out: a client reacting to it finds the session free
         if failure is not None:
             turn.emit(ServiceError("internal", failure).event(**ids))
-        done = {"type": "done", **ids, "status": status, "finish_reason": reason,
+        done: dict[str, Any] = {"type": "done", **ids, "status": status, "finish_reason": reason,
                 "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
                 "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}}
         if tool_calls:
