@@ -195,6 +195,7 @@ class BlockManager:
             if deadline is not None and time.monotonic() > deadline:
                 break
             block = self.blocks[bid]
+            assert block.digest is not None  # idle and busy above hold only blocks with a digest
             self.spill.offer(block.digest, block.tokens, bid, wait=True)
 
     # ---- internals -----------------------------------------------------------------

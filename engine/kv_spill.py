@@ -118,11 +118,9 @@ class KVSpill:
             on_disk = digest in self._index
         if item is not None and item[0] == tokens:
             data = item[1]
-        elif on_disk:
-            data = self._read(digest, tokens)
-            if data is None:
-                return False
-        else:
+        elif on_disk and (read := self._read(digest, tokens)) is not None:
+            data = read
+        else:  # absent, or its file failed a check
             return False
         self._write_block(block_id, data)
         self.stats.restored_blocks += 1
@@ -180,7 +178,7 @@ class KVSpill:
         if size <= self.capacity:
             tmp = path.with_name(f"{digest.hex()}.{os.getpid()}.tmp")  # replicas may share a folder
             try:
-                payload = memoryview(np.ascontiguousarray(data)).cast("B")
+                payload = np.ascontiguousarray(data).data.cast("B")
                 with open(tmp, "wb") as f:
                     for part in fmt.encode(self.layout, digest, tokens, payload):
                         f.write(part)
