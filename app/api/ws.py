@@ -251,10 +251,12 @@ class Connection:
         replay = self.svc.chat.replay(session_id, self.owner)
         at = next((i for i, m in enumerate(messages) if replay is not None and m["id"] == replay.message_id), None)
         event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": messages}
-        if replay is None or (at is not None and messages[at]["status"] != "streaming"):
-            self._reply(event, client_id)  # no turn, or its reply is stored complete: the history says it all
+        stored_final = at is not None and messages[at]["status"] != "streaming"
+        if replay is None or (at is None and replay.ended) or stored_final:
+            # no turn, one that ended off this branch, or its reply is stored complete: the history says it all
+            self._reply(event, client_id)
             return
-        after = 0  # the reply started after the history was read: all of its events follow
+        after = 0  # a running reply not in there started after the history was read: all of its events follow
         if at is not None:
             messages[at] = {**messages[at], "content": replay.text(), "status": "streaming"}
             after = replay.text_seq

@@ -49,7 +49,8 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
             before_restart = http.get(f"/api/sessions/{sid}").json()
 
             # A reply whose client dropped goes on without it (--detached-turn-s): SIGTERM interrupts it too.
-            away_sid = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 2000}}).json()["id"]
+            away_sid = http.post("/api/sessions",
+                                 json={"settings": {"temperature": 0, "max_tokens": 2000}}).json()["id"]
             endless = {"type": "regex", "pattern": "x{9000}"}  # no end before max_tokens: still running at SIGTERM
             with http.stream("POST", f"/api/sessions/{away_sid}/messages",
                              json={"content": "A very long story.", "response_format": endless}) as r:

@@ -78,6 +78,12 @@ async def test_dropped_socket_reattaches_with_no_gap_and_a_second_watcher_follow
         await c.send(json.dumps({"type": "turn.resume", "session_id": sid, "after_seq": 10**9, "client_id": "y"}))
         err = await recv(c)
         assert (err["type"], err["code"], err["param"]) == ("error", "invalid_parameter", "after_seq")
+        # Reopened after its end: the stored history alone, nothing replayed after it
+        await c.send(json.dumps({"type": "session.open", "session_id": sid}))
+        await c.send(json.dumps({"type": "ping"}))
+        answers = [await recv(c) for _ in range(3)]
+        assert [a["type"] for a in answers] == ["session", "history", "pong"] and "seq" not in answers[1]
+        assert answers[1]["messages"][-1]["content"] == uninterrupted
     assert stored(server, sid)[-1]["content"] == uninterrupted
 
 
