@@ -4,38 +4,37 @@ its stored message and `done`. The client going away leaves the turn running (ap
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from litestar import Request, get
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
-from litestar.params import FromPath, Parameter
+from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import KEYED, Events, errors
 from app.api.outbox import Outbox
-from app.api.sse import with_keepalives, keepalive
+from app.api.sse import keepalive, with_keepalives
 from app.config import Settings
 from app.domain.chat import ChatService
 from app.domain.errors import not_found
 from app.domain.replay import Replay
 from app.store import Store
 
-log = logging.getLogger("forge.sessions")
-
 MAX_SEQ = 1 << 40
+AT_LEAST_0 = {"minimum": 0}  # Litestar leaves a bound of 0 out of the schema (as if unset)
+AFTER = QueryParameter(ge=0, le=MAX_SEQ, schema_extra=AT_LEAST_0)
+LAST_EVENT_ID = HeaderParameter(name="Last-Event-ID", ge=0, le=MAX_SEQ, schema_extra=AT_LEAST_0)
 
 
 @get("/{session_id:str}/messages/{message_id:str}/events", responses=errors(*KEYED, 404), operation_class=Events)
 async def turn_events(request: Request, chat: NamedDependency[ChatService], store: NamedDependency[Store],
                       settings: NamedDependency[Settings], session_id: FromPath[str], message_id: FromPath[str],
-                      after: Annotated[int | None, Parameter(query="after", ge=0, le=MAX_SEQ)] = None,
-                      last_event_id: Annotated[int | None, Parameter(header="Last-Event-ID", ge=0, le=MAX_SEQ)] = None,
-                      ) -> ServerSentEvent:
+                      after: Annotated[int | None, AFTER] = None,
+                      last_event_id: Annotated[int | None, LAST_EVENT_ID] = None) -> ServerSentEvent:
     """SSE: the events of reply `message_id` after event `Last-Event-ID` (or `after`; neither: from the start),
     then the new ones while it is generated. A reply no longer generated: its stored message (`message`) and
     `done`. Leaving does not stop the reply (POST .../cancel does)."""
