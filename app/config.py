@@ -39,6 +39,7 @@ class Settings:
     log_level: str = "info"
     keepalive_s: float = 5.0  # SSE keep-alive comment interval while no event is ready
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
+    detached_turn_s: float = 120.0  # a chat reply nobody watches (its client dropped) goes on this long, then stops
     # Per-client bounds (docs/protocol.md#limits)
     outbox_events: int = 1024  # events queued for one WebSocket / SSE stream before its reader counts as stalled
     outbox_bytes: int = 1 << 20  # ... or this many bytes of them
@@ -98,6 +99,8 @@ class Settings:
             raise ValueError(f"spec_row_cost must be >= 0 and finite (leave it unset to measure), got {self.spec_row_cost}")
         if self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
+        if not 0 <= self.detached_turn_s < 1e6:
+            raise ValueError(f"detached_turn_s must be >= 0 and finite, got {self.detached_turn_s}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if not all(_TOKEN.fullmatch(k) for k in self.api_keys):
@@ -141,7 +144,8 @@ _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "queue_size",
                "max_concurrent_per_key", "import_messages", "default_max_tokens"}
-_FLOAT_FIELDS = {"spec_row_cost", "keepalive_s", "shutdown_grace_s", "ws_commands_per_s", "queue_timeout_s"}
+_FLOAT_FIELDS = {"spec_row_cost", "keepalive_s", "shutdown_grace_s", "ws_commands_per_s", "queue_timeout_s",
+                 "detached_turn_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}
 _ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}
@@ -200,6 +204,9 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
+    p.add_argument("--detached-turn-s", type=float, default=None,
+                   help="a chat reply whose clients all dropped goes on this long for one to reattach, then stops "
+                        "(default 120; 0: stops at once)")
     p.add_argument("--queue-size", type=int, default=None,
                    help="generations that may wait for the engine, served round-robin by API key (default 1024); "
                         "one more is refused with 429")
@@ -215,7 +222,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
 _SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                    "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
                    "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling",
-                   "kv_spill_dir", "kv_spill_size")
+                   "kv_spill_dir", "kv_spill_size", "detached_turn_s")
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         svc.metrics.bind_engine(eng)
         svc.chat = ChatService(eng, store, svc.metrics, Admission(
             eng.max_num_seqs, queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
-            per_owner=settings.max_concurrent_per_key))
+            per_owner=settings.max_concurrent_per_key), detached_s=settings.detached_turn_s)
         svc.started_at = time.time()
         log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
                  store.engine.url.render_as_string(hide_password=True))

@@ -23,6 +23,10 @@ export function handleEvent(ev) {
     case "history":
       if (!isCurrent) break;
       setMessages(ev.messages || []);
+      if (ev.seq != null) { // a reply going on: its text up to event `seq`, the rest follows
+        const live = findMessage(state.streaming.get(sid));
+        if (live) live.seq = ev.seq;
+      }
       afterHistory(cmd);
       break;
     case "message.created": {
@@ -50,6 +54,8 @@ export function handleEvent(ev) {
       if (!isCurrent) break;
       const msg = findMessage(ev.message_id) || addMessage({ id: ev.message_id, session_id: sid, role: "assistant",
         content: "", status: "streaming", position: nextPosition() });
+      if (ev.seq != null && msg.seq != null && ev.seq <= msg.seq) break; // already in the text shown
+      if (ev.seq != null) msg.seq = ev.seq;
       appendText(msg, ev.text || "");
       break;
     }
@@ -120,13 +126,9 @@ function errorText(ev) {
   return ev.code && ev.code !== "internal" && !ev.message ? ERROR_TEXT[ev.code] || msg : msg;
 }
 
-/** The socket closed: the server stops its generations; the stored history tells the rest. */
+/** The socket closed: replies go on at the server; the socket reopens the session when it reconnects and the
+ * `history` it answers shows them as far as they got, then the rest streams (docs/protocol.md#resume). */
 export function handleClose() {
-  for (const [sid, mid] of state.streaming) {
-    if (sid !== currentId()) continue;
-    const msg = findMessage(mid);
-    if (msg && msg.status === "streaming") { msg.status = "interrupted"; updateMessage(msg); }
-  }
   state.streaming.clear();
   state.own.clear();
   forgetAll();

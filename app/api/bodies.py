@@ -258,8 +258,14 @@ class Ping(Command, tag="ping"):
     pass
 
 
+class TurnResume(Command, tag="turn.resume"):
+    session_id: Id
+    after_seq: Count  # the last event of the turn the client has (0: none)
+    message_id: Id | None = None  # the reply the client follows: another one (or none running) answers `history`
+
+
 AnyCommand = (SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | BranchSelect
-              | GenerationCancel | Ping | ToolResult | MessageContinue)
+              | GenerationCancel | Ping | ToolResult | MessageContinue | TurnResume)
 
 
 class Envelope(Struct):

@@ -24,6 +24,7 @@ from app.api.outbox import Outbox
 from app.api.response_format import plain
 from app.api.sse import keepalive, with_keepalives
 from app.api.tools import check_settings
+from app.api.turn_events import turn_events
 from app.config import Settings
 from app.domain import errors as domain
 from app.domain.chat import ChatService
@@ -128,16 +129,16 @@ async def turn_stream(chat: ChatService, settings: Settings,
     Refusals are an HTTP status, except for a turn that has to wait to be admitted: its stream starts at
     once with keep-alives, and a passed deadline is an `error` event (with `retry_after_s`) ending it.
     The client going away at any point (even before the body starts, when the generator never runs)
-    cancels the turn (its partial reply is stored as "stopped") or takes it out of the queue. So does a
-    client that stops reading until `outbox_events` events (or `outbox_bytes`) wait for it: the stream
-    then ends without `done`.
+    leaves the turn running without it (GET .../events reattaches; app/domain/replay.py), or takes it out of
+    the queue while it waits. So does a client that stops reading until `outbox_events` events (or
+    `outbox_bytes`) wait for it: the stream then ends without `done`.
     """
     turn: Turn | None = None
     starting: asyncio.Task | None = None
 
     def stop() -> None:
         if turn is not None:
-            chat.cancel_turn(turn)
+            chat.detach(turn, sink)
         elif starting is not None:
             starting.cancel()  # still waiting to be admitted: leave the queue
 
@@ -148,7 +149,7 @@ async def turn_stream(chat: ChatService, settings: Settings,
             outbox.put(None)
         else:
             data = json.dumps(ev, ensure_ascii=False)
-            outbox.put((ev["type"], data), len(data))
+            outbox.put((ev["type"], data, ev.get("seq")), len(data))
 
     queued = asyncio.Event()
     starting = asyncio.ensure_future(start(sink, queued.set))
@@ -179,7 +180,6 @@ async def turn_stream(chat: ChatService, settings: Settings,
             sink(None)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
-        seq = 0
         try:
             if waiting:
                 async for item in admitted():
@@ -188,8 +188,7 @@ async def turn_stream(chat: ChatService, settings: Settings,
                 if item is None:
                     yield keepalive()
                     continue
-                seq += 1
-                yield ServerSentEventMessage(data=item[1], event=item[0], id=seq)
+                yield ServerSentEventMessage(data=item[1], event=item[0], id=item[2])
         finally:
             stop()
 
@@ -262,5 +261,5 @@ async def cancel(request: Request, store: NamedDependency[Store], chat: NamedDep
 
 router = Router(path="/api/sessions", route_handlers=[
     list_sessions, create_session, import_session, read_session, update_session, delete_session, export_session,
-    select_branch, send_message, edit_message, regenerate, cancel, post_tool_result, continue_reply,
+    select_branch, send_message, edit_message, regenerate, cancel, post_tool_result, continue_reply, turn_events,
 ])

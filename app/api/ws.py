@@ -26,6 +26,7 @@ from app.domain import errors as domain
 from app.domain.defaults import session_defaults
 from app.domain.errors import not_found
 from app.domain.rate import TokenBucket
+from app.domain.replay import Replay
 from app.domain.turn import Queued, Turn
 
 log = logging.getLogger("forge.ws")
@@ -64,6 +65,7 @@ class Connection:
             bodies.Ping: self.ping,
             bodies.ToolResult: self.tool_result,
             bodies.MessageContinue: self.message_continue,
+            bodies.TurnResume: self.turn_resume,
         }
 
     def send(self, event: dict[str, Any] | None) -> None:
@@ -99,8 +101,8 @@ class Connection:
                     continue
                 await self.handle(raw)
         finally:
-            # The socket is gone or closing: abort its generations (partial replies are stored as "stopped")
-            # and leave the admission queue.
+            # The socket is gone or closing: its generations go on without it (for a while: app/domain/replay.py)
+            # and it leaves the admission queue.
             self.gone = True
             for starting in list(self.waiting):
                 starting.cancel()
@@ -114,7 +116,7 @@ class Connection:
 
     def _stop_turns(self) -> None:
         for turn in self.turns:
-            self.svc.chat.cancel_turn(turn)
+            self.svc.chat.detach(turn, self.send)
 
     def _stalled(self) -> None:
         log.info("websocket client stopped reading; closing it with %d", WS_TOO_SLOW)
@@ -248,7 +250,55 @@ class Connection:
         session, messages = found
         self._watch(cmd.session_id, session["title"])
         self._reply({"type": "session", "session": session}, cmd.client_id)
-        self._reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
+        self._history(cmd.session_id, messages, cmd.client_id)
+
+    def _history(self, session_id: str, messages: list[dict[str, Any]], client_id: str | None) -> None:
+        """Answer `history`; a reply being generated in it is shown as far as it got (`seq`: its last event in
+        there) and this socket follows it from there. No await in here: nothing happens in between."""
+        replay = self.svc.chat.replay(session_id, self.owner)
+        at = next((i for i, m in enumerate(messages) if replay is not None and m["id"] == replay.message_id), None)
+        event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": messages}
+        stored_final = at is not None and messages[at]["status"] != "streaming"
+        if replay is None or (at is None and replay.ended) or stored_final:
+            # no turn, one that ended off this branch, or its reply is stored complete: the history says it all
+            self._reply(event, client_id)
+            return
+        after = 0  # a running reply not in there started after the history was read: all of its events follow
+        if at is not None:
+            messages[at] = {**messages[at], "content": replay.text(), "status": "streaming"}
+            after = replay.text_seq
+        event["seq"] = after
+        self._reply(event, client_id)
+        self._follow(replay, after)
+
+    def _follow(self, replay: Replay, after: int) -> bool:
+        """This socket watches the turn of `replay` from event `after` on."""
+        if not replay.attach(self.send, after):
+            return False
+        turn = self.svc.chat.running(replay.session_id, self.owner)
+        if turn is not None and turn.replay is replay and not any(t is turn for t in self.turns):
+            self.turns = [t for t in self.turns if not t.done] + [turn]
+        return True
+
+    async def turn_resume(self, cmd: bodies.TurnResume) -> None:
+        self._room_for(cmd.session_id)
+        replay = self.svc.chat.replay(cmd.session_id, self.owner, cmd.message_id)
+        if replay is not None and cmd.after_seq > replay.seq:
+            raise ServiceError("invalid_parameter", f"'after_seq' is {cmd.after_seq}; the turn's last event is "
+                               f"{replay.seq}", param="after_seq")
+        if replay is None or not replay.can_replay(cmd.after_seq):
+            # The turn ended long ago (or its events from there are gone): the stored state, as session.open does
+            found = await self.svc.store.get_history(cmd.session_id, self.owner)
+            if found is None:
+                raise not_found(cmd.session_id)
+            self._watch(cmd.session_id, found[0]["title"])
+            self._history(cmd.session_id, found[1], cmd.client_id)
+            return
+        turn = self.svc.chat.running(cmd.session_id, self.owner)
+        self._watch(cmd.session_id, turn.title if turn is not None else "")
+        self._reply({"type": "turn.resumed", "session_id": cmd.session_id, "message_id": replay.message_id,
+                     "seq": replay.seq}, cmd.client_id)
+        self._follow(replay, cmd.after_seq)
 
     async def message_send(self, cmd: bodies.MessageSend) -> None:
         self._room_for(cmd.session_id)

@@ -20,6 +20,7 @@ from app.domain.guard import Guard
 from app.domain.plan import Plan, plan_continue, plan_edit, plan_regenerate, plan_send
 from app.domain.presence import Presence
 from app.domain.prompt import render, sampling
+from app.domain.replay import Replay, Replays
 from app.domain.response_format import compile_response_format
 from app.domain.run import Runner
 from app.domain.tools import TOOL_KEYS, ToolPlan, check_result
@@ -40,7 +41,8 @@ class ChatService:
     and /v1 requests) goes through `admitter`: past the engine's capacity it waits in a queue fair across
     owners."""
 
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics, admission: Admission | None = None) -> None:
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics, admission: Admission | None = None,
+                 detached_s: float = 120.0) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
@@ -48,6 +50,8 @@ class ChatService:
         self.guard = Guard()
         self.presence = Presence()
         self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
+        self.replays = Replays()  # the turns' numbered events, for clients that reattach (app/domain/replay.py)
+        self.detached_s = detached_s  # a turn nobody watches this long is stopped
         # /v1 requests take their places here too (app/api/openai.py)
         self.enter, self.wait, self.release = self.admitter.enter, self.admitter.wait, self.admitter.release
 
@@ -172,9 +176,16 @@ class ChatService:
                     raise not_found(session_id)
                 session, branch = started
                 reply = branch[-1]
+                # The turn's events go to a numbered log that `sink` watches (with `client_id` on them), and so
+                # may other clients: the reply goes on while someone watches or reattaches (app/domain/replay.py).
+                replay = Replay(session_id, owner, reply["id"], self.detached_s)
+                replay.attach(sink, 0, client_id)
                 turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
-                            title=session["title"], sink=sink, client_id=client_id, ticket=held,
+                            title=session["title"], sink=replay.publish, ticket=held, replay=replay,
                             tool_format=tool_plan.fmt if tool_plan else None)
+                replay.on_idle = lambda: self.cancel_turn(turn)
+                replay.on_end = lambda: self.replays.ended(replay)
+                self.replays.add(replay)
                 if plan.branches:
                     turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
                 elif plan.user_content is not None:
@@ -219,6 +230,22 @@ class ChatService:
 
     def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
         return render(self.engine, session, history)
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def replay(self, session_id: str, owner: str, message_id: str | None = None) -> Replay | None:
+        """The event log of the session's running turn, or of its last one while it is kept after its end (of
+        reply `message_id`, when given)."""
+        if message_id is not None:
+            return self.replays.of_message(session_id, message_id, owner)
+        return self.replays.of_session(session_id, owner)
+
+    def detach(self, turn: Turn, sink: Sink) -> None:
+        """`sink`'s client went away: the turn goes on (stopped once nobody has watched it for `detached_s`)."""
+        if turn.replay is not None:
+            turn.replay.detach(sink)
+        else:
+            self.cancel_turn(turn)
 
     # -- stopping -------------------------------------------------------------------------
 

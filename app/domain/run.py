@@ -1,9 +1,9 @@
 """Running an admitted turn: the engine's events go to the turn's sink as `delta`s, the reply is stored as it
 grows (at most SAVE_INTERVAL_S apart) and at the end, then the turn gives back its place and its session.
 
-A turn runs in its own task, independent of the socket or HTTP response that started it. When the transport
-goes away it cancels the turn, the engine aborts the sequence within a step, and the turn stores what it has
-as "stopped" (or "interrupted" when the server is shutting down).
+A turn runs in its own task, independent of the socket or HTTP response that started it: it goes on when the
+transport goes away (app/domain/replay.py). When it is stopped the engine aborts the sequence within a step, and
+the turn stores what it has as "stopped" (or "interrupted" when the server is shutting down).
 """
 from __future__ import annotations
 

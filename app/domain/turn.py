@@ -32,6 +32,7 @@ class Turn:
     task: asyncio.Task | None = None
     cancelled: bool = False
     done: bool = False
+    replay: Any = None  # its numbered events and watchers: app.domain.replay.Replay (which imports this module)
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.client_id is not None:

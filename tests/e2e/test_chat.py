@@ -1,5 +1,5 @@
 """The chat UI against the real service and the real default model: sessions, streaming,
-Stop, Regenerate, Edit-and-resend, Copy, settings, stats, reload, reconnect.
+Stop, Regenerate, Edit-and-resend, Copy, settings, stats, reload, reconnect (a reply goes on through both).
 
 Greedy (temperature 0) replies are compared with the reference outputs in tests/fixtures.
 """
@@ -11,6 +11,9 @@ FRANCE = 0  # fixture prompt: "What is the capital of France?" -> EOS after 8 to
 FACTORIAL = 1  # fixture prompt: a Python function, 32 tokens, opens a ``` fence
 LONG_PROMPT = "Write a long story about a dragon who learns to fly."
 
+RESUMED_TOKENS = 80  # long enough to be cut mid-reply, short enough to finish soon
+STREAMING_TEXT = ("() => { const m = document.querySelector('[data-testid=message][data-role=assistant]"
+                  "[data-status=streaming] [data-testid=message-content]'); return m && m.textContent.length > 0; }")
 NO_STREAMING = "() => !document.querySelector('[data-testid=message][data-status=streaming]')"
 
 
@@ -290,7 +293,7 @@ def test_settings_errors_are_shown(chat, server, page):
     assert page.get_by_test_id("settings-error").inner_text() == ""
 
 
-def test_socket_drop_reconnects_and_shows_the_stored_state(chat, server, page, screenshot):
+def test_socket_drop_reconnects_and_the_reply_goes_on(chat, server, page, screenshot):
     routes = []
 
     def proxy(ws) -> None:
@@ -299,12 +302,10 @@ def test_socket_drop_reconnects_and_shows_the_stored_state(chat, server, page, s
     page.route_web_socket("**/ws", proxy)
     chat.open()
     sid = chat.new_session()
-    chat.set_settings(max_tokens=400, temperature=0)
+    chat.set_settings(max_tokens=RESUMED_TOKENS, temperature=0)
     chat.send(LONG_PROMPT)
     chat.assistant().wait_for()
-    page.wait_for_function("() => { const m = document.querySelector("
-                           "'[data-testid=message][data-role=assistant][data-status=streaming] "
-                           "[data-testid=message-content]'); return m && m.textContent.length > 0; }")
+    page.wait_for_function(STREAMING_TEXT)
     assert len(routes) == 1
     reply_id = chat.assistant().get_attribute("data-id")
     to_page, to_server = routes[0]
@@ -315,15 +316,32 @@ def test_socket_drop_reconnects_and_shows_the_stored_state(chat, server, page, s
     screenshot(page, "chat-reconnecting")
     chat.wait_connected()
     assert len(routes) == 2
-    # the page learns the reply's fate only from the stored history ("stopped" by the server)
-    page.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
-
+    # the server kept generating; the page reattaches and shows the reply to its end
+    assert chat.wait_finished(page.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == "complete"
     stored = server.session(sid)["messages"]
-    assert [m["status"] for m in stored] == ["complete", "stopped"]  # the server stopped the orphaned reply
+    assert [m["status"] for m in stored] == ["complete", "complete"]
     shown = chat.displayed()
     assert [(m["id"], m["status"]) for m in shown] == [(m["id"], m["status"]) for m in stored]
     assert chat.copied_text(chat.assistant()) == stored[1]["content"]
     assert page.get_by_test_id("send").is_visible()
+
+
+def test_reload_mid_reply_shows_it_going_on(chat, server, page):
+    chat.open()
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=RESUMED_TOKENS, temperature=0)
+    chat.send(LONG_PROMPT)
+    chat.assistant().wait_for()
+    page.wait_for_function(STREAMING_TEXT)
+    reply_id = chat.assistant().get_attribute("data-id")
+    page.reload()
+    chat.wait_connected()
+    reply = page.locator(f'[data-testid="message"][data-id="{reply_id}"]')
+    reply.wait_for()
+    assert chat.wait_finished(reply) == "complete"
+    stored = server.session(sid)["messages"][-1]
+    assert (stored["id"], stored["status"]) == (reply_id, "complete")
+    assert chat.copied_text(reply) == stored["content"]  # the text after the reload joins the text before it
 
 
 def test_import_button_opens_the_imported_session(chat, server, page):

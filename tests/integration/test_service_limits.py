@@ -49,7 +49,8 @@ async def test_one_socket_watches_a_bounded_number_of_sessions(server: ServerPro
 def small_outbox(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("outbox")
     srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
-                        env={"FORGE_OUTBOX_EVENTS": "16", "FORGE_WS_COMMANDS_PER_S": "100000"}).start()
+                        env={"FORGE_OUTBOX_EVENTS": "16", "FORGE_WS_COMMANDS_PER_S": "100000",
+                             "FORGE_DETACHED_TURN_S": "0"}).start()
     yield srv
     srv.stop()
 

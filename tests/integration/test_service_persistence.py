@@ -3,6 +3,7 @@ the partial reply stored. These tests start (and kill) servers of their own on o
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
 import sqlite3
@@ -47,6 +48,15 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
             assert done["type"] == "done" and done["status"] == "complete"
             before_restart = http.get(f"/api/sessions/{sid}").json()
 
+            # A reply whose client dropped goes on without it (--detached-turn-s): SIGTERM interrupts it too.
+            away_sid = http.post("/api/sessions",
+                                 json={"settings": {"temperature": 0, "max_tokens": 2000}}).json()["id"]
+            endless = {"type": "regex", "pattern": "x{9000}"}  # no end before max_tokens: still running at SIGTERM
+            with http.stream("POST", f"/api/sessions/{away_sid}/messages",
+                             json={"content": "A very long story.", "response_format": endless}) as r:
+                away = [json.loads(line[6:]) for line in itertools.takewhile(
+                    lambda line: line != "event: delta", r.iter_lines()) if line.startswith("data: ")]
+
             # SIGTERM mid-reply: the stream ends with the reply stored as "interrupted".
             long_sid = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 400}}).json()["id"]
             events: list[dict[str, Any]] = []
@@ -64,12 +74,13 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
     assert (done["type"], done["status"], done["finish_reason"]) == ("done", "interrupted", "abort")
     streamed = "".join(e["text"] for e in events if e["type"] == "delta")
     assert db_reply(db, done["message_id"]) == ("interrupted", streamed)
+    assert db_reply(db, [e for e in away if e["type"] == "message.created"][-1]["message"]["id"])[0] == "interrupted"
 
     second = ServerProcess(db_path=db, log_path=tmp_path / "second.log", api_key=None, admin_token=None).start()
     try:
         with httpx.Client(base_url=second.url, timeout=180) as http:
             listed = [s["id"] for s in http.get("/api/sessions").json()["data"]]
-            assert listed == [long_sid, sid]
+            assert [s for s in listed if s != away_sid] == [long_sid, sid]
             assert http.get(f"/api/sessions/{sid}").json() == before_restart
             interrupted = http.get(f"/api/sessions/{long_sid}").json()["messages"][-1]
             assert (interrupted["status"], interrupted["content"]) == ("interrupted", streamed)

@@ -83,7 +83,7 @@ def test_keepalive_comments_during_a_long_prefill(http: httpx.Client) -> None:
     assert events[-1]["event"] == "done"
 
 
-def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess, http: httpx.Client) -> None:
+def test_disconnect_leaves_the_generation_running_until_stopped(server: ServerProcess, http: httpx.Client) -> None:
     before = wait_idle(server)["engine"]["kv_blocks_used"]
     sid = new_session(http, settings={"temperature": 0, "max_tokens": 400})["id"]
     with http.stream("POST", f"/api/sessions/{sid}/messages",
@@ -99,6 +99,9 @@ def test_disconnect_aborts_the_generation_and_frees_blocks(server: ServerProcess
         assert mid["engine"]["running"] == 1
         assert [s["id"] for s in mid["active_sessions"] if s["status"] == "generating"] == [sid]
         lines.close()
+    time.sleep(0.2)
+    assert server.stats()["engine"]["running"] == 1  # the reply goes on without its client ...
+    assert http.post(f"/api/sessions/{sid}/cancel").json() == {"cancelled": True}  # ... until it is stopped
     after = wait_idle(server)  # the sequence is gone ...
     assert after["engine"]["kv_blocks_used"] == before  # ... and its blocks are free
     deadline = time.monotonic() + 60  # the stored reply follows the abort: however busy the machine
@@ -123,7 +126,8 @@ def stored_reply(http: httpx.Client, session_id: str) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def test_client_gone_before_the_stream_starts_stops_the_turn(server: ServerProcess, http: httpx.Client) -> None:
+def test_client_gone_before_the_stream_starts_leaves_the_turn_running(server: ServerProcess,
+                                                                      http: httpx.Client) -> None:
     sid = new_session(http, settings={"temperature": 0, "max_tokens": 300})["id"]
     # Hold the database's write lock so the server, having read the request, waits in storing the user
     # message; the client leaves meanwhile: the turn starts with its client already gone.
@@ -136,6 +140,10 @@ def test_client_gone_before_the_stream_starts_stops_the_turn(server: ServerProce
     finally:
         con.execute("ROLLBACK")
         con.close()
+    deadline = time.monotonic() + 60  # it starts without its client, and goes on until stopped
+    while not http.post(f"/api/sessions/{sid}/cancel").json()["cancelled"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     reply = stored_reply(http, sid)
     assert reply["role"] == "assistant"
     assert (reply["status"], reply["finish_reason"]) == ("stopped", "abort")
