@@ -125,8 +125,8 @@ class Settings:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
         if self.embedding_pooling not in ("mean", "last"):
             raise ValueError(f"embedding_pooling must be 'mean' or 'last', got {self.embedding_pooling!r}")
-        name = self.replica_name
-        if name is not None and not (0 < len(name) <= 200 and name.isprintable()):  # as the store keeps them
+        replica = self.replica_name
+        if replica is not None and not (0 < len(replica) <= 200 and replica.isprintable()):  # as the store keeps them
             raise ValueError(f"replica_name must be 1 to 200 printable characters, got {self.replica_name!r}")
         if not 0.5 <= self.lease_ttl_s <= 3600:
             raise ValueError(f"lease_ttl_s must be in [0.5, 3600] seconds, got {self.lease_ttl_s}")

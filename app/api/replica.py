@@ -16,7 +16,8 @@ def replica_header(name: str) -> Callable[[Message, Scope], Awaitable[None]]:
 
     async def hook(message: Message, scope: Scope) -> None:
         if message["type"] in _STARTS:
-            headers = [(k, v) for k, v in message.get("headers") or [] if k.lower() != HEADER]
+            given: list[tuple[bytes, bytes]] = list(message.get("headers") or [])  # type: ignore[call-overload]
+            headers = [(k, v) for k, v in given if k.lower() != HEADER]
             message["headers"] = [*headers, (HEADER, value)]  # type: ignore[typeddict-unknown-key]
 
     return hook

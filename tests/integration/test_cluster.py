@@ -191,11 +191,11 @@ def test_a_killed_replicas_replies_are_interrupted_and_its_sessions_go_on_elsewh
         live_started = threading.Event()
 
         def live_turn() -> None:
-            with httpx.Client(timeout=300) as other:
-                with other.stream("POST", f"{cluster.url}/api/sessions/{live}/messages", json={"content": LONG}) as r:
-                    for ev in sse(r):
-                        live_events.append(ev)
-                        live_started.set()
+            url = f"{cluster.url}/api/sessions/{live}/messages"
+            with httpx.Client(timeout=300) as other, other.stream("POST", url, json={"content": LONG}) as r:
+                for ev in sse(r):
+                    live_events.append(ev)
+                    live_started.set()
 
         watcher = threading.Thread(target=live_turn)
         watcher.start()
