@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import statistics
 import time
@@ -108,7 +109,9 @@ async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
                     model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=args.temperature,
                     stream=True, stream_options={"include_usage": True})
                 tally.replicas[raw.headers.get("X-Forge-Replica", "?")] += 1
-                stream = await raw.parse()
+                stream = raw.parse()  # an AsyncStream (awaitable in some openai versions)
+                if inspect.isawaitable(stream):
+                    stream = await stream
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage_tokens = chunk.usage.completion_tokens
