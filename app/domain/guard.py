@@ -4,6 +4,7 @@ Within this process a dict says which sessions are busy; across replicas sharing
 the session's lease in the store (app.store.leases), renewed by the replica's heartbeat (app.store.membership)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ from app.domain.turn import Turn
 from app.store.leases import Lease, Leases
 
 log = logging.getLogger("forge.chat")
+
+RELEASE_TRIES = 3
 
 
 class Guard:
@@ -59,13 +62,18 @@ class Guard:
         return lease
 
     async def give_back(self, lease: Lease | None) -> None:
-        """Release a lease `take` returned; a failure leaves it to expire (its heartbeat renews it meanwhile)."""
+        """Release a lease `take` returned, retried a few times: the replica's heartbeat renews every lease it
+        holds, so one left behind keeps its session busy until the replica stops."""
         if lease is None or self.leases is None:
             return
-        try:
-            await self.leases.release(lease)
-        except Exception:  # the database is unreachable: the lease runs out within its TTL once the turn is gone
-            log.exception("could not release the lease of session %s", lease.session_id)
+        for attempt in range(RELEASE_TRIES):
+            try:
+                await self.leases.release(lease)
+                return
+            except Exception:
+                log.exception("could not release the lease of session %s (attempt %d)", lease.session_id,
+                              attempt + 1)
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     def running(self, session_id: str, owner: str) -> Turn | None:
         """The running turn of one of `owner`'s sessions."""
