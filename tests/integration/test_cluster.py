@@ -167,9 +167,10 @@ def test_two_turns_on_one_session_through_two_replicas_one_is_busy(cluster: Clus
                 pass
             second, refused = turn(http, sid, "And another one.", base=r2)  # while the first streams on r1
             assert next(events)["type"] in ("delta", "done")  # it still ran then
+            assert http.post(f"{r1}/api/sessions/{sid}/cancel").status_code == 200
         assert first.headers["X-Forge-Replica"] == "r1" and second.headers["X-Forge-Replica"] == "r2"
         assert second.status_code == 409 and refused[0]["error"]["code"] == "busy", refused
-        # Closing the stream stopped the first turn, and its lease went with it: the session takes a turn on r2.
+        # The first turn stopped, and its lease went with it: the session takes a turn on r2.
         http.patch(f"/api/sessions/{sid}", json={"settings": {"max_tokens": 4}})
         deadline = time.monotonic() + WAIT_S
         while (again := turn(http, sid, "Thanks!", base=r2))[0].status_code == 409:
