@@ -52,6 +52,9 @@ class Settings:
     import_messages: int = 10_000  # messages in one imported session
     default_max_tokens: int = 512  # /v1 chat completions without max_tokens stop here (app.domain.defaults)
     embedding_pooling: str = "mean"  # /v1/embeddings: "mean" | "last" (a model's own GGUF pooling_type wins)
+    # Replicas sharing one database (docs/scale-out.md)
+    replica_name: str | None = None  # None: host:port
+    lease_ttl_s: float = 10.0  # a replica (and its session leases) counts as dead this long after its last heartbeat
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -122,6 +125,11 @@ class Settings:
             raise ValueError(f"ws_commands_per_s must be > 0, got {self.ws_commands_per_s}")
         if self.embedding_pooling not in ("mean", "last"):
             raise ValueError(f"embedding_pooling must be 'mean' or 'last', got {self.embedding_pooling!r}")
+        replica = self.replica_name
+        if replica is not None and not (0 < len(replica) <= 200 and replica.isprintable()):  # as the store keeps them
+            raise ValueError(f"replica_name must be 1 to 200 printable characters, got {self.replica_name!r}")
+        if not 0.5 <= self.lease_ttl_s <= 3600:
+            raise ValueError(f"lease_ttl_s must be in [0.5, 3600] seconds, got {self.lease_ttl_s}")
         check_activations(self.activations, self.backend)
         from engine.engine import parse_size  # the engine's own reading of a size
 
@@ -139,13 +147,18 @@ class Settings:
             return os.path.join(os.path.dirname(m.group(1)) or ".", "kv-spill")
         return os.path.join("data", "kv-spill")
 
+    @property
+    def replica(self) -> str:
+        """This process's name among the replicas sharing its database."""
+        return self.replica_name or f"{self.host}:{self.port}"
+
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "queue_size",
                "max_concurrent_per_key", "import_messages", "default_max_tokens"}
 _FLOAT_FIELDS = {"spec_row_cost", "keepalive_s", "shutdown_grace_s", "ws_commands_per_s", "queue_timeout_s",
-                 "detached_turn_s"}
+                 "detached_turn_s", "lease_ttl_s"}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}
 _ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}
@@ -217,12 +230,18 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedding-pooling", default=None, choices=["mean", "last"],
                    help="/v1/embeddings: pool the last hidden state by mean or last token (default: mean; a model's "
                         "own GGUF pooling_type wins)")
+    p.add_argument("--replica-name", default=None,
+                   help="this process's name among replicas sharing the database (default: host:port); unique")
+    p.add_argument("--lease-ttl-s", type=float, default=None,
+                   help="seconds after its last heartbeat a replica counts as dead and its replies interrupted "
+                        "(default 10)")
 
 
 _SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
                    "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
                    "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling",
-                   "kv_spill_dir", "kv_spill_size", "detached_turn_s")
+                   "kv_spill_dir", "kv_spill_size", "detached_turn_s",
+                   "replica_name", "lease_ttl_s")
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

@@ -1,6 +1,7 @@
 """`create_app(settings, engine=None) -> Litestar`: routes, error handlers and the lifespan that
-opens the database (after migrating it), loads the engine and, on shutdown, stores in-flight
-replies as "interrupted" before stopping the engine."""
+opens the database (after migrating it), joins it as a replica (sweeping the replies of replicas that died),
+loads the engine and, on shutdown, stores in-flight replies as "interrupted" and leaves before stopping the
+engine."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
 from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
+from app.api.replica import replica_header
 from app.api.state import DEPENDENCIES, Services
 from app.api.typed import TypedRequest
 from app.config import Settings
@@ -29,6 +31,7 @@ from app.domain.admission import Admission
 from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
+from app.store.membership import Membership
 from app.store.migrate import upgrade
 
 log = logging.getLogger("forge.app")
@@ -54,17 +57,27 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         if migrate:
             await asyncio.to_thread(upgrade, settings.database_url)
-        store = Store(settings.database_url)
+        store = Store(settings.database_url, lease_ttl_s=settings.lease_ttl_s)
         await store.ping()
-        stale = await store.mark_interrupted()
-        if stale:
-            log.warning("marked %d reply(ies) left streaming by a previous process as interrupted", stale)
-        eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
+        # Only replies of replicas whose lease has passed are interrupted: others sharing the database stream on.
+        membership = Membership(store.leases, settings.replica, f"{settings.host}:{settings.port}",
+                                on_lost=lambda: svc.chat.abandon() if svc.chat is not None else None)
+        await membership.start()
+        if membership.swept:
+            log.warning("marked %d reply(ies) of stopped replicas as interrupted", membership.swept)
+        svc.membership = membership
+        try:
+            eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
+        except BaseException:
+            await membership.stop()
+            await store.close()
+            raise
         svc.store, svc.engine = store, eng
         svc.metrics.bind_engine(eng)
         svc.chat = ChatService(eng, store, svc.metrics, Admission(
             eng.max_num_seqs, queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
-            per_owner=settings.max_concurrent_per_key), detached_s=settings.detached_turn_s)
+            per_owner=settings.max_concurrent_per_key), detached_s=settings.detached_turn_s,
+            replica=settings.replica)
         svc.started_at = time.time()
         log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
                  store.engine.url.render_as_string(hide_password=True))
@@ -73,6 +86,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         finally:
             svc.chat.interrupt_all()
             await svc.chat.drain(settings.shutdown_grace_s)
+            await membership.stop()  # after the drain: the replies are stored, the session leases released
             if engine is None:
                 await eng.shutdown()
             await store.close()
@@ -87,7 +101,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         middleware=[DefineMiddleware(Gate, settings=settings)],
-        before_send=[security_headers, allow_header],
+        before_send=[security_headers, allow_header, replica_header(settings.replica)],
         plugins=[StructSchemas()],  # before Litestar's own: refused extra fields in the schema
         request_class=TypedRequest,
         request_max_body_size=MAX_BODY_BYTES,

@@ -77,12 +77,10 @@ start_postgres() {
 }
 
 start_replica() {  # name port
-  local name=$1 port=$2 named=()
-  # A forge from before replicas had names serves too (without one).
-  if "$PY" -m app.cli serve --help 2>/dev/null | grep -q -- --replica-name; then named=(--replica-name "$name"); fi
+  local name=$1 port=$2
   # shellcheck disable=SC2086  # FORGE_SERVE_ARGS is a list of flags
   (cd "$ROOT" && exec setsid "$PY" -m app.cli serve --host 127.0.0.1 --port "$port" --db "$DB_URL" \
-    "${named[@]}" ${FORGE_SERVE_ARGS:-} >>"$LOGS/$name.log" 2>&1 </dev/null) &
+    --replica-name "$name" ${FORGE_SERVE_ARGS:-} >>"$LOGS/$name.log" 2>&1 </dev/null) &
   echo $! > "$PIDS/$name.pid"
 }
 

@@ -7,10 +7,15 @@
 
 Clients are anonymous (no API key) unless --api-key is given: on a server without keys they are all one
 owner. Prints turns completed, errors (by kind), aggregate generated tokens/s, TTFT and inter-token
-latency percentiles.
+latency percentiles, and the prefix-cache hit rate (cached prompt tokens / prompt tokens, as the server
+reports them).
+
+--session-header (v1 mode): each client sends `X-Forge-Session: <one id per conversation>`, so a front such as
+deploy/haproxy.cfg routes its turns to one replica, whose prefix cache holds the conversation; without it the
+front balances /v1 by least connections (compare the hit rates).
 
     python scripts/load_chats.py --base-url http://127.0.0.1:8000/v1 [--mode v1|ws] [--clients 64]
-        [--turns 10] [--max-tokens 64] [--time-limit-s 900] [--json]
+        [--turns 10] [--max-tokens 64] [--time-limit-s 900] [--session-header] [--json]
 
 A measurement script, not a test.
 """
@@ -18,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import statistics
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +55,13 @@ class Tally:
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)  # per turn: (last token - first token) / (tokens - 1)
     turn_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    replicas: Counter = field(default_factory=Counter)  # turns by X-Forge-Replica (v1 mode)
+
+    def usage(self, prompt: int | None, cached: int | None) -> None:
+        self.prompt_tokens += prompt or 0
+        self.cached_tokens += cached or 0
 
     def turn(self, started: float, first: float | None, last: float | None, tokens: int) -> None:
         self.completed += 1
@@ -76,8 +90,10 @@ def ms(value: float | None) -> float | None:
 async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: float) -> None:
     import openai
 
+    # One id per conversation: the front keeps its turns on one replica (and its prefix cache).
+    headers = {"X-Forge-Session": f"load-{args.run_id}-{i}"} if args.session_header else None
     client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key or "none", max_retries=0,
-                                timeout=args.turn_timeout_s)
+                                timeout=args.turn_timeout_s, default_headers=headers)
     messages: list[dict[str, str]] = []
     try:
         for t in range(args.turns):
@@ -89,12 +105,18 @@ async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
             first = last = None
             chunks, usage_tokens, text = 0, None, []
             try:
-                stream = await client.chat.completions.create(
+                raw = await client.chat.completions.with_raw_response.create(
                     model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=args.temperature,
                     stream=True, stream_options={"include_usage": True})
+                tally.replicas[raw.headers.get("X-Forge-Replica", "?")] += 1
+                stream = raw.parse()  # an AsyncStream (awaitable in some openai versions)
+                if inspect.isawaitable(stream):
+                    stream = await stream
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage_tokens = chunk.usage.completion_tokens
+                        details = chunk.usage.prompt_tokens_details
+                        tally.usage(chunk.usage.prompt_tokens, details.cached_tokens if details else None)
                     if chunk.choices and chunk.choices[0].delta.content:
                         last = time.perf_counter()
                         first = first or last
@@ -158,6 +180,7 @@ async def ws_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
                             break
                     elif ev.get("type") == "done":
                         if ev["status"] == "complete":
+                            tally.usage(ev["usage"]["prompt_tokens"], ev["usage"]["cached_tokens"])
                             tally.turn(started, first, last, int(ev["usage"]["completion_tokens"] or 0))
                         else:
                             tally.errors[f"done {ev['status']}"] += 1
@@ -188,6 +211,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_ms": {"p50": ms(pct(tally.ttft_s, 50)), "p95": ms(pct(tally.ttft_s, 95))},
         "itl_ms": {"p50": ms(pct(tally.itl_s, 50)), "p95": ms(pct(tally.itl_s, 95))},
         "turn_s_mean": round(statistics.fmean(tally.turn_s), 2) if tally.turn_s else None,
+        "session_header": args.session_header,
+        "prefix_hit_rate": round(tally.cached_tokens / tally.prompt_tokens, 3) if tally.prompt_tokens else None,
+        "turns_by_replica": dict(tally.replicas),
     }
 
 
@@ -204,8 +230,11 @@ def main() -> None:
     p.add_argument("--time-limit-s", type=float, default=900.0, help="no new turn starts after this")
     p.add_argument("--grace-s", type=float, default=120.0, help="how long turns running at the time limit may go on")
     p.add_argument("--turn-timeout-s", type=float, default=300.0)
+    p.add_argument("--session-header", action="store_true",
+                   help="v1 mode: send X-Forge-Session, one id per client conversation (session affinity)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    args.run_id = uuid.uuid4().hex[:8]
     result = asyncio.run(run(args))
     if args.json:
         print(json.dumps(result))
@@ -215,6 +244,9 @@ def main() -> None:
     print(f"  {result['tokens']} tokens, {result['tokens_per_s']} tok/s aggregate; TTFT p50 "
           f"{result['ttft_ms']['p50']} ms p95 {result['ttft_ms']['p95']} ms; ITL p50 {result['itl_ms']['p50']} ms "
           f"p95 {result['itl_ms']['p95']} ms")
+    affinity = "on" if args.session_header else "off"
+    print(f"  prefix-cache hit rate {result['prefix_hit_rate']} (X-Forge-Session {affinity}); turns by replica "
+          f"{result['turns_by_replica'] or '-'}")
 
 
 if __name__ == "__main__":

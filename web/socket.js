@@ -29,7 +29,9 @@ export class ChatSocket {
     await ensureAccess(); // a server with keys refuses the handshake without one
     let ws;
     try {
-      ws = new WebSocket(this.url, wsProtocols());
+      // Behind HAProxy the open session in the URL sends the socket to the replica holding its prefix cache.
+      const sid = /^#\/s\/([A-Za-z0-9_-]+)$/.exec(location.hash)?.[1];
+      ws = new WebSocket(sid ? `${this.url}?session=${sid}` : this.url, wsProtocols());
     } catch {
       this.scheduleRetry();
       return;

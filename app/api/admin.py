@@ -30,7 +30,7 @@ async def health() -> dict[str, str]:
 @get("/ready", responses={**errors(), 503: ResponseSpec(dict[str, Any], generate_examples=False,
      description="Not ready: the model is loading or the database does not answer")})
 async def ready(services: NamedDependency[Services]) -> Response:
-    """Ready: the model is loaded and the database answers; 503 otherwise."""
+    """Ready: the model is loaded, the database answers and this replica is a member of it; 503 otherwise."""
     model = services.engine.model_info.get("name") if services.engine is not None else None
     db = "not open"
     if services.store is not None:
@@ -40,10 +40,14 @@ async def ready(services: NamedDependency[Services]) -> Response:
         except Exception as e:
             log.warning("readiness: database unreachable: %s", e)
             db = "unreachable"
-    ok = services.chat is not None and db == "ok"
-    body = {"status": "ready" if ok else "not_ready", "model": model, "db": db}
+    joined = services.membership is not None and services.membership.member is not None
+    ok = services.chat is not None and db == "ok" and joined
+    body = {"status": "ready" if ok else "not_ready", "model": model, "db": db,
+            "replica": services.settings.replica, "member": joined}
     if services.chat is None:
         body["detail"] = "the model is loading"
+    elif not joined:
+        body["detail"] = "not a member of the database's replicas (joining or leaving)"
     return Response(body, status_code=200 if ok else 503)
 
 

@@ -15,6 +15,7 @@ from app.config import Settings
 from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
+from app.store.membership import Membership
 
 
 @dataclass(slots=True)
@@ -26,6 +27,7 @@ class Services:
     chat: ChatService | None = None
     started_at: float = 0.0  # unix time the model was ready
     connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
+    membership: Membership | None = None  # this process as a replica of its database (app.store.membership)
 
 
 @runtime_checkable  # Litestar checks a dependency's type with isinstance

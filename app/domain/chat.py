@@ -28,6 +28,7 @@ from app.domain.tools import plan as plan_tools
 from app.domain.turn import Queued, Sink, Turn
 from app.metrics import Metrics
 from app.store import Conflict, Store
+from app.store.leases import Lease
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -42,12 +43,12 @@ class ChatService:
     owners."""
 
     def __init__(self, engine: Engine, store: Store, metrics: Metrics, admission: Admission | None = None,
-                 detached_s: float = 120.0) -> None:
+                 detached_s: float = 120.0, replica: str | None = None) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
         self.admitter = Admitter(admission if admission is not None else Admission(engine.max_num_seqs), metrics)
-        self.guard = Guard()
+        self.guard = Guard(store.leases, replica)  # replica None: one process on its database
         self.presence = Presence()
         self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
         self.replays = Replays()  # the turns' numbered events, for clients that reattach (app/domain/replay.py)
@@ -150,8 +151,10 @@ class ChatService:
                      queued: Queued | None = None, tools: dict[str, Any] | None = None) -> Turn:
         gen: RequestStream | None = None
         held: Ticket | None = None  # admitted, and no turn owns it yet
+        lease: Lease | None = None  # the session's lease in the store, no turn owns it yet
         try:
             with self.guard.reserve(session_id):
+                lease = await self.guard.take(session_id)
                 found = await self.store.get_history(session_id, owner)
                 if found is None:
                     raise not_found(session_id)
@@ -171,7 +174,8 @@ class ChatService:
                 gen = self._generate(req)
                 started = await self.store.start_reply(session_id, owner, parent_id=plan.parent_id,
                                                        user_content=plan.user_content,
-                                                       idempotency_key=idempotency_key, title=plan.title)
+                                                       idempotency_key=idempotency_key, title=plan.title,
+                                                       replica=self.guard.replica)
                 if started is None:
                     raise not_found(session_id)
                 session, branch = started
@@ -181,7 +185,7 @@ class ChatService:
                 replay = Replay(session_id, owner, reply["id"], self.detached_s)
                 replay.attach(sink, 0, client_id)
                 turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
-                            title=session["title"], sink=replay.publish, ticket=held, replay=replay,
+                            title=session["title"], sink=replay.publish, ticket=held, replay=replay, lease=lease,
                             tool_format=tool_plan.fmt if tool_plan else None)
                 replay.on_idle = lambda: self.cancel_turn(turn)
                 replay.on_end = lambda: self.replays.ended(replay)
@@ -195,7 +199,7 @@ class ChatService:
                     turn.emit({"type": "session", "session": session})
                 self.guard.turns[session_id] = turn
                 turn.task = asyncio.create_task(self.runner.run(turn, gen, len(prompt)), name=f"turn-{session_id}")
-                gen = held = None  # the turn owns them now
+                gen = held = lease = None  # the turn owns them now
                 return turn
         except Conflict:
             raise ServiceError("busy", "this idempotency key was just used in the session",
@@ -205,6 +209,7 @@ class ChatService:
                 await gen.aclose()
             if held is not None:
                 self.admitter.release(held)
+            await self.guard.give_back(lease)
 
     async def _tools(self, settings: dict[str, Any], given: dict[str, Any], response_format: bool) -> ToolPlan | None:
         """The turn's tools: the message's own (`given`) over the session's settings; the session's tool_choice
@@ -279,6 +284,11 @@ class ChatService:
         for turn in list(self.guard.turns.values()):
             if not turn.done:
                 self.engine.abort(turn.request_id)
+
+    def abandon(self) -> None:
+        """This replica lost its lease (another may have taken its sessions): abort the running turns."""
+        for turn in list(self.guard.turns.values()):
+            self.cancel_turn(turn)
 
     async def drain(self, timeout: float) -> None:
         """Wait for the running turns to store their replies; cancel what is still running after `timeout`."""

@@ -1,21 +1,33 @@
-"""Which turns may start: at most one reply generating per session, none once the server is shutting down."""
+"""Which turns may start: at most one reply generating per session, none once the server is shutting down.
+
+Within this process a dict says which sessions are busy; across replicas sharing the database, a turn also holds
+the session's lease in the store (app.store.leases), renewed by the replica's heartbeat (app.store.membership)."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from app.domain.errors import ServiceError
 from app.domain.turn import Turn
+from app.store.leases import Lease, Leases
+
+log = logging.getLogger("forge.chat")
+
+RELEASE_TRIES = 3
 
 
 class Guard:
     """The running turns by session, and the sessions whose turn is being set up (or waits to be admitted):
     both count as busy."""
 
-    def __init__(self) -> None:
+    def __init__(self, leases: Leases | None = None, replica: str | None = None) -> None:
         self.turns: dict[str, Turn] = {}  # session id -> running turn
         self.reserved: set[str] = set()
         self.shutting_down = False
+        self.leases = leases if replica is not None else None  # None: the in-process check alone
+        self.replica = replica
 
     def check_open(self) -> None:
         """ServiceError("unavailable") once the server is shutting down."""
@@ -37,6 +49,31 @@ class Guard:
             yield
         finally:
             self.reserved.discard(session_id)
+
+    async def take(self, session_id: str) -> Lease | None:
+        """The session's lease in the store for a turn of this replica (None without leases); ServiceError("busy")
+        while a turn on any replica holds it. Call inside `reserve`."""
+        if self.leases is None or self.replica is None:
+            return None
+        lease = await self.leases.take(session_id, self.replica)
+        if lease is None:
+            raise ServiceError("busy", f"a reply is already being generated in session '{session_id}' (on another "
+                               "replica)", param="session_id")
+        return lease
+
+    async def give_back(self, lease: Lease | None) -> None:
+        """Release a lease `take` returned, retried a few times: the replica's heartbeat renews every lease it
+        holds, so one left behind keeps its session busy until the replica stops."""
+        if lease is None or self.leases is None:
+            return
+        for attempt in range(RELEASE_TRIES):
+            try:
+                await self.leases.release(lease)
+                return
+            except Exception:
+                log.exception("could not release the lease of session %s (attempt %d)", lease.session_id,
+                              attempt + 1)
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     def running(self, session_id: str, owner: str) -> Turn | None:
         """The running turn of one of `owner`'s sessions."""

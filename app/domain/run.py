@@ -90,6 +90,7 @@ class Runner:
             log.exception("could not finish the turn in session %s", turn.session_id)
         finally:
             turn.done = True
+            await self.guard.give_back(turn.lease)  # when _finish failed before it
             self.guard.forget(turn)
             turn.sink(None)
         if killed:
@@ -138,6 +139,8 @@ class Runner:
         if not await self._store_final(turn, "".join(parts), status, reason, prompt_tokens, cached, completion,
                                        ttft_ms, tps, tool_calls):
             status, failure = "error", failure or "the reply could not be stored"
+        await self.guard.give_back(turn.lease)
+        turn.lease = None
         self.guard.forget(turn)  # before the last event goes out: a client reacting to it finds the session free
         if failure is not None:
             turn.emit(ServiceError("internal", failure).event(**ids))

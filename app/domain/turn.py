@@ -9,6 +9,7 @@ from typing import Any
 
 from app.domain.admission import Ticket
 from engine.tool_calls import ToolFormat
+from app.store.leases import Lease
 
 log = logging.getLogger("forge.chat")
 
@@ -29,6 +30,7 @@ class Turn:
     client_id: str | None = None
     ticket: Ticket | None = None  # its admission; released when the generation ends
     tool_format: ToolFormat | None = None  # the reply may call tools: read as content and calls
+    lease: Lease | None = None  # its session's lease in the store (replicas); released when the reply is stored
     task: asyncio.Task | None = None
     cancelled: bool = False
     done: bool = False

@@ -58,6 +58,7 @@ class Membership:
                 await self.leases.leave(self.member)
             except Exception:  # the database may be gone too; the lease then simply runs out
                 log.exception("replica %s could not leave cleanly", self.replica)
+            self.member = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

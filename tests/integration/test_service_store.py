@@ -262,6 +262,16 @@ def test_settings_from_env_and_overrides() -> None:
         Settings.from_env({}, colour="red")
 
 
+def test_replica_settings() -> None:
+    assert Settings.from_env({}, host="10.0.0.5", port=8002).replica == "10.0.0.5:8002"  # the default name
+    assert Settings.from_env({"FORGE_REPLICA_NAME": "r1", "FORGE_LEASE_TTL_S": "2.5"}).replica == "r1"
+    for flags, refused in [({"replica_name": ""}, "replica_name"), ({"replica_name": "a\nb"}, "replica_name"),
+                           ({"replica_name": "r" * 201}, "replica_name"), ({"lease_ttl_s": "nan"}, "lease_ttl_s"),
+                           ({"lease_ttl_s": "0"}, "lease_ttl_s"), ({"lease_ttl_s": "inf"}, "lease_ttl_s")]:
+        with pytest.raises(ValueError, match=refused):
+            Settings.from_env({}, **flags)
+
+
 def test_session_fields_name_the_field_they_refuse() -> None:
     assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session(DEFAULT_SETTINGS)["settings"] == \
         dict(DEFAULT_SETTINGS, temperature=0.0)
