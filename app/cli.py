@@ -1,4 +1,5 @@
 """`forge serve | migrate | generate | chat | bench | synth`."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,10 @@ import logging
 import sys
 from dataclasses import asdict
 
-from engine import BackendUnavailable, Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
-from engine.loader import ModelLoadError
-
 from app.config import Settings, serve_flags, settings_from_flags
 from app.config import engine_flags as _engine_args
+from engine import BackendUnavailable, Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
+from engine.loader import ModelLoadError
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -51,11 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
     p.add_argument("--profile", action="store_true", help="also time every op of a single-stream decode step")
 
-    p = sub.add_parser("synth", help="write a GGUF with random weights of a given shape, for benchmarking",
-                       description="Write a GGUF file with random weights of a Llama shape: Forge and llama.cpp both "
-                                   "load it, so both can be timed on the same bytes. It carries the default model's "
-                                   "tokenizer and chat template, so its vocabulary is 49152 tokens whatever the shape "
-                                   "says. The text it generates means nothing; only speed and memory are real.")
+    p = sub.add_parser(
+        "synth",
+        help="write a GGUF with random weights of a given shape, for benchmarking",
+        description="Write a GGUF file with random weights of a Llama shape: Forge and llama.cpp both "
+        "load it, so both can be timed on the same bytes. It carries the default model's "
+        "tokenizer and chat template, so its vocabulary is 49152 tokens whatever the shape "
+        "says. The text it generates means nothing; only speed and memory are real.",
+    )
     shape = p.add_mutually_exclusive_group(required=True)
     shape.add_argument("--shape", help="a preset: smollm2-135m, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b")
     shape.add_argument("--config", help="a HF config.json (LlamaForCausalLM fields)")
@@ -100,10 +103,13 @@ def _synth(args: argparse.Namespace) -> None:
     from engine.loader.synth import preset, shape_from_config_file, write_synthetic
 
     shape = preset(args.shape) if args.shape else shape_from_config_file(args.config)
-    r = write_synthetic(shape, args.quant, args.out, seed=args.seed,
-                        progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"wrote {r.path}: {shape.name} ({shape.layers} layers, hidden {shape.hidden}), {args.quant}, "
-          f"{r.params / 1e9:.2f} B parameters, {r.file_bytes / 1e6:.0f} MB in {r.seconds:.1f} s")
+    r = write_synthetic(
+        shape, args.quant, args.out, seed=args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    print(
+        f"wrote {r.path}: {shape.name} ({shape.layers} layers, hidden {shape.hidden}), {args.quant}, "
+        f"{r.params / 1e9:.2f} B parameters, {r.file_bytes / 1e6:.0f} MB in {r.seconds:.1f} s"
+    )
 
 
 def _load(args: argparse.Namespace) -> Engine:
@@ -155,14 +161,19 @@ async def _generate(engine: Engine, args: argparse.Namespace) -> None:
             raise ValueError(final.error)
         if args.json:
             assert final.usage is not None and final.timings is not None  # every final event but an error's
-            print(json.dumps({
-                "text": "".join(text),
-                "token_ids": token_ids,
-                "prompt_token_ids": prompt_ids,
-                "finish_reason": final.finish_reason,
-                "usage": asdict(final.usage),
-                "timings": asdict(final.timings),
-            }, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {
+                        "text": "".join(text),
+                        "token_ids": token_ids,
+                        "prompt_token_ids": prompt_ids,
+                        "finish_reason": final.finish_reason,
+                        "usage": asdict(final.usage),
+                        "timings": asdict(final.timings),
+                    },
+                    ensure_ascii=False,
+                )
+            )
         else:
             print()
     finally:
@@ -202,8 +213,11 @@ async def _chat(engine: Engine, args: argparse.Namespace) -> None:
             turns.append({"role": "assistant", "content": "".join(reply)})
             assert final is not None and final.usage is not None and final.timings is not None  # see _generate
             u, t = final.usage, final.timings
-            print(f"\n[{u.completion_tokens} tokens, {u.cached_tokens}/{u.prompt_tokens} prompt tokens cached, "
-                  f"TTFT {t.ttft * 1000:.0f} ms]", file=sys.stderr)
+            print(
+                f"\n[{u.completion_tokens} tokens, {u.cached_tokens}/{u.prompt_tokens} prompt tokens cached, "
+                f"TTFT {t.ttft * 1000:.0f} ms]",
+                file=sys.stderr,
+            )
     finally:
         await engine.shutdown()
 

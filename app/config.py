@@ -1,5 +1,6 @@
 """Service settings: defaults, then FORGE_* environment variables, then explicit overrides (CLI flags); the flags
 of `forge serve` (and `python -m app.server`) and of the engine."""
+
 from __future__ import annotations
 
 import argparse
@@ -99,7 +100,9 @@ class Settings:
         if self.speculative not in ("off", "ngram"):
             raise ValueError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
         if self.spec_row_cost is not None and not 0 <= self.spec_row_cost < 1e6:
-            raise ValueError(f"spec_row_cost must be >= 0 and finite (leave it unset to measure), got {self.spec_row_cost}")
+            raise ValueError(
+                f"spec_row_cost must be >= 0 and finite (leave it unset to measure), got {self.spec_row_cost}"
+            )
         if self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if not 0 <= self.detached_turn_s < 1e6:
@@ -107,16 +110,19 @@ class Settings:
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if not all(_TOKEN.fullmatch(k) for k in self.api_keys):
-            raise ValueError("an API key must not be empty and holds printable ASCII without spaces (it travels in "
-                             "an HTTP header); auth is off only when no key is given")
+            raise ValueError(
+                "an API key must not be empty and holds printable ASCII without spaces (it travels in "
+                "an HTTP header); auth is off only when no key is given"
+            )
         if self.admin_token is not None and not _TOKEN.fullmatch(self.admin_token):
             raise ValueError("the admin token must not be empty and holds printable ASCII without spaces")
         for name in ("outbox_events", "outbox_bytes", "ws_sessions", "import_messages", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_concurrent_per_key is not None and self.max_concurrent_per_key < 1:
-            raise ValueError(f"max_concurrent_per_key must be >= 1 (leave it unset for no cap), got "
-                             f"{self.max_concurrent_per_key}")
+            raise ValueError(
+                f"max_concurrent_per_key must be >= 1 (leave it unset for no cap), got {self.max_concurrent_per_key}"
+            )
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
         if not 0 < self.queue_timeout_s < 1e6:
@@ -155,10 +161,27 @@ class Settings:
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-_INT_FIELDS = {"port", "max_waiting", "threads", "outbox_events", "outbox_bytes", "ws_sessions", "queue_size",
-               "max_concurrent_per_key", "import_messages", "default_max_tokens"}
-_FLOAT_FIELDS = {"spec_row_cost", "keepalive_s", "shutdown_grace_s", "ws_commands_per_s", "queue_timeout_s",
-                 "detached_turn_s", "lease_ttl_s"}
+_INT_FIELDS = {
+    "port",
+    "max_waiting",
+    "threads",
+    "outbox_events",
+    "outbox_bytes",
+    "ws_sessions",
+    "queue_size",
+    "max_concurrent_per_key",
+    "import_messages",
+    "default_max_tokens",
+}
+_FLOAT_FIELDS = {
+    "spec_row_cost",
+    "keepalive_s",
+    "shutdown_grace_s",
+    "ws_commands_per_s",
+    "queue_timeout_s",
+    "detached_turn_s",
+    "lease_ttl_s",
+}
 _LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}
 _ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}
@@ -185,22 +208,40 @@ def _convert(field_name: str, raw: str, source: str) -> Any:
 def engine_flags(p: argparse.ArgumentParser) -> None:
     """The engine's flags (`forge serve`, `generate`, `chat`, `bench`)."""
     p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
-    p.add_argument("--backend", default=None, choices=["auto", "numba", "numpy", "cupy"],
-                   help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference")
+    p.add_argument(
+        "--backend",
+        default=None,
+        choices=["auto", "numba", "numpy", "cupy"],
+        help="auto: cupy with a usable GPU, else numba (compiled CPU kernels); numpy: float32 reference",
+    )
     p.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512MiB, 1GiB")
     p.add_argument("--threads", type=int, default=None, help="CPU kernel and BLAS threads (default: all cores)")
     p.add_argument("--quantize", default=None, choices=["q8_0"], help="quantize F16/BF16/F32 matrices at load")
-    p.add_argument("--activations", default=None, metavar="f32|q8",
-                   help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
-                        "faster, close to but not equal to the float32 results)")
-    p.add_argument("--speculative", default=None, choices=["off", "ngram"],
-                   help="n-gram speculative decoding for requests that do not choose (default: ngram)")
-    p.add_argument("--kv-spill-dir", default=None,
-                   help="folder for evicted KV blocks, read back instead of recomputed (serve: beside the SQLite "
-                        "database, else ./data/kv-spill)")
-    p.add_argument("--kv-spill-size", default=None,
-                   help="disk budget of the KV spill folder, e.g. 2GiB; 0: off (default: 2GiB for serve or with "
-                        "--kv-spill-dir, else off)")
+    p.add_argument(
+        "--activations",
+        default=None,
+        metavar="f32|q8",
+        help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
+        "faster, close to but not equal to the float32 results)",
+    )
+    p.add_argument(
+        "--speculative",
+        default=None,
+        choices=["off", "ngram"],
+        help="n-gram speculative decoding for requests that do not choose (default: ngram)",
+    )
+    p.add_argument(
+        "--kv-spill-dir",
+        default=None,
+        help="folder for evicted KV blocks, read back instead of recomputed (serve: beside the SQLite "
+        "database, else ./data/kv-spill)",
+    )
+    p.add_argument(
+        "--kv-spill-size",
+        default=None,
+        help="disk budget of the KV spill folder, e.g. 2GiB; 0: off (default: 2GiB for serve or with "
+        "--kv-spill-dir, else off)",
+    )
 
 
 def serve_flags(p: argparse.ArgumentParser) -> None:
@@ -209,39 +250,97 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
-    p.add_argument("--api-key", dest="api_keys", action="append", default=None,
-                   help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)")
+    p.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=None,
+        help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)",
+    )
     p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
-    p.add_argument("--allow-origin", dest="allowed_origins", action="append", default=None,
-                   help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)")
+    p.add_argument(
+        "--allow-origin",
+        dest="allowed_origins",
+        action="append",
+        default=None,
+        help="a browser origin allowed besides the served host, e.g. https://chat.example.org (repeatable)",
+    )
     p.add_argument("--max-waiting", type=int, default=None, help="engine waiting-queue limit (default 256)")
     p.add_argument("--log-level", default=None, help="debug | info | warning | error")
     p.add_argument("--keepalive-s", type=float, default=None, help="SSE keep-alive interval in seconds")
-    p.add_argument("--detached-turn-s", type=float, default=None,
-                   help="a chat reply whose clients all dropped goes on this long for one to reattach, then stops "
-                        "(default 120; 0: stops at once)")
-    p.add_argument("--queue-size", type=int, default=None,
-                   help="generations that may wait for the engine, served round-robin by API key (default 1024); "
-                        "one more is refused with 429")
-    p.add_argument("--queue-timeout-s", type=float, default=None,
-                   help="how long a generation may wait for the engine before a 503 (default 60)")
-    p.add_argument("--max-concurrent-per-key", type=int, default=None,
-                   help="generations one API key may run at once; more wait in the queue (default: no cap)")
-    p.add_argument("--embedding-pooling", default=None, choices=["mean", "last"],
-                   help="/v1/embeddings: pool the last hidden state by mean or last token (default: mean; a model's "
-                        "own GGUF pooling_type wins)")
-    p.add_argument("--replica-name", default=None,
-                   help="this process's name among replicas sharing the database (default: host:port); unique")
-    p.add_argument("--lease-ttl-s", type=float, default=None,
-                   help="seconds after its last heartbeat a replica counts as dead and its replies interrupted "
-                        "(default 10)")
+    p.add_argument(
+        "--detached-turn-s",
+        type=float,
+        default=None,
+        help="a chat reply whose clients all dropped goes on this long for one to reattach, then stops "
+        "(default 120; 0: stops at once)",
+    )
+    p.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        help="generations that may wait for the engine, served round-robin by API key (default 1024); "
+        "one more is refused with 429",
+    )
+    p.add_argument(
+        "--queue-timeout-s",
+        type=float,
+        default=None,
+        help="how long a generation may wait for the engine before a 503 (default 60)",
+    )
+    p.add_argument(
+        "--max-concurrent-per-key",
+        type=int,
+        default=None,
+        help="generations one API key may run at once; more wait in the queue (default: no cap)",
+    )
+    p.add_argument(
+        "--embedding-pooling",
+        default=None,
+        choices=["mean", "last"],
+        help="/v1/embeddings: pool the last hidden state by mean or last token (default: mean; a model's "
+        "own GGUF pooling_type wins)",
+    )
+    p.add_argument(
+        "--replica-name",
+        default=None,
+        help="this process's name among replicas sharing the database (default: host:port); unique",
+    )
+    p.add_argument(
+        "--lease-ttl-s",
+        type=float,
+        default=None,
+        help="seconds after its last heartbeat a replica counts as dead and its replies interrupted (default 10)",
+    )
 
 
-_SERVE_SETTINGS = ("model", "backend", "kv_memory", "threads", "quantize", "activations", "speculative", "host", "port",
-                   "database_url", "api_keys", "admin_token", "allowed_origins", "max_waiting", "log_level",
-                   "keepalive_s", "queue_size", "queue_timeout_s", "max_concurrent_per_key", "embedding_pooling",
-                   "kv_spill_dir", "kv_spill_size", "detached_turn_s",
-                   "replica_name", "lease_ttl_s")
+_SERVE_SETTINGS = (
+    "model",
+    "backend",
+    "kv_memory",
+    "threads",
+    "quantize",
+    "activations",
+    "speculative",
+    "host",
+    "port",
+    "database_url",
+    "api_keys",
+    "admin_token",
+    "allowed_origins",
+    "max_waiting",
+    "log_level",
+    "keepalive_s",
+    "queue_size",
+    "queue_timeout_s",
+    "max_concurrent_per_key",
+    "embedding_pooling",
+    "kv_spill_dir",
+    "kv_spill_size",
+    "detached_turn_s",
+    "replica_name",
+    "lease_ttl_s",
+)
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

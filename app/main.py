@@ -2,6 +2,7 @@
 opens the database (after migrating it), joins it as a replica (sweeping the replies of replicas that died),
 loads the engine and, on shutdown, stores in-flight replies as "interrupted" and leaves before stopping the
 engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,6 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
-
-from engine import Engine
 
 from app.api import admin, embeddings, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
@@ -33,6 +32,7 @@ from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership
 from app.store.migrate import upgrade
+from engine import Engine
 
 log = logging.getLogger("forge.app")
 
@@ -40,11 +40,19 @@ MAX_BODY_BYTES = 8 << 20  # an imported session can be large; chat content is ca
 
 
 def _load_engine(settings: Settings) -> Engine:
-    return Engine.load(model=settings.model, backend=settings.backend, kv_memory=settings.kv_memory,
-                       max_waiting=settings.max_waiting, threads=settings.threads, quantize=settings.quantize,
-                       activations=settings.activations, speculative=settings.speculative,
-                       spec_row_cost=settings.spec_row_cost, kv_spill_dir=settings.spill_dir(),
-                       kv_spill_size=settings.kv_spill_size)
+    return Engine.load(
+        model=settings.model,
+        backend=settings.backend,
+        kv_memory=settings.kv_memory,
+        max_waiting=settings.max_waiting,
+        threads=settings.threads,
+        quantize=settings.quantize,
+        activations=settings.activations,
+        speculative=settings.speculative,
+        spec_row_cost=settings.spec_row_cost,
+        kv_spill_dir=settings.spill_dir(),
+        kv_spill_size=settings.kv_spill_size,
+    )
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, *, migrate: bool = True) -> Litestar:
@@ -60,8 +68,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         store = Store(settings.database_url, lease_ttl_s=settings.lease_ttl_s)
         await store.ping()
         # Only replies of replicas whose lease has passed are interrupted: others sharing the database stream on.
-        membership = Membership(store.leases, settings.replica, f"{settings.host}:{settings.port}",
-                                on_lost=lambda: svc.chat.abandon() if svc.chat is not None else None)
+        membership = Membership(
+            store.leases,
+            settings.replica,
+            f"{settings.host}:{settings.port}",
+            on_lost=lambda: svc.chat.abandon() if svc.chat is not None else None,
+        )
         await membership.start()
         if membership.swept:
             log.warning("marked %d reply(ies) of stopped replicas as interrupted", membership.swept)
@@ -74,13 +86,26 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             raise
         svc.store, svc.engine = store, eng
         svc.metrics.bind_engine(eng)
-        svc.chat = ChatService(eng, store, svc.metrics, Admission(
-            eng.max_num_seqs, queue_size=settings.queue_size, timeout_s=settings.queue_timeout_s,
-            per_owner=settings.max_concurrent_per_key), detached_s=settings.detached_turn_s,
-            replica=settings.replica)
+        svc.chat = ChatService(
+            eng,
+            store,
+            svc.metrics,
+            Admission(
+                eng.max_num_seqs,
+                queue_size=settings.queue_size,
+                timeout_s=settings.queue_timeout_s,
+                per_owner=settings.max_concurrent_per_key,
+            ),
+            detached_s=settings.detached_turn_s,
+            replica=settings.replica,
+        )
         svc.started_at = time.time()
-        log.info("ready: %s on %s, database %s", eng.model_info.get("name"), eng.model_info.get("backend"),
-                 store.engine.url.render_as_string(hide_password=True))
+        log.info(
+            "ready: %s on %s, database %s",
+            eng.model_info.get("name"),
+            eng.model_info.get("backend"),
+            store.engine.url.render_as_string(hide_password=True),
+        )
         try:
             yield
         finally:
@@ -93,9 +118,20 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             log.info("stopped")
 
     return Litestar(
-        route_handlers=[admin.health, admin.ready, admin.metrics, admin.stats, pages.index, pages.admin_page,
-                        pages.static_router, sessions.router, search.search, openai.router, ws.chat_socket,
-                        embeddings.embeddings],
+        route_handlers=[
+            admin.health,
+            admin.ready,
+            admin.metrics,
+            admin.stats,
+            pages.index,
+            pages.admin_page,
+            pages.static_router,
+            sessions.router,
+            search.search,
+            openai.router,
+            ws.chat_socket,
+            embeddings.embeddings,
+        ],
         lifespan=[lifespan],
         state=State({"forge": svc}),
         dependencies=DEPENDENCIES,
@@ -105,10 +141,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         plugins=[StructSchemas()],  # before Litestar's own: refused extra fields in the schema
         request_class=TypedRequest,
         request_max_body_size=MAX_BODY_BYTES,
-        openapi_config=OpenAPIConfig(title="Forge", version="0.1.0", path="/schema",
-                                     description="Chat sessions, SSE turns and an OpenAI-compatible shim. "
-                                                 "The WebSocket protocol is in docs/protocol.md.",
-                                     render_plugins=[ApiReference()]),
+        openapi_config=OpenAPIConfig(
+            title="Forge",
+            version="0.1.0",
+            path="/schema",
+            description="Chat sessions, SSE turns and an OpenAI-compatible shim. "
+            "The WebSocket protocol is in docs/protocol.md.",
+            render_plugins=[ApiReference()],
+        ),
         logging_config=None,
     )
 

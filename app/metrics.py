@@ -1,4 +1,5 @@
 """Prometheus metrics (own registry per app) and the recent-window numbers behind /admin/api/stats."""
+
 from __future__ import annotations
 
 import time
@@ -6,8 +7,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 disable_created_metrics()  # no `*_created` series next to every counter and histogram
@@ -54,19 +54,35 @@ class Metrics:
         self.model_info: dict[str, Any] = {}
         self.ws_open = 0
         r = self.registry
-        self.ttft = Histogram("forge_time_to_first_token_seconds", "Submission to first generated token.",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("forge_inter_token_latency_seconds", "Time between consecutive generated tokens.",
-                             buckets=ITL_BUCKETS, registry=r)
-        self.latency = Histogram("forge_request_latency_seconds", "Submission to the end of a generation request.",
-                                 buckets=REQUEST_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "forge_time_to_first_token_seconds",
+            "Submission to first generated token.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "forge_inter_token_latency_seconds",
+            "Time between consecutive generated tokens.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "forge_request_latency_seconds",
+            "Submission to the end of a generation request.",
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
         self.ws_connections = Counter("forge_websocket_connections", "WebSocket connections accepted.", registry=r)
         self.ws_active = Gauge("forge_websocket_connections_active", "WebSocket connections open now.", registry=r)
-        self.http_requests = Counter("forge_generation_requests", "Generation requests by entry point.",
-                                     ["api"], registry=r)
-        self.admission_wait = Histogram("forge_admission_wait_seconds", "Time an admitted generation waited in "
-                                        "the admission queue (0 when admitted at once).",
-                                        buckets=(0.0,) + LATENCY_BUCKETS, registry=r)
+        self.http_requests = Counter(
+            "forge_generation_requests", "Generation requests by entry point.", ["api"], registry=r
+        )
+        self.admission_wait = Histogram(
+            "forge_admission_wait_seconds",
+            "Time an admitted generation waited in the admission queue (0 when admitted at once).",
+            buckets=(0.0,) + LATENCY_BUCKETS,
+            registry=r,
+        )
         self.admission: Any = None  # app.domain.admission.Admission, read at scrape time
         r.register(_EngineCollector(self))
         self._ttft_window = _Window()
@@ -93,7 +109,7 @@ class Metrics:
         self.engine_stats = engine.stats
         self.model_info = dict(engine.model_info)
 
-    def tracker(self, api: str) -> "RequestTracker":
+    def tracker(self, api: str) -> RequestTracker:
         """Start timing one generation request from entry point `api` ("chat", "openai")."""
         self.http_requests.labels(api=api).inc()
         return RequestTracker(self)
@@ -118,9 +134,13 @@ class Metrics:
             "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "count": len(itl)},
             "tokens_per_s": round(tokens / span, 3),
             "websocket_connections": self.ws_open,
-            "admission": None if self.admission is None else {
-                "queue_depth": self.admission.depth, "in_use": self.admission.in_use,
-                "capacity": self.admission.capacity},
+            "admission": None
+            if self.admission is None
+            else {
+                "queue_depth": self.admission.depth,
+                "in_use": self.admission.in_use,
+                "capacity": self.admission.capacity,
+            },
             "uptime_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -179,19 +199,26 @@ class _EngineCollector:
     def collect(self) -> Iterator[Metric]:
         adm = self.m.admission
         if adm is not None:
-            yield GaugeMetricFamily("forge_admission_queue_depth", "Generations waiting to be admitted.",
-                                    value=float(adm.depth))
-            yield GaugeMetricFamily("forge_admission_in_use", "Engine sequences held by admitted generations.",
-                                    value=float(adm.in_use))
-            yield GaugeMetricFamily("forge_admission_capacity", "Engine sequences admission lets in at once.",
-                                    value=float(adm.capacity))
-            refused = CounterMetricFamily("forge_admission_refused", "Generations refused by admission, by "
-                                          "reason (queue_full: 429, queue_timeout: 503).", labels=["reason"])
+            yield GaugeMetricFamily(
+                "forge_admission_queue_depth", "Generations waiting to be admitted.", value=float(adm.depth)
+            )
+            yield GaugeMetricFamily(
+                "forge_admission_in_use", "Engine sequences held by admitted generations.", value=float(adm.in_use)
+            )
+            yield GaugeMetricFamily(
+                "forge_admission_capacity", "Engine sequences admission lets in at once.", value=float(adm.capacity)
+            )
+            refused = CounterMetricFamily(
+                "forge_admission_refused",
+                "Generations refused by admission, by reason (queue_full: 429, queue_timeout: 503).",
+                labels=["reason"],
+            )
             refused.add_metric(["queue_full"], float(adm.stats.refused_full))
             refused.add_metric(["queue_timeout"], float(adm.stats.refused_timeout))
             yield refused
-            yield CounterMetricFamily("forge_admission_queued", "Generations that had to wait for admission.",
-                                      value=float(adm.stats.queued))
+            yield CounterMetricFamily(
+                "forge_admission_queued", "Generations that had to wait for admission.", value=float(adm.stats.queued)
+            )
         if self.m.model_info:
             info = InfoMetricFamily("forge_model", "The model being served.")
             info.add_metric([], {k: str(self.m.model_info.get(k, "")) for k in ("name", "arch", "quant", "backend")})
@@ -208,8 +235,11 @@ class _EngineCollector:
             ("forge_prefix_cache_hit_rate", "Prefix cache hit tokens / queried tokens.", "prefix_hit_rate"),
             ("forge_decode_tokens_per_second", "Recent engine decode throughput.", "decode_tok_s"),
             ("forge_spec_acceptance_rate", "Speculative decoding: accepted / drafted tokens.", "spec_acceptance_rate"),
-            ("forge_spec_mean_accepted_length", "Speculative decoding: tokens a verifying sequence gains per step "
-             "(accepted drafts + 1).", "spec_mean_accepted_length"),
+            (
+                "forge_spec_mean_accepted_length",
+                "Speculative decoding: tokens a verifying sequence gains per step (accepted drafts + 1).",
+                "spec_mean_accepted_length",
+            ),
             ("forge_kv_spill_files", "KV spill tier: block files on disk.", "kv_spill_files"),
             ("forge_kv_spill_bytes", "KV spill tier: bytes on disk.", "kv_spill_bytes"),
             ("forge_kv_spill_hit_rate", "KV spill tier: blocks read back / blocks looked up.", "kv_spill_hit_rate"),
@@ -226,27 +256,46 @@ class _EngineCollector:
             ("forge_engine_steps", "Engine steps run.", "steps"),
             ("forge_spec_drafted_tokens", "Speculative decoding: draft tokens verified.", "spec_drafted_tokens"),
             ("forge_spec_accepted_tokens", "Speculative decoding: draft tokens accepted.", "spec_accepted_tokens"),
-            ("forge_kv_spilled_blocks", "KV blocks evicted from memory and written to the spill tier.",
-             "kv_spilled_blocks"),
+            (
+                "forge_kv_spilled_blocks",
+                "KV blocks evicted from memory and written to the spill tier.",
+                "kv_spilled_blocks",
+            ),
             ("forge_kv_spilled_bytes", "Bytes written to the KV spill tier.", "kv_spilled_bytes"),
-            ("forge_kv_restored_blocks", "KV blocks read back from the spill tier instead of recomputed.",
-             "kv_restored_blocks"),
+            (
+                "forge_kv_restored_blocks",
+                "KV blocks read back from the spill tier instead of recomputed.",
+                "kv_restored_blocks",
+            ),
             ("forge_kv_restored_bytes", "Bytes read back from the KV spill tier.", "kv_restored_bytes"),
-            ("forge_kv_spill_lookups", "KV blocks missing from memory looked up in the spill tier.",
-             "kv_spill_lookups"),
-            ("forge_kv_spill_restore_seconds", "Time spent reading KV blocks back from the spill tier.",
-             "kv_spill_restore_seconds"),
-            ("forge_kv_spill_discarded", "KV spill files refused on reading (corrupt or stale): recomputed.",
-             "kv_spill_discarded"),
-            ("forge_kv_spill_dropped", "Evicted KV blocks not spilled: the spill writer was behind.",
-             "kv_spill_dropped"),
+            (
+                "forge_kv_spill_lookups",
+                "KV blocks missing from memory looked up in the spill tier.",
+                "kv_spill_lookups",
+            ),
+            (
+                "forge_kv_spill_restore_seconds",
+                "Time spent reading KV blocks back from the spill tier.",
+                "kv_spill_restore_seconds",
+            ),
+            (
+                "forge_kv_spill_discarded",
+                "KV spill files refused on reading (corrupt or stale): recomputed.",
+                "kv_spill_discarded",
+            ),
+            (
+                "forge_kv_spill_dropped",
+                "Evicted KV blocks not spilled: the spill writer was behind.",
+                "kv_spill_dropped",
+            ),
             ("forge_kv_spill_write_errors", "KV spill files that could not be written.", "kv_spill_write_errors"),
         )
         for name, doc, key in counters:
             if key in s:
                 yield CounterMetricFamily(name, doc, value=float(s[key]))
-        finished = CounterMetricFamily("forge_requests_finished", "Finished requests by finish reason.",
-                                       labels=["reason"])
+        finished = CounterMetricFamily(
+            "forge_requests_finished", "Finished requests by finish reason.", labels=["reason"]
+        )
         for reason, count in sorted(dict(s.get("requests_finished", {})).items()):
             finished.add_metric([str(reason)], float(count))
         yield finished

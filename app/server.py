@@ -4,6 +4,7 @@ SIGTERM / Ctrl-C: new turns are refused at once and running replies are aborted,
 "interrupted", and their streams end; then the lifespan stops the engine.
 Also runnable as `python -m app.server [--port N] [--db URL] ...` (same flags as `forge serve`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,8 +113,11 @@ def check_port(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as e:
-            why = "is already in use (another `forge serve`?); pick another with --port" \
-                if e.errno == errno.EADDRINUSE else f"can't be listened on: {e.strerror}"
+            why = (
+                "is already in use (another `forge serve`?); pick another with --port"
+                if e.errno == errno.EADDRINUSE
+                else f"can't be listened on: {e.strerror}"
+            )
             raise ValueError(f"port {port} on {host} {why}") from None
 
 

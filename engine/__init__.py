@@ -1,4 +1,5 @@
 """Forge's inference engine. The app depends on `Engine` and the plain types below only."""
+
 from engine.engine import Engine, parse_size
 from engine.types import (
     EngineOverloaded,

@@ -1,6 +1,7 @@
 """`Acceptance`: how often a drafting sequence's next token is the one its track predicts, by the track's
 match length (in powers of two) and by greedy or sampled. The drafters score every generated token into it
 (engine/speculative.py); the draft-length policy reads it (engine/spec_policy.py)."""
+
 from __future__ import annotations
 
 # Prior hit rates by match length (1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+), as measured on greedy

@@ -3,6 +3,7 @@
 Numbers are wall-clock on whatever machine runs it: compare them within one run or
 across runs on the same kind of machine, never as absolute truths.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,10 +18,32 @@ from typing import Any
 from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
 from engine.tool_calls import Tool, ToolChoice, tool_grammar
 
-WORDS = (
-    "river mountain quiet lantern harbor copper meadow signal winter orbit canvas thunder "
-    "garden pepper violin marble compass ember willow falcon glacier summit velvet cobalt"
-).split()
+WORDS = [
+    "river",
+    "mountain",
+    "quiet",
+    "lantern",
+    "harbor",
+    "copper",
+    "meadow",
+    "signal",
+    "winter",
+    "orbit",
+    "canvas",
+    "thunder",
+    "garden",
+    "pepper",
+    "violin",
+    "marble",
+    "compass",
+    "ember",
+    "willow",
+    "falcon",
+    "glacier",
+    "summit",
+    "velvet",
+    "cobalt",
+]
 
 
 def _text(n_words: int, salt: int) -> str:
@@ -51,8 +74,14 @@ async def _run(engine: Engine, prompt: list[int], max_tokens: int, params: Sampl
         if ev.final:
             final = ev
     assert final is not None  # a generation always ends with a final event
-    return {"start": start, "stamps": stamps, "text": "".join(text), "token_ids": token_ids, "usage": final.usage,
-            "timings": final.timings}
+    return {
+        "start": start,
+        "stamps": stamps,
+        "text": "".join(text),
+        "token_ids": token_ids,
+        "usage": final.usage,
+        "timings": final.timings,
+    }
 
 
 def _decode_rate(stamps: list[float]) -> float:
@@ -90,30 +119,47 @@ JSON_SCHEMA = {
 
 async def _structured(engine: Engine, max_tokens: int) -> dict:
     """Decode tokens/s for the same prompt free and under a JSON schema (speculation off: the mask's cost alone)."""
-    prompt = engine.render_chat([{"role": "user", "content": "Give a recipe for pancakes as JSON with a title and steps."}])
+    prompt = engine.render_chat(
+        [{"role": "user", "content": "Give a recipe for pancakes as JSON with a title and steps."}]
+    )
     free = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
-    schema = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off",
-                            response_format=ResponseFormat("json_schema", json.dumps(JSON_SCHEMA)))
+    schema = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        speculative="off",
+        response_format=ResponseFormat("json_schema", json.dumps(JSON_SCHEMA)),
+    )
     await _run(engine, prompt, 2, schema)  # compile the schema outside the measurement
     await engine.reset_prefix_cache()
     r_free = await _run(engine, prompt, max_tokens, free)
     await engine.reset_prefix_cache()
     r_schema = await _run(engine, prompt, max_tokens, schema)
-    return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_schema": _decode_rate(r_schema["stamps"]),
-            "schema_tokens": len(r_schema["token_ids"])}
+    return {
+        "tok_s_free": _decode_rate(r_free["stamps"]),
+        "tok_s_schema": _decode_rate(r_schema["stamps"]),
+        "schema_tokens": len(r_schema["token_ids"]),
+    }
 
 
-NOTE_TOOL = Tool("save_note", json.dumps({
-    "type": "object", "properties": {"title": {"type": "string", "maxLength": 60},
-                                     "body": {"type": "string", "maxLength": 4000}},
-    "required": ["title", "body"]}), "Save a note with a title and a body")
+NOTE_TOOL = Tool(
+    "save_note",
+    json.dumps(
+        {
+            "type": "object",
+            "properties": {"title": {"type": "string", "maxLength": 60}, "body": {"type": "string", "maxLength": 4000}},
+            "required": ["title", "body"],
+        }
+    ),
+    "Save a note with a title and a body",
+)
 
 
 async def _tools(engine: Engine, max_tokens: int) -> dict:
     """Decode tokens/s for the same tool-listing prompt free and under tool_choice "required" (the call grammar's
     mask and the splitter-free engine side; speculation off): the constraint's overhead."""
-    prompt = engine.render_chat([{"role": "user", "content": "Save a long note about the history of pancakes."}],
-                                tools=[NOTE_TOOL])
+    prompt = engine.render_chat(
+        [{"role": "user", "content": "Save a long note about the history of pancakes."}], tools=[NOTE_TOOL]
+    )
     free = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative="off")
     grammar = tool_grammar(engine.tool_format, [NOTE_TOOL], ToolChoice("required"), parallel=False)
     tools = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative="off", response_format=grammar)
@@ -122,21 +168,35 @@ async def _tools(engine: Engine, max_tokens: int) -> dict:
     r_free = await _run(engine, prompt, max_tokens, free)
     await engine.reset_prefix_cache()
     r_tools = await _run(engine, prompt, max_tokens, tools)
-    return {"tok_s_free": _decode_rate(r_free["stamps"]), "tok_s_tools": _decode_rate(r_tools["stamps"]),
-            "tools_tokens": len(r_tools["token_ids"])}
+    return {
+        "tok_s_free": _decode_rate(r_free["stamps"]),
+        "tok_s_tools": _decode_rate(r_tools["stamps"]),
+        "tools_tokens": len(r_tools["token_ids"]),
+    }
 
 
 async def _speculative(engine: Engine, max_tokens: int, repeats: int) -> dict:
     """Single-stream greedy decode, speculation off vs on, each to the reply's natural end (or max_tokens): a
     rewrite task (fix one typo: the reply copies most of the prompt), and a story, where little is worth
     copying and speculation should cost nothing (`story_*`)."""
-    rewrite = await _off_and_on(engine, max_tokens, repeats, (
-        "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
-        "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```"))
-    story = await _off_and_on(engine, max_tokens, repeats,
-                              "Write a short story about a lighthouse keeper who finds a message in a bottle.")
-    return {**rewrite, "story_tok_s_off": story["tok_s_off"], "story_tok_s_on": story["tok_s_on"],
-            "story_identical": story["identical"]}
+    rewrite = await _off_and_on(
+        engine,
+        max_tokens,
+        repeats,
+        (
+            "Fix the typo in this code (retrn should be return). Reply with the whole corrected code and nothing else:"
+            "\n```python\n" + REWRITE_CODE.replace("return result", "retrn result") + "```"
+        ),
+    )
+    story = await _off_and_on(
+        engine, max_tokens, repeats, "Write a short story about a lighthouse keeper who finds a message in a bottle."
+    )
+    return {
+        **rewrite,
+        "story_tok_s_off": story["tok_s_off"],
+        "story_tok_s_on": story["tok_s_on"],
+        "story_identical": story["identical"],
+    }
 
 
 async def _off_and_on(engine: Engine, max_tokens: int, repeats: int, content: str) -> dict:
@@ -150,7 +210,9 @@ async def _off_and_on(engine: Engine, max_tokens: int, repeats: int, content: st
         for mode in ("off", "ngram") if i % 2 == 0 else ("ngram", "off"):
             await engine.reset_prefix_cache()
             before = engine.stats()
-            r = await _run(engine, prompt, max_tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode))
+            r = await _run(
+                engine, prompt, max_tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=mode)
+            )
             after = engine.stats()
             drafted += after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
             accepted += after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
@@ -184,8 +246,11 @@ async def _embeddings(engine: Engine, batch: int, repeats: int) -> dict:
         t = time.perf_counter()
         await engine.embed(docs)
         together.append(batch / (time.perf_counter() - t))
-    return {"input_tokens": EMBED_TOKENS, "inputs_per_s_batch1": statistics.median(alone),
-            f"inputs_per_s_batch{batch}": statistics.median(together)}
+    return {
+        "input_tokens": EMBED_TOKENS,
+        "inputs_per_s_batch1": statistics.median(alone),
+        f"inputs_per_s_batch{batch}": statistics.median(together),
+    }
 
 
 RESUME_TOKENS = 2000  # the conversation whose next turn `_resume` times
@@ -201,8 +266,10 @@ async def _resume(engine: Engine, repeats: int) -> dict:
     history: list[dict] = []
     while len(engine.render_chat(history or [{"role": "user", "content": ""}])) < target:
         turn = len(history) // 2
-        history += [{"role": "user", "content": f"Question {turn}: " + _text(60, turn)},
-                    {"role": "assistant", "content": _text(140, turn + 50)}]
+        history += [
+            {"role": "user", "content": f"Question {turn}: " + _text(60, turn)},
+            {"role": "assistant", "content": _text(140, turn + 50)},
+        ]
     core = engine.core  # the engine is idle between requests: its spill tier can be swapped
     own = core.blocks.spill
     times: dict[str, list[float]] = {"recompute": [], "cached": [], "spilled": [], "restore": []}
@@ -236,14 +303,28 @@ async def _resume(engine: Engine, repeats: int) -> dict:
         await engine.reset_prefix_cache()
     result = {k: statistics.median(v) for k, v in times.items()}
     restore_ms = result.pop("restore")
-    return {"ttft_ms": result, "prompt_tokens": prompt_len, "restored_blocks": restored, "restore_ms": restore_ms,
-            "spilled_over_recompute": result["spilled"] / result["recompute"]}
+    return {
+        "ttft_ms": result,
+        "prompt_tokens": prompt_len,
+        "restored_blocks": restored,
+        "restore_ms": restore_ms,
+        "spilled_over_recompute": result["spilled"] / result["recompute"],
+    }
 
 
 class OpProfile:
     """Stands in for the model's backend and times every op call (the model itself is unchanged)."""
 
-    OPS = ("embedding", "rms_norm", "add_rms_norm", "linear", "rope_write_kv", "paged_attention", "silu_mul", "to_numpy")
+    OPS = (
+        "embedding",
+        "rms_norm",
+        "add_rms_norm",
+        "linear",
+        "rope_write_kv",
+        "paged_attention",
+        "silu_mul",
+        "to_numpy",
+    )
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -286,8 +367,12 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
     # The engine is idle between requests; the instance attribute shadows the method until `del` below.
     model.backend, vars(model)["forward_device"] = prof, forward
     try:
-        r = await _run(engine, prompt, tokens,
-                       SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"))
+        r = await _run(
+            engine,
+            prompt,
+            tokens,
+            SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"),
+        )
     finally:
         model.backend = prof.backend
         del model.forward_device
@@ -352,8 +437,14 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         prompt = engine.render_chat(history)
         r = await _run(engine, prompt, 16)
         history.append({"role": "assistant", "content": r["text"]})
-        chat.append({"turn": turn, "prompt_tokens": r["usage"].prompt_tokens,
-                     "cached_tokens": r["usage"].cached_tokens, "ttft_ms": r["timings"].ttft * 1000})
+        chat.append(
+            {
+                "turn": turn,
+                "prompt_tokens": r["usage"].prompt_tokens,
+                "cached_tokens": r["usage"].cached_tokens,
+                "ttft_ms": r["timings"].ttft * 1000,
+            }
+        )
 
     result = {
         "model": engine.model_info["name"],
@@ -398,40 +489,64 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         print(json.dumps(result, indent=2))
         return result
     rows = [
-        ("model / backend / threads / activations",
-         f"{result['model']} / {result['backend']} / {result['threads']} / {result['activations']}"),
+        (
+            "model / backend / threads / activations",
+            f"{result['model']} / {result['backend']} / {result['threads']} / {result['activations']}",
+        ),
         (f"prefill ({result['prefill_tokens']}-token prompt)", f"{result['prefill_tok_s']:.0f} tok/s"),
         (f"TTFT ({result['chat_prompt_tokens']}-token chat prompt)", f"{result['ttft_ms']:.0f} ms"),
         (f"single-stream decode ({result['decode_tokens']} tokens)", f"{result['decode_tok_s']:.1f} tok/s"),
         ("aggregate decode, 8 sequences", f"{result['aggregate_tok_s']['8']:.0f} tok/s"),
         ("aggregate decode, 32 sequences", f"{result['aggregate_tok_s']['32']:.0f} tok/s"),
-        ("inter-token latency p50 / p95 (32 seqs)", f"{result['itl_ms']['p50']:.0f} / {result['itl_ms']['p95']:.0f} ms"),
-        ("chat TTFT turn 1 / turn 8", f"{result['chat_ttft_ms']['turn1']:.0f} / {result['chat_ttft_ms']['turn8']:.0f} ms"),
+        (
+            "inter-token latency p50 / p95 (32 seqs)",
+            f"{result['itl_ms']['p50']:.0f} / {result['itl_ms']['p95']:.0f} ms",
+        ),
+        (
+            "chat TTFT turn 1 / turn 8",
+            f"{result['chat_ttft_ms']['turn1']:.0f} / {result['chat_ttft_ms']['turn8']:.0f} ms",
+        ),
         ("cached tokens per turn", " ".join(str(t["cached_tokens"]) for t in result["chat_turns"])),
-        ("decode free / under a JSON schema", f"{result['structured']['tok_s_free']:.1f} / "
-                                              f"{result['structured']['tok_s_schema']:.1f} tok/s"),
-        ("decode free / under a tool call (required)",
-         f"{result['tools']['tok_s_free']:.1f} / {result['tools']['tok_s_tools']:.1f} tok/s"),
-        (f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens, "
-         f"median of {result['speculative']['repeats']})",
-         f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
-         f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
-         f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output"),
-        ("story decode, speculation off / on", f"{result['speculative']['story_tok_s_off']:.1f} / "
-                                               f"{result['speculative']['story_tok_s_on']:.1f} tok/s, "
-                                               f"{'identical' if result['speculative']['story_identical'] else 'DIFFERENT'} output"),
-        (f"embeddings ({result['embeddings']['input_tokens']}-token inputs), alone / 32 in one request",
-         f"{result['embeddings']['inputs_per_s_batch1']:.1f} / {result['embeddings']['inputs_per_s_batch32']:.1f} "
-         "inputs/s"),
-        (f"next turn of a {result['resume']['prompt_tokens']}-token chat: KV recomputed / cached / spilled",
-         f"{result['resume_ttft_ms']['recompute']:.0f} / {result['resume_ttft_ms']['cached']:.0f} / "
-         f"{result['resume_ttft_ms']['spilled']:.0f} ms TTFT ({result['resume']['restored_blocks']} blocks read back)"),
+        (
+            "decode free / under a JSON schema",
+            f"{result['structured']['tok_s_free']:.1f} / {result['structured']['tok_s_schema']:.1f} tok/s",
+        ),
+        (
+            "decode free / under a tool call (required)",
+            f"{result['tools']['tok_s_free']:.1f} / {result['tools']['tok_s_tools']:.1f} tok/s",
+        ),
+        (
+            f"rewrite decode, speculation off / on ({result['speculative']['tokens']} tokens, "
+            f"median of {result['speculative']['repeats']})",
+            f"{result['speculative']['tok_s_off']:.1f} / {result['speculative']['tok_s_on']:.1f} tok/s, "
+            f"acceptance {result['speculative']['acceptance_rate']:.0%}, "
+            f"{'identical' if result['speculative']['identical'] else 'DIFFERENT'} output",
+        ),
+        (
+            "story decode, speculation off / on",
+            f"{result['speculative']['story_tok_s_off']:.1f} / "
+            f"{result['speculative']['story_tok_s_on']:.1f} tok/s, "
+            f"{'identical' if result['speculative']['story_identical'] else 'DIFFERENT'} output",
+        ),
+        (
+            f"embeddings ({result['embeddings']['input_tokens']}-token inputs), alone / 32 in one request",
+            f"{result['embeddings']['inputs_per_s_batch1']:.1f} / {result['embeddings']['inputs_per_s_batch32']:.1f} "
+            "inputs/s",
+        ),
+        (
+            f"next turn of a {result['resume']['prompt_tokens']}-token chat: KV recomputed / cached / spilled",
+            f"{result['resume_ttft_ms']['recompute']:.0f} / {result['resume_ttft_ms']['cached']:.0f} / "
+            f"{result['resume_ttft_ms']['spilled']:.0f} ms TTFT "
+            f"({result['resume']['restored_blocks']} blocks read back)",
+        ),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
         ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]
     if "decode_profile" in result:
         p = result["decode_profile"]
-        rows.append(("decode step (profiled)", f"{p['step_ms']:.2f} ms, {p['outside_kernels_share']:.0%} outside the ops"))
+        rows.append(
+            ("decode step (profiled)", f"{p['step_ms']:.2f} ms, {p['outside_kernels_share']:.0%} outside the ops")
+        )
         rows += [(f"  {op} x{p['calls_per_step'][op]:.0f}", f"{ms:.2f} ms") for op, ms in p["ops_ms"].items()]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

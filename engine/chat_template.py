@@ -3,6 +3,7 @@
 Templates come from model files, so they are untrusted: they run in Jinja's
 ImmutableSandboxedEnvironment (no access to dunder attributes, no mutation of our data).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -57,7 +60,9 @@ def _compile(template: str) -> jinja2.Template:
 
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, (list, tuple)):
-        raise ChatTemplateError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
+        raise ChatTemplateError(
+            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
+        )
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ChatTemplateError(f"messages[{i}] must be a dict, got {type(m).__name__}")

@@ -1,4 +1,5 @@
 """Model hyper-parameters, in Hugging Face terms, whatever file they came from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,6 +7,7 @@ inputs from one device buffer, filled by a single host-to-device copy a step, an
 op sees an ordinary batch. A bucket is captured the first time a step needs it; if CUDA refuses, that
 bucket and the larger ones run eagerly from then on.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,8 +23,13 @@ from kernels.attention_meta import AttentionMetadata
 log = logging.getLogger("forge.engine")
 
 # (name, dtype, per-row shape) of the packed step inputs; block_tables rows are `width` wide.
-_FIELDS = (("token_ids", np.int64), ("positions", np.int64), ("slot_mapping", np.int64),
-           ("context_lens", np.int32), ("block_tables", np.int32))
+_FIELDS = (
+    ("token_ids", np.int64),
+    ("positions", np.int64),
+    ("slot_mapping", np.int64),
+    ("context_lens", np.int32),
+    ("block_tables", np.int32),
+)
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -53,14 +59,19 @@ class PackedInputs:
         self.backend = backend
 
         def views(buf: Any) -> dict[str, Any]:
-            return {name: buf[o : o + int(np.prod(s)) * np.dtype(d).itemsize].view(d).reshape(s) for name, (o, d, s) in offsets.items()}
+            return {
+                name: buf[o : o + int(np.prod(s)) * np.dtype(d).itemsize].view(d).reshape(s)
+                for name, (o, d, s) in offsets.items()
+            }
 
         self.h, self.d = views(self.host), views(self.device)
 
-    def fill(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]], block_size: int, pad_block: int) -> None:
+    def fill(
+        self, token_ids: list[int], positions: list[int], block_tables: list[list[int]], block_size: int, pad_block: int
+    ) -> None:
         """Write one step's rows (decode: context = position + 1) and pad the rest; then copy to the device."""
         h, B = self.h, len(token_ids)
-        assert B <= self.rows and len(positions) == B == len(block_tables)
+        assert self.rows >= B and len(positions) == B == len(block_tables)
         pos = np.asarray(positions, dtype=np.int64)
         h["token_ids"][:B] = token_ids
         h["positions"][:B] = pos
@@ -81,8 +92,12 @@ class PackedInputs:
         """Attention metadata over the device views (every row one decode token)."""
         qs = np.arange(self.rows + 1, dtype=np.int32)
         return AttentionMetadata(
-            query_start=self.backend.asarray(qs), context_lens=self.d["context_lens"], block_tables=self.d["block_tables"],
-            slot_mapping=self.d["slot_mapping"], max_context=self.width * block_size, is_decode_only=True,
+            query_start=self.backend.asarray(qs),
+            context_lens=self.d["context_lens"],
+            block_tables=self.d["block_tables"],
+            slot_mapping=self.d["slot_mapping"],
+            max_context=self.width * block_size,
+            is_decode_only=True,
             query_start_host=qs.astype(np.int64),
         )
 
@@ -103,8 +118,15 @@ class _Graph:
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, kv_caches: list[tuple[Any, Any]], block_size: int, pad_block: int,
-                 width: int, max_batch: int) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[tuple[Any, Any]],
+        block_size: int,
+        pad_block: int,
+        width: int,
+        max_batch: int,
+    ) -> None:
         """`pad_block`: a cache block no sequence uses; `width`: the most blocks a sequence can hold."""
         self.model, self.backend, self.kv_caches = model, model.backend, kv_caches
         self.block_size, self.pad_block, self.width = block_size, pad_block, width
@@ -122,7 +144,9 @@ class DecodeGraphs:
             try:
                 g = self._graphs[rows] = self._capture(rows)
             except Exception:
-                log.warning("CUDA graph capture failed for %d rows: decode steps of that many run eagerly", rows, exc_info=True)
+                log.warning(
+                    "CUDA graph capture failed for %d rows: decode steps of that many run eagerly", rows, exc_info=True
+                )
                 self.eager_from = rows
                 return None
             log.info("captured the decode step for %d rows as a CUDA graph", rows)
@@ -137,5 +161,6 @@ class DecodeGraphs:
         logits_rows = self.backend.asarray(np.arange(rows, dtype=np.int64))
         d = inputs.d
         graph, logits = self.backend.capture_graph(
-            lambda: self.model.forward_device(d["token_ids"], d["positions"], meta, self.kv_caches, logits_rows))
+            lambda: self.model.forward_device(d["token_ids"], d["positions"], meta, self.kv_caches, logits_rows)
+        )
         return _Graph(inputs, meta, logits_rows, graph, logits)

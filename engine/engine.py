@@ -4,6 +4,7 @@ One step loop runs on its own thread (the model math releases the GIL in BLAS / 
 GPU). Requests and aborts cross into it through a thread-safe queue; events come back to
 each caller's event loop with `loop.call_soon_threadsafe`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,18 @@ log = logging.getLogger("forge.engine")
 
 SPILL_CLOSE_S = 10.0  # how long shutdown waits for the cached blocks' spill files
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "m": 1e6,
+    "g": 1e9,
+    "t": 1e12,
+    "ki": 1 << 10,
+    "mi": 1 << 20,
+    "gi": 1 << 30,
+    "ti": 1 << 40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -62,13 +74,13 @@ class RequestStream:
     """The events of one admitted request (`Engine.generate`). Closing it, or dropping it, before its
     last final event aborts the request."""
 
-    def __init__(self, engine: "Engine", request_id: str, samples: int, events: asyncio.Queue) -> None:
+    def __init__(self, engine: Engine, request_id: str, samples: int, events: asyncio.Queue) -> None:
         self._engine = engine
         self._request_id = request_id
         self._remaining = samples
         self._events = events
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> GenerationEvent:
@@ -136,7 +148,7 @@ class Engine:
         spec_row_cost: float | None = None,
         kv_spill_dir: str | None = None,
         kv_spill_size: str | int = 0,
-    ) -> "Engine":
+    ) -> Engine:
         """Load weights and tokenizer, compile or load the CPU kernels (blocking: seconds, a minute
         the first time on a machine) and start the step loop. Raises kernels.BackendUnavailable at
         once, before loading anything, when `backend` cannot run here ("cupy" without a usable GPU).
@@ -173,14 +185,26 @@ class Engine:
         be.warm_up(lambda i, n, what: say(f"compiling {where}kernels {i}/{n} ({what}) ..."))
         if where:
             say(f"{where}kernels ready in {time.perf_counter() - t1:.1f}s")
-        config = EngineConfig(block_size, parse_size(kv_memory), max_num_seqs, max_batched_tokens, max_waiting,
-                              SpecConfig(mode=speculative, row_cost=spec_row_cost), kv_spill_dir=kv_spill_dir,
-                              kv_spill_size=spill_size)
+        config = EngineConfig(
+            block_size,
+            parse_size(kv_memory),
+            max_num_seqs,
+            max_batched_tokens,
+            max_waiting,
+            SpecConfig(mode=speculative, row_cost=spec_row_cost),
+            kv_spill_dir=kv_spill_dir,
+            kv_spill_size=spill_size,
+        )
         engine = cls(LLMEngine(loaded, llama, config), threads)
         log.info(
             "loaded %s (%s, %s) on %s in %.2fs: %d KV blocks of %d tokens",
-            loaded.name, loaded.config.arch, loaded.quant, be.name, time.perf_counter() - t0,
-            engine.core.blocks.num_blocks, block_size,
+            loaded.name,
+            loaded.config.arch,
+            loaded.quant,
+            be.name,
+            time.perf_counter() - t0,
+            engine.core.blocks.num_blocks,
+            block_size,
         )
         return engine
 
@@ -232,12 +256,14 @@ class Engine:
         """How this model writes tool calls (engine/tool_render.py)."""
         if self._tool_format is None:
             tok = self.tokenizer
-            self._tool_format = tool_render.format_for(self.core.loaded.chat_template,
-                                                       lambda s: tok.decode(tok.encode_chat(s)) == s)
+            self._tool_format = tool_render.format_for(
+                self.core.loaded.chat_template, lambda s: tok.decode(tok.encode_chat(s)) == s
+            )
         return self._tool_format
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: list[Tool] | None = None) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[Tool] | None = None
+    ) -> list[int]:
         """The conversation in the model's own chat template, as token ids. Message content is text: only
         the template's own markup yields special tokens (content spelling "<|im_end|>" stays those characters).
         `tools` (and tool turns in `messages`) are rendered in `tool_format` (engine/tool_render.py)."""
@@ -248,8 +274,12 @@ class Engine:
             extra = tool_render.escape_strings(extra, tok.escape_content)
             messages = tool_render.escape_strings(messages, tok.escape_content)
         else:
-            messages = [{**m, "content": tok.escape_content(m["content"])} if isinstance(m, dict)
-                        and isinstance(m.get("content"), str) else m for m in messages]
+            messages = [
+                {**m, "content": tok.escape_content(m["content"])}
+                if isinstance(m, dict) and isinstance(m.get("content"), str)
+                else m
+                for m in messages
+            ]
         text = render_chat(
             self.core.loaded.chat_template,
             messages,
@@ -264,7 +294,7 @@ class Engine:
         return self.core.stats()
 
     # ---- generation ----------------------------------------------------------------
-    def generate(self, request: GenerationRequest) -> "RequestStream":
+    def generate(self, request: GenerationRequest) -> RequestStream:
         """Admit `request` now and return its events: token deltas, then one final event per sample.
 
         Raises InvalidRequest or EngineOverloaded here, before anything is queued, so a caller can refuse
@@ -274,8 +304,9 @@ class Engine:
         if self._stopping:
             raise EngineOverloaded("engine is shutting down")
         self.core.validate(request)
-        return self._submit(request.request_id, request.params.n,
-                            lambda arrival: self.core.add_request(request, arrival))
+        return self._submit(
+            request.request_id, request.params.n, lambda arrival: self.core.add_request(request, arrival)
+        )
 
     async def embed(self, inputs: list[list[int]], pooling: str = "mean", truncate: bool = False) -> list[np.ndarray]:
         """One float32, L2-normalised vector per input (token ids): the final norm's output pooled over the input
@@ -288,8 +319,11 @@ class Engine:
         inputs = self.core.validate.embedding(inputs, pooling, truncate)
         request_id = uuid.uuid4().hex
         vectors: list[Any] = [None] * len(inputs)
-        stream = self._submit(request_id, len(inputs),
-                              lambda arrival: self.core.add_embedding(request_id, inputs, pooling, arrival=arrival))
+        stream = self._submit(
+            request_id,
+            len(inputs),
+            lambda arrival: self.core.add_embedding(request_id, inputs, pooling, arrival=arrival),
+        )
         try:
             async for event in stream:
                 if event.finish_reason == "abort":
@@ -306,7 +340,7 @@ class Engine:
         """The pooling the model's files name for embeddings (None: the caller's choice holds)."""
         return self.core.loaded.pooling
 
-    def _submit(self, request_id: str, samples: int, admit: Callable[[float], None]) -> "RequestStream":
+    def _submit(self, request_id: str, samples: int, admit: Callable[[float], None]) -> RequestStream:
         """Queue a validated request for the step thread, which calls `admit(arrival)` (adding it to the core);
         its events come back on the caller's loop."""
         if request_id in self._active:

@@ -12,6 +12,7 @@ only when a fresh block is needed. Partial blocks are never shared.
 With a spill tier (engine/kv_spill.py) an evicted block's K/V goes to disk under its chain digest, and a prefix
 walk that runs out of cached blocks goes on in the tier, reading blocks back into fresh ones.
 """
+
 from __future__ import annotations
 
 import time

@@ -9,6 +9,7 @@ waiting for the writer is restored from its copy. The index is rebuilt from the 
 modification time, which a restore refreshes), so files survive a restart. Processes sharing a folder (replicas on
 one machine) share its files, every read checked as always, but each counts the budget for the files it knows.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,9 +51,16 @@ class KVSpill:
     """The spill tier of one engine. `read_block(bid)` returns a host copy of a block's K/V (every layer);
     `write_block(bid, data)` puts such a copy back into the KV cache."""
 
-    def __init__(self, directory: str | os.PathLike, capacity: int, layout: str, block_shape: tuple[int, ...],
-                 dtype: np.dtype, read_block: Callable[[int], np.ndarray],
-                 write_block: Callable[[int, np.ndarray], None]) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        capacity: int,
+        layout: str,
+        block_shape: tuple[int, ...],
+        dtype: np.dtype,
+        read_block: Callable[[int], np.ndarray],
+        write_block: Callable[[int, np.ndarray], None],
+    ) -> None:
         self.shape, self.dtype = tuple(block_shape), np.dtype(dtype)
         self.payload_bytes = int(np.prod(self.shape)) * self.dtype.itemsize
         self.capacity = capacity

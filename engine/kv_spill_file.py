@@ -1,6 +1,7 @@
 """One spilled KV block as a file: a header naming the KV layout, the block's chain digest and its tokens, then the
 block's K/V bytes, all covered by a CRC-32. Reading checks everything it can: a file of another model or layout, of
 another block, truncated or altered, is refused (None), never half-trusted."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,9 @@ def encode(layout: bytes, digest: bytes, tokens: tuple[int, ...], payload: memor
     return [_HEAD.pack(MAGIC, layout, digest, len(tokens), payload.nbytes, crc), toks, payload]
 
 
-def decode(data: bytes | bytearray, layout: bytes, digest: bytes, tokens: tuple[int, ...],
-           payload_bytes: int) -> memoryview | None:
+def decode(
+    data: bytes | bytearray, layout: bytes, digest: bytes, tokens: tuple[int, ...], payload_bytes: int
+) -> memoryview | None:
     """The payload of a file holding exactly this block of this layout, or None."""
     if len(data) != _HEAD.size + 4 * len(tokens) + payload_bytes:
         return None  # truncated, or another shape

@@ -5,6 +5,7 @@ and the benchmark may drive it directly. Its parts: drafts (engine/spec_policy.p
 (engine/scheduler.py), the forward (engine/model_runner.py), masking and sampling (engine/sampler.py), a
 request's samples and deadline (engine/request_groups.py), checks before queueing (engine/validate.py).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,7 +37,13 @@ from engine.stats import engine_stats
 from engine.structured import Grammars
 from engine.tokenizer import IncrementalDetokenizer
 from engine.types import (
-    EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest, Timings, TokenLogprob, Usage,
+    EngineOverloaded,
+    GenerationEvent,
+    GenerationRequest,
+    InvalidRequest,
+    Timings,
+    TokenLogprob,
+    Usage,
 )
 from engine.validate import RequestValidator
 
@@ -51,7 +58,9 @@ class EngineConfig:
     max_batched_tokens: int = 512
     max_waiting: int = 256
     speculative: SpecConfig = field(default_factory=SpecConfig)
-    cuda_graphs: bool = True  # replay plain decode steps from CUDA graphs where the backend can (engine/decode_graphs.py)
+    cuda_graphs: bool = (
+        True  # replay plain decode steps from CUDA graphs where the backend can (engine/decode_graphs.py)
+    )
     kv_spill_dir: str | None = None  # evicted prefix blocks go to files here (engine/kv_spill.py) ...
     kv_spill_size: int = 0  # ... within this many bytes; 0: no spill tier
 
@@ -96,18 +105,33 @@ class LLMEngine:
         shape = (2 * c.num_layers, self.config.block_size, c.num_kv_heads, c.head_dim)
         size = file_size(self.config.block_size, int(np.prod(shape)) * kv_dtype.itemsize)
         if capacity < size:
-            raise ValueError(f"kv_spill_size {capacity} bytes holds no block file ({size} bytes each for this "
-                             f"model); 0 turns the spill tier off")
+            raise ValueError(
+                f"kv_spill_size {capacity} bytes holds no block file ({size} bytes each for this "
+                f"model); 0 turns the spill tier off"
+            )
         try:
             file_bytes = os.path.getsize(m.path) if os.path.isfile(m.path) else 0
         except OSError:
             file_bytes = 0
-        layout = "|".join(str(x) for x in (
-            m.name, os.path.basename(m.path), file_bytes, c.arch, m.quant, self.model.weight_bytes, be.name,
-            getattr(be, "activations", "f32"), kv_dtype.str, shape))
+        layout = "|".join(
+            str(x)
+            for x in (
+                m.name,
+                os.path.basename(m.path),
+                file_bytes,
+                c.arch,
+                m.quant,
+                self.model.weight_bytes,
+                be.name,
+                getattr(be, "activations", "f32"),
+                kv_dtype.str,
+                shape,
+            )
+        )
         try:
-            return KVSpill(directory, capacity, layout, shape, kv_dtype, self.runner.read_block,
-                           self.runner.write_block)
+            return KVSpill(
+                directory, capacity, layout, shape, kv_dtype, self.runner.read_block, self.runner.write_block
+            )
         except OSError as exc:
             raise ValueError(f"kv_spill_dir {directory!r} is not a usable folder: {exc}") from None
 
@@ -140,8 +164,9 @@ class LLMEngine:
                 rng=make_rng(params.seed, i) if params.temperature > 0 else None,
                 detok=IncrementalDetokenizer(self.tokenizer, stop=params.stop),
                 matcher=self.grammars.matcher(params.response_format) if params.response_format else None,
-                drafter=Drafter(len(req.prompt_token_ids), self.spec_policy.acceptance,
-                                params.temperature == 0.0) if drafting else None,
+                drafter=Drafter(len(req.prompt_token_ids), self.spec_policy.acceptance, params.temperature == 0.0)
+                if drafting
+                else None,
                 arrival=arrival,
                 deadline=deadline,
             )
@@ -150,8 +175,14 @@ class LLMEngine:
         for seq in self._groups.add(seqs):
             self.scheduler.add(seq)
 
-    def add_embedding(self, request_id: str, inputs: list[list[int]], pooling: str, truncate: bool = False,
-                      arrival: float | None = None) -> None:
+    def add_embedding(
+        self,
+        request_id: str,
+        inputs: list[list[int]],
+        pooling: str,
+        truncate: bool = False,
+        arrival: float | None = None,
+    ) -> None:
         """Queue an embedding request: each input a sequence whose prompt is computed (chunked, batched with
         everything else) and pooled, its KV dropped after; one final event per input carries its vector.
         `pooling` yields to the model's own (its GGUF `pooling_type`)."""
@@ -192,8 +223,9 @@ class LLMEngine:
         events = [ev for rid in self._groups.expired(time.monotonic()) for ev in self._end_group(rid, "timeout")]
         for seq in self._groups.refill():  # embedding inputs, a window at a time
             self.scheduler.add(seq)
-        self.spec_policy.propose([s for s in self.scheduler.running if s.remaining == 1], self.config.speculative,
-                                 self.max_context)
+        self.spec_policy.propose(
+            [s for s in self.scheduler.running if s.remaining == 1], self.config.speculative, self.max_context
+        )
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return events
@@ -271,8 +303,9 @@ class LLMEngine:
                 events.append(self._finish(seq, "stop", embedding=seq.pooled.vector(seq.num_tokens)))
         return events
 
-    def _accept(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None,
-                now: float) -> list[GenerationEvent]:
+    def _accept(
+        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float
+    ) -> list[GenerationEvent]:
         """Take the step's emitted tokens up to the first finish (EOS, stop, length): KV is kept for all
         but the last, the blocks past it (rejected draft slots) are given back, full ones are cached."""
         drafted = len(seq.draft)
@@ -315,8 +348,9 @@ class LLMEngine:
             return [delta]
         return [delta, self._finish(seq, reason)]
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None,
-                embedding: np.ndarray | None = None) -> GenerationEvent:
+    def _finish(
+        self, seq: Sequence, reason: str, error: str | None = None, embedding: np.ndarray | None = None
+    ) -> GenerationEvent:
         """End `seq`, free its blocks and build its final event."""
         tail = seq.detok.finish() if reason != "error" else ""  # held-back text is part of the reply
         self.scheduler.finish(seq)

@@ -9,6 +9,7 @@ are special, or that look like "<...>", are marked special, as llguidance's own 
 Any other kind of tokenizer (SentencePiece's "▁" + <0xNN> byte fallback, WordPiece, ...) takes
 the JSON path unchanged.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

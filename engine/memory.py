@@ -2,6 +2,7 @@
 
 Elsewhere (another libc) both calls do nothing.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -2,6 +2,7 @@
 
 Written by the step thread only; `snapshot()` copies what it reads, so any thread may call it.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,5 +53,7 @@ class EngineMetrics:
             "spec_accepted_tokens": self.spec_accepted,
             "spec_acceptance_rate": self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0,
             # tokens a verifying sequence gains per step: its accepted drafts + the one token every step yields
-            "spec_mean_accepted_length": (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0,
+            "spec_mean_accepted_length": (self.spec_accepted + self.spec_steps) / self.spec_steps
+            if self.spec_steps
+            else 0.0,
         }

@@ -3,6 +3,7 @@ forward and returns the logits rows that were asked for, left on the backend (th
 Plain decode steps (one new token and one logits row a sequence) replay a CUDA graph where the
 backend can capture one (engine/decode_graphs.py); prefill chunks and speculative verification run
 eagerly."""
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,15 @@ def kv_bytes_per_block(model: LoadedModel, block_size: int, itemsize: int = 4) -
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, model: LlamaModel, num_blocks: int, block_size: int,
-                 max_num_seqs: int, cuda_graphs: bool = True) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        cuda_graphs: bool = True,
+    ) -> None:
         """`num_blocks` for the block manager; `cuda_graphs`: replay decode steps where the backend can."""
         self.model, self.backend, self.block_size = model, model.backend, block_size
         c, be = loaded.config, self.backend
@@ -52,7 +60,9 @@ class ModelRunner:
         ]
         self.max_context = min(c.max_position, num_blocks * block_size)  # the most tokens a sequence holds
         width = -(-self.max_context // block_size)
-        self.graphs = DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
+        self.graphs = (
+            DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
+        )
 
     def read_block(self, block_id: int) -> np.ndarray:
         """A host copy of one block's K and V in every layer: [2 * layers, block_size, kv_heads, head_dim]."""
@@ -88,14 +98,17 @@ class ModelRunner:
         for x in inputs:
             hidden_rows += [row + i for i in x.hidden]
             row += len(x.tokens)
-        out = self.model.forward_hidden(token_ids, positions, meta, self.kv_caches, logits_rows,
-                                        np.asarray(hidden_rows, dtype=np.int64))
+        out = self.model.forward_hidden(
+            token_ids, positions, meta, self.kv_caches, logits_rows, np.asarray(hidden_rows, dtype=np.int64)
+        )
         self.backend.end_step(time.perf_counter() - start)
         return out
 
     def _forward(self, inputs: list[SeqInput]) -> Any:
         if self.graphs is not None and all(len(x.tokens) == 1 and x.num_logits == 1 for x in inputs):
-            logits = self.graphs.run([x.tokens[0] for x in inputs], [x.start for x in inputs], [x.block_table for x in inputs])
+            logits = self.graphs.run(
+                [x.tokens[0] for x in inputs], [x.start for x in inputs], [x.block_table for x in inputs]
+            )
             if logits is not None:
                 return logits
         token_ids, positions, meta, logits_rows = self._batch(inputs)
@@ -115,7 +128,12 @@ class ModelRunner:
             context_lens.append(x.start + n)
             row += n
             logits_rows.append(np.arange(row - x.num_logits, row))
-        meta = build_attention_metadata(query_lens, context_lens, [x.block_table for x in inputs], self.block_size,
-                                        self.backend)
-        return (np.asarray(token_ids, dtype=np.int64), np.concatenate(positions), meta,
-                np.concatenate(logits_rows).astype(np.int64))
+        meta = build_attention_metadata(
+            query_lens, context_lens, [x.block_table for x in inputs], self.block_size, self.backend
+        )
+        return (
+            np.asarray(token_ids, dtype=np.int64),
+            np.concatenate(positions),
+            meta,
+            np.concatenate(logits_rows).astype(np.int64),
+        )

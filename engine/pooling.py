@@ -4,6 +4,7 @@
 Rows arrive chunk by chunk as the prefill computes them; a sequence computed again from its start (preempted)
 starts over.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ cache), or until the leader ends first (they go on without it). An embedding req
 the scheduler `EMBED_WINDOW` at a time, so that a large one neither fills the waiting queue nor starves
 others. A request ends when its last sequence does.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -98,8 +99,9 @@ class RequestGroups:
         """Requests whose deadline has passed."""
         if not self._num_deadlines:
             return []
-        return [rid for rid, group in self._groups.items()
-                if group[0].deadline is not None and now >= group[0].deadline]
+        return [
+            rid for rid, group in self._groups.items() if group[0].deadline is not None and now >= group[0].deadline
+        ]
 
     @property
     def has_pending(self) -> bool:

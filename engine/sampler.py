@@ -6,6 +6,7 @@ penalties, bias or draft -> the backend samples (ids and the logprobs asked for 
 logits come to the host and engine/sampling.py samples and verifies there. A failing host batch is retried
 sequence by sequence, so one bad request fails alone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,13 @@ from typing import Any, cast
 import numpy as np
 
 from engine.sampling import (
-    SampleOutput, SamplerRow, is_plain_greedy, is_single_draw, sample, sample_greedy, sample_on_backend,
+    SampleOutput,
+    SamplerRow,
+    is_plain_greedy,
+    is_single_draw,
+    sample,
+    sample_greedy,
+    sample_on_backend,
 )
 from engine.sequence import Sequence
 from engine.structured import Grammars

@@ -20,6 +20,7 @@ with or without drafts, whatever they were.
 A sequence's result depends only on its own logits, params, history and rng, never on the
 rest of the batch; greedy sequences never touch their rng.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -92,7 +93,9 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
         p = row.params
         if p.temperature > 0.0:
             if not isinstance(row.rng, np.random.Generator):
-                raise ValueError(f"row {i}: temperature > 0 needs a numpy Generator as rng, got {type(row.rng).__name__}")
+                raise ValueError(
+                    f"row {i}: temperature > 0 needs a numpy Generator as rng, got {type(row.rng).__name__}"
+                )
             sampled.append(i)
         elif _adjusts(p):
             adjusted.append(i)
@@ -145,7 +148,9 @@ def sample(logits: np.ndarray, rows: Sequence[SamplerRow]) -> SampleOutput:
             _raise_bad_row(int(idx[j]), float(top[j]))
         # Subtract the max before dividing so a tiny temperature gives -inf, never inf - inf.
         scaled -= top[:, None]
-        temps = np.repeat([rows[i].params.temperature for i in sampled], [counts[i] for i in sampled]).astype(np.float32)
+        temps = np.repeat([rows[i].params.temperature for i in sampled], [counts[i] for i in sampled]).astype(
+            np.float32
+        )
         if (temps != 1.0).any():
             with np.errstate(over="ignore"):
                 scaled /= np.maximum(temps, np.finfo(np.float32).tiny)[:, None]
@@ -221,11 +226,24 @@ def is_single_draw(row: SamplerRow) -> bool:
 def draw_table(rows: Sequence[SamplerRow]) -> np.ndarray:
     """The sampling table (kernels/row_sampling.py) of `is_single_draw` rows: one draw from the rng of each
     row with temperature > 0, the draw `sample` would make for it."""
-    return np.array([(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p,
-                      _draw(r) if r.params.temperature > 0.0 else 0.0) for r in rows], dtype=np.float64)
+    return np.array(
+        [
+            (
+                r.params.temperature,
+                r.params.top_k,
+                r.params.top_p,
+                r.params.min_p,
+                _draw(r) if r.params.temperature > 0.0 else 0.0,
+            )
+            for r in rows
+        ],
+        dtype=np.float64,
+    )
 
 
-def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow]) -> list[tuple[list[int], list[TokenLogprob] | None] | ValueError]:
+def sample_on_backend(
+    backend: Backend, logits: Any, rows: Sequence[SamplerRow]
+) -> list[tuple[list[int], list[TokenLogprob] | None] | ValueError]:
     """`sample` of `is_single_draw` rows by the backend that holds their logits [R, V]: per row its token (and its
     logprobs when asked), or a ValueError when the row has no usable token. Only token ids and the logprobs
     asked for leave the backend. Every sampled row's draw is spent, whatever the outcome."""
@@ -234,18 +252,27 @@ def sample_on_backend(backend: Backend, logits: Any, rows: Sequence[SamplerRow])
     found: dict[int, TokenLogprob] = {}
     if want:
         ks = [k for j in want if (k := rows[j].params.logprobs) is not None]  # all of want
-        lps = token_logprobs(ids[want], ks, *backend.logprob_rows(logits, np.asarray(want, dtype=np.int64), ids[want], max(ks)))
+        lps = token_logprobs(
+            ids[want], ks, *backend.logprob_rows(logits, np.asarray(want, dtype=np.int64), ids[want], max(ks))
+        )
         found = dict(zip(want, lps))
-    return [([t], [found[j]] if j in found else None) if t >= 0
-            else ValueError(f"sampling failed: logits row {j} has no usable token (NaN, +inf, or every token at -inf)")
-            for j, t in enumerate(ids.tolist())]
+    return [
+        ([t], [found[j]] if j in found else None)
+        if t >= 0
+        else ValueError(f"sampling failed: logits row {j} has no usable token (NaN, +inf, or every token at -inf)")
+        for j, t in enumerate(ids.tolist())
+    ]
 
 
-def token_logprobs(tokens: np.ndarray, ks: list[int], chosen: np.ndarray, ids: np.ndarray, values: np.ndarray) -> list[TokenLogprob]:
+def token_logprobs(
+    tokens: np.ndarray, ks: list[int], chosen: np.ndarray, ids: np.ndarray, values: np.ndarray
+) -> list[TokenLogprob]:
     """TokenLogprobs from what logprob_rows (a backend's, or kernels/row_sampling.py's) found for rows asking
     for ks[j] alternatives."""
-    return [TokenLogprob(token_id=int(t), logprob=float(c), top=list(zip(i[:k].tolist(), v[:k].tolist())))
-            for t, k, c, i, v in zip(tokens.tolist(), ks, chosen, ids, values)]
+    return [
+        TokenLogprob(token_id=int(t), logprob=float(c), top=list(zip(i[:k].tolist(), v[:k].tolist())))
+        for t, k, c, i, v in zip(tokens.tolist(), ks, chosen, ids, values)
+    ]
 
 
 def _verify_greedy(picks: list[int], draft: Sequence[int]) -> list[int]:

@@ -8,13 +8,14 @@ never holds back other users' decoding by more than one chunk. When blocks run o
 most recently admitted sequence is preempted by recompute: its blocks are released (and
 stay in the prefix cache), and it re-enters the front of the waiting queue.
 """
+
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockManager
-from engine.sequence import Sequence, SeqStatus
+from engine.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

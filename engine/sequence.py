@@ -1,4 +1,5 @@
 """One sequence being generated: its tokens, its blocks and how far its KV is computed."""
+
 from __future__ import annotations
 
 import enum

@@ -16,6 +16,7 @@ accepted, yields j more tokens. Two running estimates price that:
 with drafts already given to the step's other sequences counted in: on a GPU drafts run long, on
 a CPU only tracks that rarely fail are worth drafting, and with many sequences decoding hardly any.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -101,7 +102,6 @@ class SpecPolicy:
                 best, best_k, best_gain = rate, j, gain
         return best_k, best_gain
 
-
     def propose(self, decoding: list[Sequence], spec: SpecConfig, max_context: int) -> None:
         """Set the drafts of a step's decoding sequences, each as long as it pays for the whole step."""
         rows, tokens = len(decoding), float(len(decoding))  # the step's rows and expected tokens so far
@@ -110,8 +110,12 @@ class SpecPolicy:
             if seq.drafter is None:
                 continue
             params = seq.request.params
-            limit = min(spec.max_k, spec.max_rows - rows, params.max_tokens - seq.num_output - 1,
-                        max_context - seq.num_tokens - 1)
+            limit = min(
+                spec.max_k,
+                spec.max_rows - rows,
+                params.max_tokens - seq.num_output - 1,
+                max_context - seq.num_tokens - 1,
+            )
             k, gain = self.length(seq.drafter, rows, tokens, limit)
             draft = seq.drafter.draft(seq.token_ids, k)
             if draft and seq.matcher is not None:  # only grammar-valid drafts are scored

@@ -13,6 +13,7 @@ Every generated token, drafted or not, is also scored against the track's predic
 length: engine/spec_policy.py turns those hit rates and the measured cost of a step's rows into
 each draft's length (none when drafting would not pay).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """The engine's numbers for /metrics and the admin page: queues, KV use, prefix cache and the counters."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,9 @@ from engine.request_groups import RequestGroups
 from engine.scheduler import Scheduler
 
 
-def engine_stats(scheduler: Scheduler, blocks: BlockManager, groups: RequestGroups, metrics: EngineMetrics,
-                 speculative: str) -> dict[str, Any]:
+def engine_stats(
+    scheduler: Scheduler, blocks: BlockManager, groups: RequestGroups, metrics: EngineMetrics, speculative: str
+) -> dict[str, Any]:
     """A snapshot; safe to call from any thread (it copies what the step thread mutates)."""
     ps = blocks.stats
     return {

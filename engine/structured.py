@@ -14,6 +14,7 @@ Anything that cannot be compiled, and JSON-schema keywords llguidance cannot enf
 (e.g. uniqueItems, not, if/then), is refused with InvalidRequest: a constraint is never
 silently dropped.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,7 +106,9 @@ class Grammars:
                 try:
                     schema = json.loads(fmt.spec)
                 except (ValueError, RecursionError) as e:
-                    raise InvalidRequest(f"response_format schema is not valid JSON: {e}", param="response_format") from None
+                    raise InvalidRequest(
+                        f"response_format schema is not valid JSON: {e}", param="response_format"
+                    ) from None
                 if not isinstance(schema, (dict, bool)):
                     raise InvalidRequest("response_format schema must be a JSON object", param="response_format")
                 grammar = Matcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)
@@ -122,20 +125,24 @@ class Grammars:
         tok = self._llguidance_tokenizer()
         failed, messages = Matcher.validate_grammar_with_warnings(grammar, tok)
         if failed:
-            raise InvalidRequest(f"response_format {fmt.kind} cannot be enforced: {_one_line(messages)}",
-                                 param="response_format")
+            raise InvalidRequest(
+                f"response_format {fmt.kind} cannot be enforced: {_one_line(messages)}", param="response_format"
+            )
         matcher = Matcher(tok, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidRequest(f"response_format {fmt.kind} cannot be enforced: {_one_line([matcher.get_error()])}",
-                                 param="response_format")
+            raise InvalidRequest(
+                f"response_format {fmt.kind} cannot be enforced: {_one_line([matcher.get_error()])}",
+                param="response_format",
+            )
         return matcher
 
     def _llguidance_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._lltok is None:
                 if self._tokenizer.vocab_size > self.vocab_size:
-                    raise InvalidRequest("structured output needs the tokenizer's vocabulary to fit the model's",
-                                         param="response_format")
+                    raise InvalidRequest(
+                        "structured output needs the tokenizer's vocabulary to fit the model's", param="response_format"
+                    )
                 # Ids past the tokenizer's vocabulary (padding rows of the model) are never allowed.
                 self._lltok = build_lltokenizer(self._tokenizer, self.vocab_size, self._eos_ids)
             return self._lltok

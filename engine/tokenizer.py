@@ -5,6 +5,7 @@ engine/loader/tokenizer_build.py.
 Decoding never goes through `tokenizers`: every token's raw bytes are tabled once, so
 `decode` and the incremental detokenizer agree byte for byte and a step costs a lookup.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -21,7 +22,7 @@ class TokenizerError(ValueError):
 
 # Chat content is wrapped in these (Supplementary Private Use Area) where it spells a special token, so that
 # `encode_chat` reads it as text; content loses any of these two characters it carries.
-_CONTENT_OPEN, _CONTENT_CLOSE = "\U000F0000", "\U000F0001"
+_CONTENT_OPEN, _CONTENT_CLOSE = "\U000f0000", "\U000f0001"
 
 
 class Tokenizer:
@@ -75,7 +76,7 @@ class Tokenizer:
         that went through `escape_content` is plain text, whatever it spells (no role injection)."""
         return self._chat_encoder().encode(rendered)
 
-    def _chat_encoder(self) -> "_ChatEncoder":
+    def _chat_encoder(self) -> _ChatEncoder:
         if self._chat is None:
             self._chat = _ChatEncoder(self._tk, self.special_ids)
         return self._chat
@@ -133,8 +134,7 @@ class _ChatEncoder:
         return self._special.sub(lambda m: _CONTENT_OPEN + m.group(0) + _CONTENT_CLOSE, text)
 
     def encode(self, rendered: str) -> list[int]:
-        text = self._rendered.sub(lambda m: m.group(1) if m.group(1) is not None else self._alias[m.group(2)],
-                                  rendered)
+        text = self._rendered.sub(lambda m: m.group(1) if m.group(1) is not None else self._alias[m.group(2)], rendered)
         return [self._real.get(i, i) for i in self._plain.encode(text, add_special_tokens=False).ids]
 
 

@@ -12,6 +12,7 @@ A reply with calls is `[text] begin call (separator call)* end`, each call being
 
 Nothing may follow the last call but EOS: a call is never followed by more text.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ class ToolFormat:
 
 HERMES = ToolFormat("hermes")
 GENERIC = ToolFormat("generic")
-LLAMA3_JSON = ToolFormat("llama3-json", call_open="", call_close="", separator="", args_key="parameters",
-                         parallel=False)
+LLAMA3_JSON = ToolFormat(
+    "llama3-json", call_open="", call_close="", separator="", args_key="parameters", parallel=False
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,8 +102,12 @@ def closed_objects(schema: object) -> object:
             out[key] = closed_objects(value)
         else:
             out[key] = value
-    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out \
-            and "unevaluatedProperties" not in out:
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and "patternProperties" not in out
+        and "unevaluatedProperties" not in out
+    ):
         out["additionalProperties"] = False
     return out
 

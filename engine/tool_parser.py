@@ -9,6 +9,7 @@ is held back until the next delta tells (whitespace before a call is dropped, no
 The grammar (engine/tool_calls.py) makes the reply exactly `[text] begin call (separator call)* end`; a
 reply cut short (max_tokens, a stop string) leaves its last call's arguments incomplete.
 """
+
 from __future__ import annotations
 
 import re
@@ -116,12 +117,12 @@ class ToolCallSplitter:
                 lead = buf[:at].rstrip()
                 if lead:
                     out.append(self._say(lead))
-                self._buf, self._state = buf[at + len(fmt.begin):], "head"
+                self._buf, self._state = buf[at + len(fmt.begin) :], "head"
                 return True
             keep = _held_back(buf, fmt.trigger)
             if keep < len(buf):
-                out.append(self._say(buf[:len(buf) - keep]))
-                self._buf = buf[len(buf) - keep:]
+                out.append(self._say(buf[: len(buf) - keep]))
+                self._buf = buf[len(buf) - keep :]
             return False
         if self._state == "head":
             m = _head_pattern(fmt).match(buf)
@@ -129,7 +130,7 @@ class ToolCallSplitter:
                 return False
             self.calls.append(Call(m.group(1)))
             out.append(Piece(call=len(self.calls) - 1, name=m.group(1)))
-            self._buf, self._state, self._json = buf[m.end():], "args", _Json()
+            self._buf, self._state, self._json = buf[m.end() :], "args", _Json()
             return True
         if self._state == "args":
             taken = len(buf)
@@ -146,7 +147,7 @@ class ToolCallSplitter:
         if self._state == "after":
             nxt = fmt.tail() + fmt.separator + fmt.call_open
             if fmt.parallel and buf.startswith(nxt):
-                self._buf, self._state = buf[len(fmt.tail() + fmt.separator):], "head"
+                self._buf, self._state = buf[len(fmt.tail() + fmt.separator) :], "head"
                 return True
             if buf.startswith(fmt.tail() + fmt.end) and not nxt.startswith(buf):
                 self._buf, self._state = "", "done"  # the end; anything past it is not the model's to say
@@ -162,7 +163,7 @@ def _held_back(buf: str, trigger: str) -> int:
         if buf.endswith(trigger[:n]):
             keep = n
             break
-    rest = buf[:len(buf) - keep]
+    rest = buf[: len(buf) - keep]
     return keep + len(rest) - len(rest.rstrip())
 
 

@@ -15,6 +15,7 @@ nothing from the template:
 Templates whose calls start with a special token (Mistral's `[TOOL_CALLS]`; Llama's `<|python_tag|>` built-in
 tools) get the generic format too: those tokens never reach the reply's text, which is what calls are read from.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,10 @@ def prepare(fmt: ToolFormat, messages: list[dict], tools: list[Tool] | None) -> 
         out = []
         for m in messages:
             if m.get("tool_calls"):
-                calls = [{**c, "function": {**c["function"], "arguments": _arguments_value(c["function"]["arguments"])}}
-                         for c in m["tool_calls"]]
+                calls = [
+                    {**c, "function": {**c["function"], "arguments": _arguments_value(c["function"]["arguments"])}}
+                    for c in m["tool_calls"]
+                ]
                 m = {**m, "content": m.get("content") or "", "tool_calls": calls}
             out.append(m)
         return out, ({"tools": [_tool_json(t) for t in tools]} if tools else {})
@@ -87,11 +90,16 @@ def _generic(fmt: ToolFormat, messages: list[dict], tools: list[Tool] | None) ->
                 out.append({"role": "user", "content": block, "_results": True})
             continue
         if m.get("tool_calls"):
-            calls = fmt.separator.join(fmt.render_call(c["function"]["name"], c["function"]["arguments"])
-                                       for c in m["tool_calls"])
+            calls = fmt.separator.join(
+                fmt.render_call(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]
+            )
             text = (m.get("content") or "").rstrip()
-            out.append({"role": role, "content": f"{text}\n{fmt.begin}{calls}{fmt.end}" if text
-                        else f"{fmt.begin}{calls}{fmt.end}"})
+            out.append(
+                {
+                    "role": role,
+                    "content": f"{text}\n{fmt.begin}{calls}{fmt.end}" if text else f"{fmt.begin}{calls}{fmt.end}",
+                }
+            )
             continue
         out.append({"role": role, "content": m.get("content") or ""})
     out = [{k: v for k, v in m.items() if k != "_results"} for m in out]

@@ -1,4 +1,5 @@
 """Plain data types that cross the engine's façade: requests in, events out."""
+
 from __future__ import annotations
 
 import math
@@ -74,45 +75,73 @@ class SamplingParams:
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequest naming the first bad field. The engine checks this once, at admission;
         the sampler relies on it (types and ranges)."""
-        real = lambda v, lo, hi: _is_real(v) and lo <= v <= hi  # noqa: E731
+        real = lambda v, lo, hi: _is_real(v) and lo <= v <= hi
         checks: list[tuple[bool, str, str]] = [
             (_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1"),
             (real(self.temperature, 0.0, 100.0), "temperature", "must be a number in [0, 100]"),
             (_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0"),
             (real(self.top_p, 0.0, 1.0) and self.top_p > 0.0, "top_p", "must be a number in (0, 1]"),
             (real(self.min_p, 0.0, 1.0), "min_p", "must be a number in [0, 1]"),
-            (real(self.repetition_penalty, 0.01, 10.0), "repetition_penalty",  # dividing by less overflows float32
-             "must be a number in [0.01, 10]"),
+            (
+                real(self.repetition_penalty, 0.01, 10.0),
+                "repetition_penalty",  # dividing by less overflows float32
+                "must be a number in [0.01, 10]",
+            ),
             (real(self.presence_penalty, -2.0, 2.0), "presence_penalty", "must be a number in [-2, 2]"),
             (real(self.frequency_penalty, -2.0, 2.0), "frequency_penalty", "must be a number in [-2, 2]"),
-            (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20), "logprobs",
-             "must be null or an integer in [0, 20]"),
+            (
+                self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+                "logprobs",
+                "must be null or an integer in [0, 20]",
+            ),
             (_is_int(self.n) and 1 <= self.n <= 16, "n", "must be an integer in [1, 16]"),
             (self.seed is None or _is_int(self.seed), "seed", "must be null or an integer"),
-            (isinstance(self.stop, list) and len(self.stop) <= 16 and all(isinstance(s, str) and s for s in self.stop),
-             "stop", "at most 16 non-empty strings"),
-            (isinstance(self.stop_token_ids, list) and len(self.stop_token_ids) <= 64
-             and all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids",
-             f"at most 64 ids in [0, {vocab_size})"),
-            (self.speculative is None or self.speculative in SPECULATIVE_MODES, "speculative",
-             f"must be one of {', '.join(SPECULATIVE_MODES)}"),
-            (self.response_format is None or (isinstance(self.response_format, ResponseFormat)
-                                              and self.response_format.kind in RESPONSE_FORMAT_KINDS),
-             "response_format", f"type must be one of {', '.join(RESPONSE_FORMAT_KINDS)}"),
+            (
+                isinstance(self.stop, list)
+                and len(self.stop) <= 16
+                and all(isinstance(s, str) and s for s in self.stop),
+                "stop",
+                "at most 16 non-empty strings",
+            ),
+            (
+                isinstance(self.stop_token_ids, list)
+                and len(self.stop_token_ids) <= 64
+                and all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
+                "stop_token_ids",
+                f"at most 64 ids in [0, {vocab_size})",
+            ),
+            (
+                self.speculative is None or self.speculative in SPECULATIVE_MODES,
+                "speculative",
+                f"must be one of {', '.join(SPECULATIVE_MODES)}",
+            ),
+            (
+                self.response_format is None
+                or (
+                    isinstance(self.response_format, ResponseFormat)
+                    and self.response_format.kind in RESPONSE_FORMAT_KINDS
+                ),
+                "response_format",
+                f"type must be one of {', '.join(RESPONSE_FORMAT_KINDS)}",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:
                 raise InvalidRequest(f"{name} {why}", param=name)
         if self.response_format is not None and self.ignore_eos:
-            raise InvalidRequest("ignore_eos cannot be combined with response_format: the grammar decides where "
-                                 "the reply ends", param="ignore_eos")
+            raise InvalidRequest(
+                "ignore_eos cannot be combined with response_format: the grammar decides where the reply ends",
+                param="ignore_eos",
+            )
         if not isinstance(self.logit_bias, dict):
             raise InvalidRequest("logit_bias must map token ids to numbers", param="logit_bias")
         for tok, bias in self.logit_bias.items():
             if not (_is_int(tok) and 0 <= tok < vocab_size):
                 raise InvalidRequest(f"logit_bias token id {tok!r} is not in [0, {vocab_size})", param="logit_bias")
             if not real(bias, -100.0, 100.0):
-                raise InvalidRequest(f"logit_bias value for token {tok} must be a number in [-100, 100]", param="logit_bias")
+                raise InvalidRequest(
+                    f"logit_bias value for token {tok} must be a number in [-100, 100]", param="logit_bias"
+                )
 
 
 @dataclass(slots=True)

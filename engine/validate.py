@@ -1,5 +1,6 @@
 """`RequestValidator`: what a request must satisfy before it is queued: prompt ids in the vocabulary, room in
 the context, valid sampling parameters, a constraint that compiles, and KV for all its samples at once."""
+
 from __future__ import annotations
 
 from engine.kv_cache import BlockManager
@@ -54,7 +55,8 @@ class RequestValidator:
             raise InvalidRequest(
                 f"{n} samples of a {prompt_len}-token prompt plus up to {max_tokens} tokens need {need} KV blocks of "
                 f"{bs} tokens; this engine holds {total}: ask for fewer samples (n) or a shorter reply (max_tokens)",
-                param=param)
+                param=param,
+            )
 
     def embedding(self, inputs: list[list[int]], pooling: str, truncate: bool = False) -> list[list[int]]:
         """An embedding request's inputs as they will run: each non-empty, in the vocabulary and at most the
@@ -73,7 +75,9 @@ class RequestValidator:
                 if not truncate:
                     raise InvalidRequest(
                         f"input[{i}] has {len(ids)} tokens; this engine's context is {self.max_context} "
-                        "(ask for truncation to cut it)", param="input")
+                        "(ask for truncation to cut it)",
+                        param="input",
+                    )
                 ids = ids[: self.max_context]
             out.append(ids)
         return out

@@ -3,6 +3,7 @@
 Callers that already hold a connection pass it as `config.attributes["connection"]`;
 otherwise the URL comes from `config.attributes["url"]`, FORGE_DATABASE_URL or alembic.ini.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,9 @@ PG_MIGRATION_LOCK = 0x466F726765  # "Forge": serialises concurrent upgrades acro
 
 
 def _url() -> str:
-    return config.attributes.get("url") or os.environ.get("FORGE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    return (
+        config.attributes.get("url") or os.environ.get("FORGE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    )
 
 
 def run_migrations_offline() -> None:

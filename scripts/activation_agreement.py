@@ -9,6 +9,7 @@ Per prompt:
   where every product has one row); at each step the max logit against the reference's top-1
   logit, and whether the argmax is the reference's id; plus the first position's top-5 logits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2_
 
 
 def greedy_ids(core: LLMEngine, prompt: list[int], n: int) -> list[int]:
-    core.add_request(GenerationRequest(list(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
-                                                                 speculative="off")))
+    core.add_request(
+        GenerationRequest(
+            list(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculative="off")
+        )
+    )
     ids: list[int] = []
     while core.has_work():
         ids += [t for ev in core.step() for t in ev.token_ids]
@@ -37,15 +41,19 @@ def greedy_ids(core: LLMEngine, prompt: list[int], n: int) -> list[int]:
 
 
 def teacher_forced(core: LLMEngine, prompt: list[int], forced: list[int]) -> np.ndarray:
-    """Logits [len(forced), vocab]: after the prompt (one prefill), then after each forced token but the last, one a step."""
+    """Logits [len(forced), vocab]: after the prompt (one prefill), then after each forced token but the last,
+    one a step."""
     bs, model = core.blocks.block_size, core.model
     ids = prompt + forced
     table = list(range(-(-len(ids) // bs)))
     out, lo = [], 0
     for hi in range(len(prompt), len(ids)):
         meta = build_attention_metadata([hi - lo], [hi], [table], bs, model.backend)
-        out.append(model.forward(np.asarray(ids[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches,
-                                 np.asarray([hi - lo - 1]))[0])
+        out.append(
+            model.forward(
+                np.asarray(ids[lo:hi]), np.arange(lo, hi), meta, core.runner.kv_caches, np.asarray([hi - lo - 1])
+            )[0]
+        )
         lo = hi
     return np.stack(out)
 
@@ -70,8 +78,10 @@ def main() -> None:
         d5 = np.abs(logits[0][top5["ids"]] - np.asarray(top5["values"])).max()
         argmax_ok = int((logits.argmax(axis=1) == np.asarray(want)).sum())
         worst_top1, worst_top5 = max(worst_top1, top1), max(worst_top5, d5)
-        print(f"prompt {i}: greedy ids equal for the first {lead}/{len(want)}; teacher-forced argmax equal "
-              f"{argmax_ok}/{len(want)}, max |top-1 logit diff| {top1:.4f}, first-position top-5 {d5:.4f}")
+        print(
+            f"prompt {i}: greedy ids equal for the first {lead}/{len(want)}; teacher-forced argmax equal "
+            f"{argmax_ok}/{len(want)}, max |top-1 logit diff| {top1:.4f}, first-position top-5 {d5:.4f}"
+        )
     print(f"worst: top-1 logit {worst_top1:.4f}, first-position top-5 {worst_top5:.4f}")
 
 

@@ -13,6 +13,7 @@ if it is installed (tests/integration/test_gpu_check_dry_run.py).
 
 Also the workers: `gpu_check.py bench-worker ...` and `gpu_check.py torch-worker ...` (one shape each, JSON out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,20 +38,41 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPES = ("smollm2-135m", "llama-3.2-1b", "llama-3.1-8b")
 DRY_SHAPE = "tiny"
 # The dry run's shape: every kernel path of a Llama model, small enough to bench in seconds on a CPU.
-TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-               "max_position_embeddings": 4096, "tie_word_embeddings": True}
+TINY_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
 AGGREGATE = (8, 32, 64)
 PREFILL_TOKENS = 500  # engine/bench.py's prefill prompt
 STAGES = ("synth", "parity", "engine", "bench", "torch")
 # Seconds a stage may take at most (the overall budget may leave it less).
 CAPS = {"synth": 120, "parity": 240, "engine": 180, "bench": 150, "torch": 120}
-VERSIONS = ("numpy", "cupy-cuda13x", "cupy-cuda12x", "torch", "transformers", "llguidance", "gguf", "tokenizers",
-            "numba", "jinja2", "safetensors", "pytest")
+VERSIONS = (
+    "numpy",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "torch",
+    "transformers",
+    "llguidance",
+    "gguf",
+    "tokenizers",
+    "numba",
+    "jinja2",
+    "safetensors",
+    "pytest",
+)
 IMPORTS = ("engine", "engine.structured", "engine.loader.synth", "kernels.cupy_backend", "engine.bench")
 
 
 # ---- the orchestrator ---------------------------------------------------------------------------------------
+
 
 class Check:
     """The results folder, the log, the time budget and the results gathered so far."""
@@ -58,8 +80,13 @@ class Check:
     def __init__(self, out: Path, scratch: Path, budget_s: float, dry_run: bool) -> None:
         self.out, self.scratch, self.dry_run = out, scratch, dry_run  # scratch: models and workers' JSON
         self.deadline = time.monotonic() + budget_s
-        self.results: dict[str, Any] = {"dry_run": dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                        "budget_s": budget_s, "stages": {}, "shapes": {}}
+        self.results: dict[str, Any] = {
+            "dry_run": dry_run,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "budget_s": budget_s,
+            "stages": {},
+            "shapes": {},
+        }
         out.mkdir(parents=True, exist_ok=True)
         self._log = open(out / "check.log", "a", buffering=1)
 
@@ -101,8 +128,14 @@ class Check:
             f.write(f"\n===== {' '.join(cmd)}\n")
             f.flush()
             start = f.tell()
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})})
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+            )
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -125,8 +158,13 @@ class StageSkipped(Exception):
 
 def probe(check: Check) -> dict[str, Any]:
     """Versions, the GPU, the engine's imports, and what bounds the speed: copy bandwidth and float16 matmul rate."""
-    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                            "cpus": os.cpu_count(), "versions": {}, "imports": {}}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "versions": {},
+        "imports": {},
+    }
     for dist in VERSIONS:
         try:
             info["versions"][dist] = importlib.metadata.version(dist)
@@ -139,8 +177,12 @@ def probe(check: Check) -> dict[str, Any]:
         except Exception as exc:
             info["imports"][mod] = f"{type(exc).__name__}: {exc}"
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.memory",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["nvidia_smi"] = (smi.stdout or smi.stderr).strip()
     from kernels import cupy_unavailable_reason
 
@@ -157,9 +199,12 @@ def _gpu_rates() -> dict[str, Any]:
 
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    out: dict[str, Any] = {"device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
-                           "sms": props["multiProcessorCount"], "memory_gib": props["totalGlobalMem"] / 2**30,
-                           "l2_mib": props.get("l2CacheSize", 0) / 2**20}
+    out: dict[str, Any] = {
+        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        "sms": props["multiProcessorCount"],
+        "memory_gib": props["totalGlobalMem"] / 2**30,
+        "l2_mib": props.get("l2CacheSize", 0) / 2**20,
+    }
     a = cp.empty(1 << 30, dtype=cp.uint8)
     b = cp.empty_like(a)
     for _ in range(3):
@@ -204,8 +249,11 @@ def _host_rates() -> dict[str, Any]:
     for _ in range(5):
         x @ x
     flops = 2 * 512**3 * 5 / (time.perf_counter() - t) / 1e12
-    return {"device": f"host ({platform.processor() or platform.machine()}), dry run", "copy_gb_s": copy,
-            "f16_matmul_tflops": flops}
+    return {
+        "device": f"host ({platform.processor() or platform.machine()}), dry run",
+        "copy_gb_s": copy,
+        "f16_matmul_tflops": flops,
+    }
 
 
 def make_model(check: Check, shape: str, models: Path, tokenizer: Path | None) -> Path:
@@ -216,8 +264,11 @@ def make_model(check: Check, shape: str, models: Path, tokenizer: Path | None) -
         return path
     spec = shape_from_hf(dict(TINY_CONFIG), DRY_SHAPE) if shape == DRY_SHAPE else preset(shape)
     r = write_synthetic(spec, "q4_0", path, seed=0, tokenizer_source=tokenizer)
-    check.results["shapes"].setdefault(shape, {})["synth"] = {"file_mb": r.file_bytes / 1e6, "params": r.params,
-                                                               "seconds": round(r.seconds, 1)}
+    check.results["shapes"].setdefault(shape, {})["synth"] = {
+        "file_mb": r.file_bytes / 1e6,
+        "params": r.params,
+        "seconds": round(r.seconds, 1),
+    }
     return path
 
 
@@ -244,8 +295,9 @@ def _pytest_summary(tail: str) -> str:
 def worker_stage(check: Check, kind: str, args: list[str], shape: str, log: str, timeout: float) -> str:
     part = check.scratch / f"{kind}-{shape}.json"
     part.unlink(missing_ok=True)
-    rc, tail = check.run([sys.executable, str(Path(__file__).resolve()), f"{kind}-worker", "--json-out", str(part), *args],
-                         log, timeout)
+    rc, tail = check.run(
+        [sys.executable, str(Path(__file__).resolve()), f"{kind}-worker", "--json-out", str(part), *args], log, timeout
+    )
     if rc != 0 or not part.exists():
         last = [ln for ln in tail.splitlines() if ln.strip()][-1:] or ["no output"]
         if rc == 3:
@@ -268,8 +320,10 @@ def main_check(args: argparse.Namespace) -> int:
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     if tokenizer is None and (REPO / ".gpu-wheels" / "tokenizer.gguf").exists():
         tokenizer = REPO / ".gpu-wheels" / "tokenizer.gguf"
-    check.log(f"GPU check: out {out}, backend {backend}, shapes {shapes}, budget {args.budget_s:.0f} s"
-              f"{' (dry run)' if args.dry_run else ''}")
+    check.log(
+        f"GPU check: out {out}, backend {backend}, shapes {shapes}, budget {args.budget_s:.0f} s"
+        f"{' (dry run)' if args.dry_run else ''}"
+    )
     try:
         check.results["machine"] = check.stage("probe", 90, lambda _: probe(check), need_s=0)
         first = shapes[0]
@@ -277,7 +331,9 @@ def main_check(args: argparse.Namespace) -> int:
 
         def synth(shape: str) -> None:
             if "synth" in stages or not (models / f"{shape}-q4_0.gguf").exists():
-                model[shape] = check.stage(f"synth-{shape}", CAPS["synth"], lambda _: make_model(check, shape, models, tokenizer))
+                model[shape] = check.stage(
+                    f"synth-{shape}", CAPS["synth"], lambda _: make_model(check, shape, models, tokenizer)
+                )
             else:
                 model[shape] = models / f"{shape}-q4_0.gguf"
 
@@ -286,14 +342,24 @@ def main_check(args: argparse.Namespace) -> int:
         if "engine" in stages and engine_shape not in model:
             synth(engine_shape)
         if "parity" in stages:
-            check.stage("parity", CAPS["parity"],
-                        lambda t: pytest_stage(check, "tests/unit/test_kernels_cupy_parity.py", "parity.log", t))
+            check.stage(
+                "parity",
+                CAPS["parity"],
+                lambda t: pytest_stage(check, "tests/unit/test_kernels_cupy_parity.py", "parity.log", t),
+            )
         if "engine" in stages:
+
             def engine(t: float) -> str:
                 if model.get(engine_shape) is None:
                     raise StageSkipped(f"no {engine_shape} model")
-                return pytest_stage(check, "tests/integration/test_cupy_engine.py", "engine.log", t,
-                                    {"FORGE_GPU_TEST_MODEL": str(model[engine_shape])})
+                return pytest_stage(
+                    check,
+                    "tests/integration/test_cupy_engine.py",
+                    "engine.log",
+                    t,
+                    {"FORGE_GPU_TEST_MODEL": str(model[engine_shape])},
+                )
+
             check.stage("engine", CAPS["engine"], engine)
         for shape in shapes:
             if shape not in model:
@@ -303,16 +369,22 @@ def main_check(args: argparse.Namespace) -> int:
                 bench_args = ["--model", str(path), "--backend", backend] + ([] if args.full else ["--quick"])
                 if args.dry_run:  # one BLAS thread: two collapse on a CPU that others are using
                     bench_args += ["--kv-memory", "64MiB", "--threads", "1"]
-                check.stage(f"bench-{shape}", CAPS["bench"],
-                            lambda t, a=bench_args, s=shape: worker_stage(check, "bench", a, s, "bench.log", t))
+                check.stage(
+                    f"bench-{shape}",
+                    CAPS["bench"],
+                    lambda t, a=bench_args, s=shape: worker_stage(check, "bench", a, s, "bench.log", t),
+                )
             if "torch" in stages:
                 torch_args = ["--shape", shape, "--device", "cpu" if args.dry_run else "cuda"]
                 torch_args += [] if args.full else ["--quick"]
                 chat = check.results["shapes"].get(shape, {}).get("bench", {}).get("chat_prompt_tokens")
                 if chat:
                     torch_args += ["--chat-tokens", str(chat)]
-                check.stage(f"torch-{shape}", CAPS["torch"],
-                            lambda t, a=torch_args, s=shape: worker_stage(check, "torch", a, s, "torch.log", t))
+                check.stage(
+                    f"torch-{shape}",
+                    CAPS["torch"],
+                    lambda t, a=torch_args, s=shape: worker_stage(check, "torch", a, s, "torch.log", t),
+                )
     finally:
         check.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         check.save()
@@ -323,6 +395,7 @@ def main_check(args: argparse.Namespace) -> int:
 
 
 # ---- the summary ---------------------------------------------------------------------------------------------
+
 
 def bounds(bench: dict[str, Any], machine: dict[str, Any]) -> dict[str, float | None]:
     """What the machine allows Forge's numbers at most (rates) or at least (TTFT): decode reads every weight byte
@@ -344,15 +417,34 @@ def bounds(bench: dict[str, Any], machine: dict[str, Any]) -> dict[str, float | 
     return out
 
 
-def rows_for(shape: dict[str, Any], machine: dict[str, Any]) -> list[tuple[str, float | None, float | None, float | None, bool]]:
+def rows_for(
+    shape: dict[str, Any], machine: dict[str, Any]
+) -> list[tuple[str, float | None, float | None, float | None, bool]]:
     """(metric, Forge, bound, PyTorch, lower_is_better) for one shape."""
     b, t = shape.get("bench") or {}, shape.get("torch") or {}
     agg, tagg = b.get("aggregate_tok_s") or {}, t.get("aggregate_tok_s") or {}
     bd = bounds(b, machine)
-    rows = [(f"prefill tok/s ({PREFILL_TOKENS} tokens)", b.get("prefill_tok_s"), bd["prefill_tok_s"], t.get("prefill_tok_s"), False),
-            (f"TTFT ms ({b.get('chat_prompt_tokens', '?')}-token chat prompt)", b.get("ttft_ms"), bd["ttft_ms"], t.get("ttft_ms"), True),
-            ("decode tok/s, 1 sequence", b.get("decode_tok_s"), bd["decode_tok_s"], t.get("decode_tok_s"), False)]
-    rows += [(f"aggregate tok/s, {n} sequences", agg.get(str(n)), bd[f"aggregate_{n}"], tagg.get(str(n)), False) for n in AGGREGATE]
+    rows = [
+        (
+            f"prefill tok/s ({PREFILL_TOKENS} tokens)",
+            b.get("prefill_tok_s"),
+            bd["prefill_tok_s"],
+            t.get("prefill_tok_s"),
+            False,
+        ),
+        (
+            f"TTFT ms ({b.get('chat_prompt_tokens', '?')}-token chat prompt)",
+            b.get("ttft_ms"),
+            bd["ttft_ms"],
+            t.get("ttft_ms"),
+            True,
+        ),
+        ("decode tok/s, 1 sequence", b.get("decode_tok_s"), bd["decode_tok_s"], t.get("decode_tok_s"), False),
+    ]
+    rows += [
+        (f"aggregate tok/s, {n} sequences", agg.get(str(n)), bd[f"aggregate_{n}"], tagg.get(str(n)), False)
+        for n in AGGREGATE
+    ]
     return rows
 
 
@@ -370,13 +462,20 @@ def _ratio(a: float | None, b: float | None, lower_is_better: bool) -> str:
 
 def summary_markdown(r: dict[str, Any]) -> str:
     m = r.get("machine") or {}
-    lines = [f"# Forge GPU check{' (DRY RUN: no GPU, numbers mean nothing)' if r.get('dry_run') else ''}", "",
-             f"- device: {m.get('device', '?')}; {m.get('nvidia_smi', 'no nvidia-smi')}",
-             f"- measured: copy {_fmt(m.get('copy_gb_s'))} GB/s (read + written), float16 matmul "
-             f"{_fmt(m.get('f16_matmul_tflops'))} TFLOP/s",
-             f"- backend {r.get('backend')}, started {r.get('started')}, finished {r.get('finished')}",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in (m.get('versions') or {}).items())}",
-             "", "## Stages", "", "| stage | status | seconds | detail |", "|---|---|---|---|"]
+    lines = [
+        f"# Forge GPU check{' (DRY RUN: no GPU, numbers mean nothing)' if r.get('dry_run') else ''}",
+        "",
+        f"- device: {m.get('device', '?')}; {m.get('nvidia_smi', 'no nvidia-smi')}",
+        f"- measured: copy {_fmt(m.get('copy_gb_s'))} GB/s (read + written), float16 matmul "
+        f"{_fmt(m.get('f16_matmul_tflops'))} TFLOP/s",
+        f"- backend {r.get('backend')}, started {r.get('started')}, finished {r.get('finished')}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in (m.get('versions') or {}).items())}",
+        "",
+        "## Stages",
+        "",
+        "| stage | status | seconds | detail |",
+        "|---|---|---|---|",
+    ]
     for name, s in r.get("stages", {}).items():
         detail = str(s.get("detail", "")).replace("|", "/").replace("\n", " ")[:200]
         lines.append(f"| {name} | {s['status']} | {s.get('seconds', '')} | {detail} |")
@@ -387,15 +486,21 @@ def summary_markdown(r: dict[str, Any]) -> str:
         b = shape.get("bench") or {}
         lines += ["", f"## {name}: Forge ({r.get('backend')}) beside its bound and PyTorch", ""]
         if b:
-            lines.append(f"weights {b.get('weight_bytes', 0) / 1e6:,.0f} MB read a decode step, "
-                         f"{b.get('num_params', 0) / 1e9:.2f} B parameters, loaded in {b.get('load_s', 0):.1f} s; "
-                         f"bound = weight bytes / copy bandwidth (decode), parameters x 2 / matmul rate (prefill)")
+            lines.append(
+                f"weights {b.get('weight_bytes', 0) / 1e6:,.0f} MB read a decode step, "
+                f"{b.get('num_params', 0) / 1e9:.2f} B parameters, loaded in {b.get('load_s', 0):.1f} s; "
+                f"bound = weight bytes / copy bandwidth (decode), parameters x 2 / matmul rate (prefill)"
+            )
             lines.append("")
-        lines += ["| metric | Forge | bound | Forge of bound | PyTorch bf16 generate | Forge vs PyTorch (>1: Forge better) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "| metric | Forge | bound | Forge of bound | PyTorch bf16 generate | Forge vs PyTorch (>1: Forge better) |",
+            "|---|---|---|---|---|---|",
+        ]
         for metric, forge, bound, torch_v, low in rows_for(shape, m):
-            lines.append(f"| {metric} | {_fmt(forge)} | {_fmt(bound)} | {_ratio(forge, bound, low)} | {_fmt(torch_v)} "
-                         f"| {_ratio(forge, torch_v, low)} |")
+            lines.append(
+                f"| {metric} | {_fmt(forge)} | {_fmt(bound)} | {_ratio(forge, bound, low)} | {_fmt(torch_v)} "
+                f"| {_ratio(forge, torch_v, low)} |"
+            )
     lines += ["", "## Targets", ""] + [f"- {t}" for t in targets(r)]
     return "\n".join(lines) + "\n"
 
@@ -411,21 +516,32 @@ def targets(r: dict[str, Any]) -> list[str]:
         return f"{'not measured' if ok is None else 'PASS' if ok else 'MISS'}: {text}"
 
     d135 = (shapes.get("smollm2-135m", {}).get("bench") or {}).get("decode_tok_s")
-    out.append(verdict(None if d135 is None else d135 >= 1000, f"135M single-stream decode >= 1,000 tok/s ({_fmt(d135)})"))
+    out.append(
+        verdict(None if d135 is None else d135 >= 1000, f"135M single-stream decode >= 1,000 tok/s ({_fmt(d135)})")
+    )
     b8 = shapes.get("llama-3.1-8b", {}).get("bench") or {}
     floor8 = bounds(b8, m)["decode_tok_s"] if b8 else None
     d8 = b8.get("decode_tok_s")
-    out.append(verdict(None if not (d8 and floor8) else d8 >= 0.5 * floor8,
-                       f"8B Q4_0 single-stream decode >= 50% of its bound ({_fmt(d8)} of {_fmt(floor8)} tok/s)"))
+    out.append(
+        verdict(
+            None if not (d8 and floor8) else d8 >= 0.5 * floor8,
+            f"8B Q4_0 single-stream decode >= 50% of its bound ({_fmt(d8)} of {_fmt(floor8)} tok/s)",
+        )
+    )
     for name, shape in shapes.items():
         f64 = ((shape.get("bench") or {}).get("aggregate_tok_s") or {}).get("64")
         t64 = ((shape.get("torch") or {}).get("aggregate_tok_s") or {}).get("64")
-        out.append(verdict(None if not (f64 and t64) else f64 >= t64,
-                           f"{name}: aggregate at 64 sequences >= PyTorch generate ({_fmt(f64)} vs {_fmt(t64)} tok/s)"))
+        out.append(
+            verdict(
+                None if not (f64 and t64) else f64 >= t64,
+                f"{name}: aggregate at 64 sequences >= PyTorch generate ({_fmt(f64)} vs {_fmt(t64)} tok/s)",
+            )
+        )
     return out
 
 
 # ---- workers ----------------------------------------------------------------------------------------------------
+
 
 async def _aggregate(engine: Any, n: int, decode_len: int) -> float:
     """Tokens/s while n sequences decode together (engine/bench.py's window: all decoding, until the first ends)."""
@@ -440,13 +556,20 @@ async def _aggregate(engine: Any, n: int, decode_len: int) -> float:
 
 
 def bench_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """`forge bench`'s workload (engine/bench.py) on one model in this process, plus aggregate decode at 64 sequences."""
-    from engine.bench import _bench
+    """`forge bench`'s workload (engine/bench.py) on one model in this process, plus aggregate decode at 64
+    sequences."""
     from engine import Engine
+    from engine.bench import _bench
 
     t0 = time.perf_counter()
-    engine = Engine.load(model=args.model, backend=args.backend, kv_memory=args.kv_memory, speculative="off",
-                         threads=args.threads, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    engine = Engine.load(
+        model=args.model,
+        backend=args.backend,
+        kv_memory=args.kv_memory,
+        speculative="off",
+        threads=args.threads,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     load_s = time.perf_counter() - t0
 
     async def main() -> dict[str, Any]:
@@ -463,7 +586,10 @@ def bench_worker(args: argparse.Namespace) -> dict[str, Any]:
     info = engine.model_info
     result.update(load_s=load_s, weight_bytes=info["weight_bytes"], num_params=info["num_params"])
     result.pop("chat_turns", None)
-    print(json.dumps({k: result[k] for k in ("prefill_tok_s", "ttft_ms", "decode_tok_s", "aggregate_tok_s")}), file=sys.stderr)
+    print(
+        json.dumps({k: result[k] for k in ("prefill_tok_s", "ttft_ms", "decode_tok_s", "aggregate_tok_s")}),
+        file=sys.stderr,
+    )
     return result
 
 
@@ -514,17 +640,26 @@ def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - t
 
     def generate(x: Any, new: int) -> Any:
-        return model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new,
-                              do_sample=False, pad_token_id=0)
+        return model.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
 
     timed(lambda: generate(ids(32), 4))  # warm-up
     prompt = ids(PREFILL_TOKENS)
     timed(lambda: model(prompt))
-    out: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "device": str(device),
-                           "params": sum(p.numel() for p in model.parameters()),
-                           "prefill_tok_s": PREFILL_TOKENS / min(timed(lambda: model(prompt)) for _ in range(2)),
-                           "ttft_ms": 1000 * min(timed(lambda: generate(ids(args.chat_tokens), 1)) for _ in range(3)),
-                           "decode_tokens": decode_len}
+    out: dict[str, Any] = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "params": sum(p.numel() for p in model.parameters()),
+        "prefill_tok_s": PREFILL_TOKENS / min(timed(lambda: model(prompt)) for _ in range(2)),
+        "ttft_ms": 1000 * min(timed(lambda: generate(ids(args.chat_tokens), 1)) for _ in range(3)),
+        "decode_tokens": decode_len,
+    }
 
     def rate(batch: int) -> float:
         x = ids(32, batch)
@@ -560,12 +695,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
         return 0
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="no GPU: NumPy backend, a tiny shape, PyTorch on the CPU if present")
+    p.add_argument(
+        "--dry-run", action="store_true", help="no GPU: NumPy backend, a tiny shape, PyTorch on the CPU if present"
+    )
     p.add_argument("--out", default=None, help="results folder (default: $OUT, else ./gpu-results)")
     p.add_argument("--models", default="/tmp/forge-gpu-models", help="where the synthetic GGUFs are written")
-    p.add_argument("--tokenizer", default=None, help="a GGUF whose tokenizer the synthetic models carry "
-                                                     "(default: .gpu-wheels/tokenizer.gguf, else the default model)")
-    p.add_argument("--shapes", default=None, help=f"comma-separated (default: {','.join(SHAPES)}; dry run: {DRY_SHAPE})")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a GGUF whose tokenizer the synthetic models carry "
+        "(default: .gpu-wheels/tokenizer.gguf, else the default model)",
+    )
+    p.add_argument(
+        "--shapes", default=None, help=f"comma-separated (default: {','.join(SHAPES)}; dry run: {DRY_SHAPE})"
+    )
     p.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
     p.add_argument("--backend", default=None, help="Forge's backend (default: cupy; dry run: numpy)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting stages after this many seconds")

@@ -19,6 +19,7 @@ front balances /v1 by least connections (compare the hit rates).
 
 A measurement script, not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,35 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-TOPICS = ["the sea", "mountains", "a small cat", "bread", "the moon", "trains", "music", "rain", "gardens",
-          "old maps", "bees", "winter", "a lighthouse", "chess", "volcanoes", "tea"]
-FOLLOW_UPS = ["Tell me more.", "Why is that?", "Give an example.", "Say it more simply.", "What else?",
-              "Can you summarise that?", "And then?", "Is that always true?", "What is surprising about it?"]
+TOPICS = [
+    "the sea",
+    "mountains",
+    "a small cat",
+    "bread",
+    "the moon",
+    "trains",
+    "music",
+    "rain",
+    "gardens",
+    "old maps",
+    "bees",
+    "winter",
+    "a lighthouse",
+    "chess",
+    "volcanoes",
+    "tea",
+]
+FOLLOW_UPS = [
+    "Tell me more.",
+    "Why is that?",
+    "Give an example.",
+    "Say it more simply.",
+    "What else?",
+    "Can you summarise that?",
+    "And then?",
+    "Is that always true?",
+    "What is surprising about it?",
+]
 
 
 def user_message(client: int, turn: int) -> str:
@@ -92,8 +118,13 @@ async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
 
     # One id per conversation: the front keeps its turns on one replica (and its prefix cache).
     headers = {"X-Forge-Session": f"load-{args.run_id}-{i}"} if args.session_header else None
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key=args.api_key or "none", max_retries=0,
-                                timeout=args.turn_timeout_s, default_headers=headers)
+    client = openai.AsyncOpenAI(
+        base_url=args.base_url,
+        api_key=args.api_key or "none",
+        max_retries=0,
+        timeout=args.turn_timeout_s,
+        default_headers=headers,
+    )
     messages: list[dict[str, str]] = []
     try:
         for t in range(args.turns):
@@ -106,8 +137,13 @@ async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
             chunks, usage_tokens, text = 0, None, []
             try:
                 raw = await client.chat.completions.with_raw_response.create(
-                    model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=args.temperature,
-                    stream=True, stream_options={"include_usage": True})
+                    model=args.model,
+                    messages=messages,
+                    max_tokens=args.max_tokens,
+                    temperature=args.temperature,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
                 tally.replicas[raw.headers.get("X-Forge-Replica", "?")] += 1
                 stream = raw.parse()  # an AsyncStream (awaitable in some openai versions)
                 if inspect.isawaitable(stream):
@@ -126,7 +162,7 @@ async def v1_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
                 tally.errors[f"HTTP {e.status_code}"] += 1
                 messages.pop()
                 continue
-            except (openai.APIError, asyncio.TimeoutError) as e:
+            except (TimeoutError, openai.APIError) as e:
                 tally.errors[type(e).__name__] += 1
                 messages.pop()
                 continue
@@ -155,8 +191,15 @@ async def ws_client(i: int, args: argparse.Namespace, tally: Tally, stop_at: flo
 
     try:
         async with connect(ws_url(args.base_url), additional_headers=headers, max_size=None) as ws:
-            await ws.send(json.dumps({"type": "session.create", "title": f"load {i}", "settings": {
-                "max_tokens": args.max_tokens, "temperature": args.temperature}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.create",
+                        "title": f"load {i}",
+                        "settings": {"max_tokens": args.max_tokens, "temperature": args.temperature},
+                    }
+                )
+            )
             ev = await recv(ws)
             if ev.get("type") != "session":
                 tally.errors[f"session.create: {ev.get('code')}"] += args.turns
@@ -204,9 +247,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.wait(late, timeout=10)
     wall = time.perf_counter() - started
     return {
-        "mode": args.mode, "base_url": args.base_url, "clients": args.clients, "turns": args.turns,
-        "max_tokens": args.max_tokens, "completed": tally.completed, "expected": args.clients * args.turns,
-        "errors": dict(tally.errors), "wall_s": round(wall, 1), "tokens": tally.tokens,  # over the whole wall time
+        "mode": args.mode,
+        "base_url": args.base_url,
+        "clients": args.clients,
+        "turns": args.turns,
+        "max_tokens": args.max_tokens,
+        "completed": tally.completed,
+        "expected": args.clients * args.turns,
+        "errors": dict(tally.errors),
+        "wall_s": round(wall, 1),
+        "tokens": tally.tokens,  # over the whole wall time
         "tokens_per_s": round(tally.tokens / wall, 1),
         "ttft_ms": {"p50": ms(pct(tally.ttft_s, 50)), "p95": ms(pct(tally.ttft_s, 95))},
         "itl_ms": {"p50": ms(pct(tally.itl_s, 50)), "p95": ms(pct(tally.itl_s, 95))},
@@ -230,8 +280,11 @@ def main() -> None:
     p.add_argument("--time-limit-s", type=float, default=900.0, help="no new turn starts after this")
     p.add_argument("--grace-s", type=float, default=120.0, help="how long turns running at the time limit may go on")
     p.add_argument("--turn-timeout-s", type=float, default=300.0)
-    p.add_argument("--session-header", action="store_true",
-                   help="v1 mode: send X-Forge-Session, one id per client conversation (session affinity)")
+    p.add_argument(
+        "--session-header",
+        action="store_true",
+        help="v1 mode: send X-Forge-Session, one id per client conversation (session affinity)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     args.run_id = uuid.uuid4().hex[:8]
@@ -239,14 +292,20 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['mode']} {result['base_url']}: {result['completed']}/{result['expected']} turns in "
-          f"{result['wall_s']} s, errors {result['errors'] or 0}")
-    print(f"  {result['tokens']} tokens, {result['tokens_per_s']} tok/s aggregate; TTFT p50 "
-          f"{result['ttft_ms']['p50']} ms p95 {result['ttft_ms']['p95']} ms; ITL p50 {result['itl_ms']['p50']} ms "
-          f"p95 {result['itl_ms']['p95']} ms")
+    print(
+        f"{result['mode']} {result['base_url']}: {result['completed']}/{result['expected']} turns in "
+        f"{result['wall_s']} s, errors {result['errors'] or 0}"
+    )
+    print(
+        f"  {result['tokens']} tokens, {result['tokens_per_s']} tok/s aggregate; TTFT p50 "
+        f"{result['ttft_ms']['p50']} ms p95 {result['ttft_ms']['p95']} ms; ITL p50 {result['itl_ms']['p50']} ms "
+        f"p95 {result['itl_ms']['p95']} ms"
+    )
     affinity = "on" if args.session_header else "off"
-    print(f"  prefix-cache hit rate {result['prefix_hit_rate']} (X-Forge-Session {affinity}); turns by replica "
-          f"{result['turns_by_replica'] or '-'}")
+    print(
+        f"  prefix-cache hit rate {result['prefix_hit_rate']} (X-Forge-Session {affinity}); turns by replica "
+        f"{result['turns_by_replica'] or '-'}"
+    )
 
 
 if __name__ == "__main__":

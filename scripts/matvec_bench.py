@@ -21,6 +21,7 @@ AMX_MIN_ROWS.
 costs relative to T products of one row (cache-resident weights): speculative verification of k
 drafts is a product of 1 + k rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,20 @@ from kernels.weight import Weight, pack_q4
 # name -> the products of one decode step (fused q/k/v and gate/up, as the model runs them): the default
 # model's (Q4_1 matrices, a Q8_0 head) and a Llama-3.2-1B's as a Q4_0 file has them (a tied Q4_0 head).
 SHAPE_SETS = {
-    "smollm2-135m": [("q4 qkv", "q4", 960, 576), ("q4 o", "q4", 576, 576), ("q4 gate_up", "q4", 3072, 576),
-                     ("q4 down", "q4", 576, 1536), ("q8 head", "q8", 49152, 576)],
-    "llama-3.2-1b": [("q4_0 qkv", "q4_0", 3072, 2048), ("q4_0 o", "q4_0", 2048, 2048),
-                     ("q4_0 gate_up", "q4_0", 16384, 2048), ("q4_0 down", "q4_0", 2048, 8192),
-                     ("q4_0 head", "q4_0", 49152, 2048)],
+    "smollm2-135m": [
+        ("q4 qkv", "q4", 960, 576),
+        ("q4 o", "q4", 576, 576),
+        ("q4 gate_up", "q4", 3072, 576),
+        ("q4 down", "q4", 576, 1536),
+        ("q8 head", "q8", 49152, 576),
+    ],
+    "llama-3.2-1b": [
+        ("q4_0 qkv", "q4_0", 3072, 2048),
+        ("q4_0 o", "q4_0", 2048, 2048),
+        ("q4_0 gate_up", "q4_0", 16384, 2048),
+        ("q4_0 down", "q4_0", 2048, 8192),
+        ("q4_0 head", "q4_0", 49152, 2048),
+    ],
 }
 SHAPES = SHAPE_SETS["smollm2-135m"]
 COPIES_BYTES = 256 << 20  # weights cycled through per measurement: well beyond the last-level cache
@@ -48,7 +58,7 @@ COPIES_BYTES = 256 << 20  # weights cycled through per measurement: well beyond 
 def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     """Scales and mins are float16 values, as in GGUF Q4_1 / Q8_0 (the backend stores them as float16)."""
     g = k // 32
-    vec = lambda: rng.random((n, g), dtype=np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
+    vec = lambda: rng.random((n, g), dtype=np.float32).astype(np.float16).astype(np.float32)
     if kind == "q4":
         return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), vec(), vec(), 32)
     if kind == "q4_0":  # symmetric: d * (q - 8), no mins
@@ -78,8 +88,10 @@ def rows_sweep(rng: np.random.Generator) -> None:
                     best = min(best, time.perf_counter() - t)
                 took[way] = best
             cells = "".join(f"  {way} {took[way] * 1e3:8.2f} ms" for way in took)
-            print(f"{name:12s} rows {rows:3d}{cells}  panels/matvec {took['panels'] / took['matvec']:.2f}"
-                  + (f"  matvec/amx {took['matvec'] / took['amx']:.2f}" if "amx" in took else ""))
+            print(
+                f"{name:12s} rows {rows:3d}{cells}  panels/matvec {took['panels'] / took['matvec']:.2f}"
+                + (f"  matvec/amx {took['matvec'] / took['amx']:.2f}" if "amx" in took else "")
+            )
 
 
 def timed(be: NumbaBackend, x: np.ndarray, lin, repeats: int) -> float:
@@ -143,8 +155,10 @@ def main() -> None:
                     be.linear(x, lin)
             best = min(best, (time.thread_time() - t) / (reps * copies))
         gbs = first.blocked.nbytes / best / 1e9
-        print(f"{name:12s} {n:6d}x{k:<5d} copies {copies:2d}  {best * 1e3:7.3f} ms  {n * k / best / 1e9:6.2f} GMAC/cpu-s"
-              f"  {gbs:5.1f} GB/cpu-s")
+        print(
+            f"{name:12s} {n:6d}x{k:<5d} copies {copies:2d}  {best * 1e3:7.3f} ms  {n * k / best / 1e9:6.2f} GMAC/cpu-s"
+            f"  {gbs:5.1f} GB/cpu-s"
+        )
 
 
 if __name__ == "__main__":

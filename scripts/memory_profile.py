@@ -11,6 +11,7 @@ before the stage through /proc/self/clear_refs). `--tracemalloc` adds what Pytho
 allocated (current, and peak within the stage); the rest of RSS is native: libraries' code,
 LLVM, the tokenizer, allocator slack. Linux only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,9 +106,15 @@ def main() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             run_bench(state["engine"], as_json=True, quick=True)
 
-    stages = [("start", lambda: None), ("imports (engine, numba)", imports), ("GGUF read + split", read),
-              ("backend", backend), ("weights prepared", prepare), ("kernels ready", kernels),
-              (f"KV cache ({args.kv_memory})", kv)]
+    stages = [
+        ("start", lambda: None),
+        ("imports (engine, numba)", imports),
+        ("GGUF read + split", read),
+        ("backend", backend),
+        ("weights prepared", prepare),
+        ("kernels ready", kernels),
+        (f"KV cache ({args.kv_memory})", kv),
+    ]
     if not args.no_workload:
         stages.append(("bench --quick workload", workload))
     for name, run in stages:
@@ -117,11 +124,14 @@ def main() -> None:
     head += f"{'py now':>8}{'py peak':>8}" if args.tracemalloc else ""
     print(head + f"{'s':>7}   (MB; peak: the stage's own VmHWM)")
     for name, st, traced, seconds in rows:
-        line = f"{name:<28}{st['VmRSS'] / MB:7.0f}{st['RssAnon'] / MB:7.0f}{st['RssFile'] / MB:7.0f}{st['VmHWM'] / MB:7.0f}"
+        line = f"{name:<28}" + "".join(f"{st[k] / MB:7.0f}" for k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"))
         if traced:
             line += f"{traced[0] / MB:8.0f}{traced[1] / MB:8.0f}"
         print(line + f"{seconds:7.1f}")
-    print(f"process peak (ru_maxrss, what `forge bench` reports): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(
+        "process peak (ru_maxrss, what `forge bench` reports): "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
     if "engine" in state:
         import asyncio
 

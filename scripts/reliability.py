@@ -11,6 +11,7 @@
 
 A measurement script, not a test: the numbers go in docs/performance.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,29 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
         env.update(self.env, PYTHONUNBUFFERED="1")
         if self.keys:
             env["FORGE_API_KEY"] = ",".join(self.keys)
         log = open(self.folder / "server.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.server", "--port", str(self.port), "--log-level",
-                                      "warning", "--db", f"sqlite+aiosqlite:///{self.folder / 'forge.db'}"],
-                                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app.server",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--db",
+                f"sqlite+aiosqlite:///{self.folder / 'forge.db'}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
@@ -147,9 +162,17 @@ async def load(folder: Path, clients: int, turns: int, max_tokens: int, keyed: b
             for i, sid in enumerate(sids):
                 msgs = (await http.get(f"/api/sessions/{sid}", headers=srv.auth(i))).json()["messages"]
                 stored_ok += sum(m["role"] == "assistant" and m["status"] == "complete" for m in msgs)
-        return {"clients": clients, "keys": clients if keyed else 0, "turns": clients * turns, "max_tokens": max_tokens, "errors": len(errors),
-                "turns_lost": clients * turns - min(done_ok, stored_ok), "ttft_ms_p50": pct(ttfts, 50),
-                "ttft_ms_p95": pct(ttfts, 95), "wall_s": round(wall, 1)}
+        return {
+            "clients": clients,
+            "keys": clients if keyed else 0,
+            "turns": clients * turns,
+            "max_tokens": max_tokens,
+            "errors": len(errors),
+            "turns_lost": clients * turns - min(done_ok, stored_ok),
+            "ttft_ms_p50": pct(ttfts, 50),
+            "ttft_ms_p95": pct(ttfts, 95),
+            "wall_s": round(wall, 1),
+        }
     finally:
         srv.stop()
 
@@ -189,7 +212,7 @@ async def crash(folder: Path, replies: int) -> dict[str, Any]:
             while True:
                 ev = await asyncio.wait_for(ws.recv(), 5)
                 partial[sockets.index(ws)] += json.loads(ev).get("text", "")
-        except (ConnectionClosed, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionClosed):
             pass
     await http.aclose()
 
@@ -202,17 +225,23 @@ async def crash(folder: Path, replies: int) -> dict[str, Any]:
             last = msgs[-1]
             interrupted += last["status"] == "interrupted"
             prefix_ok += partial[i].startswith(last["content"])
-        async with connect(ws_url, additional_headers=srv.auth(0)) as ws:  # noqa: F841 (a fresh socket works)
+        async with connect(ws_url, additional_headers=srv.auth(0)) as ws:
             pass
         for i, sid in enumerate(sids):
             await http.patch(f"/api/sessions/{sid}", json={"settings": {"max_tokens": 4}}, headers=srv.auth(i))
-            async with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Thanks!"},
-                                   headers=srv.auth(i)) as r:
+            async with http.stream(
+                "POST", f"/api/sessions/{sid}/messages", json={"content": "Thanks!"}, headers=srv.auth(i)
+            ) as r:
                 lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
             usable += json.loads(lines[-1][6:]).get("status") == "complete"
     srv.stop()
-    return {"streaming_at_kill": replies, "completed_turns_intact": intact, "partials_interrupted": interrupted,
-            "partials_match_what_was_streamed": prefix_ok, "sessions_usable_after_restart": usable}
+    return {
+        "streaming_at_kill": replies,
+        "completed_turns_intact": intact,
+        "partials_interrupted": interrupted,
+        "partials_match_what_was_streamed": prefix_ok,
+        "sessions_usable_after_restart": usable,
+    }
 
 
 # -- fuzz ----------------------------------------------------------------------------------------
@@ -221,8 +250,12 @@ async def crash(folder: Path, replies: int) -> dict[str, Any]:
 async def fuzz(folder: Path, n: int, seed: int) -> dict[str, Any]:
     srv = Server(folder, ["fuzz-key"], {"FORGE_WS_COMMANDS_PER_S": "100000"}).start()
     try:
-        sid = httpx.post(srv.url + "/api/sessions", headers=srv.auth(), timeout=60,
-                         json={"settings": {"temperature": 0, "max_tokens": 1}}).json()["id"]
+        sid = httpx.post(
+            srv.url + "/api/sessions",
+            headers=srv.auth(),
+            timeout=60,
+            json={"settings": {"temperature": 0, "max_tokens": 1}},
+        ).json()["id"]
         cases = hostile.cases(seed=seed, n=n, session_id=sid)
         # warm-up: first-use allocations (the largest bodies' included) are not growth
         await hostile.run(srv.url, srv.auth(), hostile.largest_cases() + cases[:200])
@@ -230,11 +263,19 @@ async def fuzz(folder: Path, n: int, seed: int) -> dict[str, Any]:
         started = time.monotonic()
         tally = await hostile.run(srv.url, srv.auth(), cases)
         alive = httpx.get(srv.url + "/health", timeout=10).status_code == 200
-        return {"inputs": tally.sent, "5xx": tally.server_errors, "hangs": tally.hangs, "busy_503": tally.busy,
-                "dead_sockets": tally.dead_sockets, "server_alive": alive,
-                "statuses": dict(tally.statuses.most_common(12)), "rss_mb_before": round(before, 1),
-                "rss_mb_after": round(srv.rss_mb(), 1), "wall_s": round(time.monotonic() - started, 1),
-                "notes": tally.notes[:5]}
+        return {
+            "inputs": tally.sent,
+            "5xx": tally.server_errors,
+            "hangs": tally.hangs,
+            "busy_503": tally.busy,
+            "dead_sockets": tally.dead_sockets,
+            "server_alive": alive,
+            "statuses": dict(tally.statuses.most_common(12)),
+            "rss_mb_before": round(before, 1),
+            "rss_mb_after": round(srv.rss_mb(), 1),
+            "wall_s": round(time.monotonic() - started, 1),
+            "notes": tally.notes[:5],
+        }
     finally:
         srv.stop()
 
@@ -266,9 +307,13 @@ async def slow(folder: Path, slow_clients: int, readers: int) -> dict[str, Any]:
     srv = Server(folder, ["reader-key", "slow-key"]).start()
     try:
         # A session with a ~100 kB history: every `session.open` of it answers a ~100 kB event.
-        big = {"forge_export": 1, "session": {"title": "big"},
-               "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "lorem ipsum " * 200}
-                            for i in range(40)]}
+        big = {
+            "forge_export": 1,
+            "session": {"title": "big"},
+            "messages": [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": "lorem ipsum " * 200} for i in range(40)
+            ],
+        }
         sid = httpx.post(srv.url + "/api/sessions/import", json=big, headers=srv.auth(1), timeout=60).json()["id"]
         baseline = await itl_ms(srv, readers, 64)
         rss_before = peak = srv.rss_mb()
@@ -278,8 +323,9 @@ async def slow(folder: Path, slow_clients: int, readers: int) -> dict[str, Any]:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", srv.port))
-            ws = await connect(srv.url.replace("http", "ws") + "/ws", additional_headers=srv.auth(1), sock=sock,
-                               max_queue=1)
+            ws = await connect(
+                srv.url.replace("http", "ws") + "/ws", additional_headers=srv.auth(1), sock=sock, max_queue=1
+            )
             try:
                 while not stop.is_set():  # asks for ~100 kB a second and reads none of it
                     await ws.send(json.dumps({"type": "session.open", "session_id": sid}))
@@ -309,10 +355,16 @@ async def slow(folder: Path, slow_clients: int, readers: int) -> dict[str, Any]:
         left = open_sockets()
         stop.set()
         await asyncio.gather(*flood, sampler)
-        return {"slow_clients": slow_clients, "open_while_measuring": opened, "still_open_after_120s": left,
-                "rss_mb_before": round(rss_before, 1), "rss_mb_peak": round(peak, 1),
-                "rss_mb_after": round(srv.rss_mb(), 1), "others_itl_ms_p50_alone": baseline,
-                "others_itl_ms_p50_with_slow_clients": during}
+        return {
+            "slow_clients": slow_clients,
+            "open_while_measuring": opened,
+            "still_open_after_120s": left,
+            "rss_mb_before": round(rss_before, 1),
+            "rss_mb_peak": round(peak, 1),
+            "rss_mb_after": round(srv.rss_mb(), 1),
+            "others_itl_ms_p50_alone": baseline,
+            "others_itl_ms_p50_with_slow_clients": during,
+        }
     finally:
         srv.stop()
 

@@ -14,6 +14,7 @@ engine's own thread and the kernels' workers), and this client (the openai SDK p
 a machine with as many cores as engine threads, every other thread's CPU is taken from the kernels.
 A measurement script, not a test: the numbers go in docs/performance.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,8 @@ from openai import OpenAI
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from scripts.reliability import Server  # noqa: E402
-
 from engine import Engine, GenerationRequest, SamplingParams  # noqa: E402
+from scripts.reliability import Server  # noqa: E402
 
 KEY = "served-speed"
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
@@ -62,8 +62,14 @@ def served(srv: Server, max_tokens: int, measure: bool = True) -> float:
     assert srv.proc is not None
     before, client_before = thread_cpu_s(srv.proc.pid), time.process_time()
     stream = client.chat.completions.create(
-        model="default", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True,
-        stream_options={"include_usage": True}, extra_body={"speculative": "off"})
+        model="default",
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"speculative": "off"},
+    )
     stamps: list[float] = []
     tokens = 0
     for chunk in stream:
@@ -119,8 +125,10 @@ def main() -> None:
     print(f"served decode      {a:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in over_http)})")
     print(f"in-process decode  {b:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in direct)})")
     print(f"served / in-process  {a / b:.2f}")
-    print("served CPU per token: " + ", ".join(f"{where} {cpu / TOKENS[0] * 1e6:.0f} us"
-                                                for where, cpu in sorted(CPU.items())))
+    print(
+        "served CPU per token: "
+        + ", ".join(f"{where} {cpu / TOKENS[0] * 1e6:.0f} us" for where, cpu in sorted(CPU.items()))
+    )
 
 
 if __name__ == "__main__":

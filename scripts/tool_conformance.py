@@ -13,6 +13,7 @@ Without --url it starts its own server (127.0.0.1, a temporary database). Prints
             the default 135M model is small)
 A measurement script; tests/integration/test_tool_conformance.py asserts the validity on the same cases.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,22 +83,41 @@ def score(case: dict[str, Any], calls: list[tuple[str, str]], cut: bool) -> tupl
     return len(complete), len(parsed), correct and not left
 
 
-async def run(client: openai.AsyncOpenAI, cases: list[dict[str, Any]], max_tokens: int, concurrency: int = 8,
-              parallel: bool = True) -> list[dict[str, Any]]:
+async def run(
+    client: openai.AsyncOpenAI,
+    cases: list[dict[str, Any]],
+    max_tokens: int,
+    concurrency: int = 8,
+    parallel: bool = True,
+) -> list[dict[str, Any]]:
     """One greedy reply per case: its calls, finish reason and scores."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(case: dict[str, Any]) -> dict[str, Any]:
         async with gate:
             r = await client.chat.completions.create(
-                model="default", messages=case["messages"], tools=case["tools"], tool_choice="required",
-                parallel_tool_calls=parallel and case["category"] == "parallel", temperature=0, max_tokens=max_tokens)
+                model="default",
+                messages=case["messages"],
+                tools=case["tools"],
+                tool_choice="required",
+                parallel_tool_calls=parallel and case["category"] == "parallel",
+                temperature=0,
+                max_tokens=max_tokens,
+            )
         choice = r.choices[0]
         calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
         cut = choice.finish_reason == "length"
         complete, valid, correct = score(case, calls, cut)
-        return {"id": case["id"], "category": case["category"], "finish": choice.finish_reason, "calls": calls,
-                "complete": complete, "valid": valid, "cut": cut, "correct": correct}
+        return {
+            "id": case["id"],
+            "category": case["category"],
+            "finish": choice.finish_reason,
+            "calls": calls,
+            "complete": complete,
+            "valid": valid,
+            "cut": cut,
+            "correct": correct,
+        }
 
     return await asyncio.gather(*(one(c) for c in cases))
 
@@ -110,8 +130,10 @@ def report(results: list[dict[str, Any]]) -> str:
         acc = sum(r["correct"] for r in rs) / len(rs)
         cut = sum(r["cut"] for r in rs)
         lines.append(f"{cat:10} {len(rs):5d} {complete:5d} {valid / max(complete, 1):7.1%} {cut:4d} {acc:9.1%}")
-    lines.append("calls: complete calls; valid: of those, valid against their tool's schema; cut: replies that "
-                 "max_tokens ended (their last call not counted)")
+    lines.append(
+        "calls: complete calls; valid: of those, valid against their tool's schema; cut: replies that "
+        "max_tokens ended (their last call not counted)"
+    )
     return "\n".join(lines)
 
 
@@ -137,8 +159,10 @@ def main() -> None:
             server.stop()
     if a.verbose:
         for r in results:
-            print(f"{r['id']:18} {r['finish']:10} valid={r['valid']}/{r['complete']} correct={r['correct']!s:5} "
-                  f"{r['calls']}")
+            print(
+                f"{r['id']:18} {r['finish']:10} valid={r['valid']}/{r['complete']} correct={r['correct']!s:5} "
+                f"{r['calls']}"
+            )
     print(report(results))
 
 

@@ -5,6 +5,7 @@
 Each turn sends a message of about the same length; with prefix reuse, later turns compute
 only their new tokens, so their TTFT stays close to the first turn's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,17 @@ async def main(url: str, turns: int, max_tokens: int) -> None:
             event = json.loads(await ws.recv())
             if event["type"] == "session":
                 session_id = event["session"]["id"]
-        print(f"{'turn':>4}  {'prompt':>6}  {'cached':>6}  {'tokens':>6}  {'ttft ms (client)':>16}  {'ttft ms (server)':>16}")
+        print(
+            f"{'turn':>4}  {'prompt':>6}  {'cached':>6}  {'tokens':>6}  "
+            f"{'ttft ms (client)':>16}  {'ttft ms (server)':>16}"
+        )
         for turn in range(turns):
             sent = time.perf_counter()
-            await ws.send(json.dumps({"type": "message.send", "session_id": session_id,
-                                      "content": QUESTIONS[turn % len(QUESTIONS)]}))
+            await ws.send(
+                json.dumps(
+                    {"type": "message.send", "session_id": session_id, "content": QUESTIONS[turn % len(QUESTIONS)]}
+                )
+            )
             first = None
             while True:
                 event = json.loads(await ws.recv())
@@ -50,8 +57,10 @@ async def main(url: str, turns: int, max_tokens: int) -> None:
                 elif event["type"] == "done":
                     u, t = event["usage"], event["timings"]
                     client_ttft = ((first or time.perf_counter()) - sent) * 1000
-                    print(f"{turn + 1:>4}  {u['prompt_tokens']:>6}  {u['cached_tokens']:>6}  {u['completion_tokens']:>6}"
-                          f"  {client_ttft:>16.0f}  {t['ttft_ms']:>16.0f}")
+                    print(
+                        f"{turn + 1:>4}  {u['prompt_tokens']:>6}  {u['cached_tokens']:>6}  {u['completion_tokens']:>6}"
+                        f"  {client_ttft:>16.0f}  {t['ttft_ms']:>16.0f}"
+                    )
                     break
 
 

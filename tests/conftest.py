@@ -1,4 +1,5 @@
 """Shared fixtures: the fixture reference file and the real default model, loaded once."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Drive the synchronous engine core to completion (tests only)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +29,15 @@ def chat_prompt(core: LLMEngine, messages: list[dict[str, str]]) -> list[int]:
     from engine.chat_template import render_chat
 
     tok = core.tokenizer
-    return tok.encode(render_chat(core.loaded.chat_template, messages, add_generation_prompt=True,
-                                  bos_token=tok.bos_token, eos_token=tok.eos_token))
+    return tok.encode(
+        render_chat(
+            core.loaded.chat_template,
+            messages,
+            add_generation_prompt=True,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+        )
+    )
 
 
 def greedy(prompt: list[int], max_tokens: int = 16, **kw) -> GenerationRequest:
@@ -69,6 +77,8 @@ def greedy_divergence(reference, prompt: list[int], got: list[int], want: list[i
     ids = prompt + want[:at]
     core = make_core(reference, kv_memory=1 << 24, block_size=16)
     meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // 16)))], 16, core.backend)
-    logits = core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1]))[0]
+    logits = core.model.forward(
+        np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1])
+    )[0]
     top = np.sort(logits)[-2:]
     return at, float(top[1] - top[0])

@@ -1,10 +1,11 @@
 """A database made by the schema before reply branches (Alembic revision 0002), filled through plain SQL as
 that schema's code wrote it: what the migration tests upgrade."""
+
 from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import text
@@ -30,13 +31,17 @@ def legacy_database(path: Path, sessions: list[Legacy]) -> str:
     with con:
         for n, (sid, owner, title, messages) in enumerate(sessions):
             when = f"2025-02-{n + 1:02d} 12:00:00.000000"
-            con.execute("INSERT INTO sessions (id, owner, version, title, system_prompt, settings, created_at, "
-                        "updated_at) VALUES (?, ?, 0, ?, NULL, ?, ?, ?)",
-                        (sid, owner, title, json.dumps(SETTINGS), when, when))
+            con.execute(
+                "INSERT INTO sessions (id, owner, version, title, system_prompt, settings, created_at, "
+                "updated_at) VALUES (?, ?, 0, ?, NULL, ?, ?, ?)",
+                (sid, owner, title, json.dumps(SETTINGS), when, when),
+            )
             for pos, (role, content, status, reason, tokens) in enumerate(messages):
-                con.execute("INSERT INTO messages (id, session_id, position, role, content, status, finish_reason, "
-                            "completion_tokens, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (message_id(sid, pos), sid, pos, role, content, status, reason, tokens, when, when))
+                con.execute(
+                    "INSERT INTO messages (id, session_id, position, role, content, status, finish_reason, "
+                    "completion_tokens, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (message_id(sid, pos), sid, pos, role, content, status, reason, tokens, when, when),
+                )
     con.close()
     return url
 
@@ -48,17 +53,32 @@ async def legacy_rows(url: str, sessions: list[Legacy]) -> None:
     try:
         async with engine.begin() as conn:
             for n, (sid, owner, title, messages) in enumerate(sessions):
-                when = datetime(2025, 2, n + 1, 12, tzinfo=timezone.utc)
-                await conn.execute(text(
-                    "INSERT INTO sessions (id, owner, version, title, system_prompt, settings, created_at, updated_at) "
-                    "VALUES (:id, :owner, 0, :title, NULL, :settings, :when, :when)"),
-                    {"id": sid, "owner": owner, "title": title, "settings": json.dumps(SETTINGS), "when": when})
+                when = datetime(2025, 2, n + 1, 12, tzinfo=UTC)
+                await conn.execute(
+                    text(
+                        "INSERT INTO sessions (id, owner, version, title, system_prompt, settings, created_at, "
+                        "updated_at) VALUES (:id, :owner, 0, :title, NULL, :settings, :when, :when)"
+                    ),
+                    {"id": sid, "owner": owner, "title": title, "settings": json.dumps(SETTINGS), "when": when},
+                )
                 for pos, (role, content, status, reason, tokens) in enumerate(messages):
-                    await conn.execute(text(
-                        "INSERT INTO messages (id, session_id, position, role, content, status, finish_reason, "
-                        "completion_tokens, created_at, updated_at) VALUES (:id, :sid, :pos, :role, :content, :status, "
-                        ":reason, :tokens, :when, :when)"),
-                        {"id": message_id(sid, pos), "sid": sid, "pos": pos, "role": role, "content": content,
-                         "status": status, "reason": reason, "tokens": tokens, "when": when})
+                    await conn.execute(
+                        text(
+                            "INSERT INTO messages (id, session_id, position, role, content, status, finish_reason, "
+                            "completion_tokens, created_at, updated_at) VALUES (:id, :sid, :pos, :role, :content, "
+                            ":status, :reason, :tokens, :when, :when)"
+                        ),
+                        {
+                            "id": message_id(sid, pos),
+                            "sid": sid,
+                            "pos": pos,
+                            "role": role,
+                            "content": content,
+                            "status": status,
+                            "reason": reason,
+                            "tokens": tokens,
+                            "when": when,
+                        },
+                    )
     finally:
         await engine.dispose()

@@ -6,6 +6,7 @@ store runs on, one test per kind).
 initdb refuses to run as root: as root the server runs as the `postgres` system user (Debian's package makes it).
 `unavailable()` says why PostgreSQL cannot run here, for a skip that names the reason.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ BIN = Path(os.environ.get("FORGE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 DATABASES = ("sqlite", "postgresql")
 START_TIMEOUT_S = 60
 # Durability off: a test database is thrown away, and fsyncs on a shared 2-core machine cost seconds.
-TEST_SETTINGS = ("-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-                 "-c listen_addresses=''")
+TEST_SETTINGS = (
+    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c listen_addresses=''"
+)
 
 
 def _as_postgres() -> list[str]:
@@ -83,10 +85,33 @@ class Postgres:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         # C.UTF-8: the text search parser classifies non-ASCII letters by the locale's ctype.
-        self._run(str(BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                  "--locale=C.UTF-8", "--no-sync", "--no-instructions")
-        self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w",
-                  "-t", str(START_TIMEOUT_S), "-o", f"-p {self.port} -k {self.root} {TEST_SETTINGS}", "start")
+        self._run(
+            str(BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+            "--no-instructions",
+        )
+        self._run(
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "-o",
+            f"-p {self.port} -k {self.root} {TEST_SETTINGS}",
+            "start",
+        )
         return self
 
     def stop(self) -> None:

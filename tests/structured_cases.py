@@ -2,11 +2,15 @@
 
 Strings, numbers and arrays are bounded so that a sampled reply always completes well within
 the tests' max_tokens; the grammar, not the model, decides what a valid reply is."""
+
 from __future__ import annotations
 
 POINT = {
     "type": "object",
-    "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"type": "integer", "minimum": -9, "maximum": 9}},
+    "properties": {
+        "x": {"type": "integer", "minimum": -9, "maximum": 9},
+        "y": {"type": "integer", "minimum": -9, "maximum": 9},
+    },
     "required": ["x", "y"],
     "additionalProperties": False,
 }
@@ -14,7 +18,10 @@ POINT = {
 SCHEMAS: dict[str, dict] = {
     "flat": {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     },
@@ -33,20 +40,31 @@ SCHEMAS: dict[str, dict] = {
     },
     "array": {
         "type": "object",
-        "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3}},
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3}
+        },
         "required": ["tags"],
         "additionalProperties": False,
     },
     "enum": {
         "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M", "L"]}},
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M", "L"]},
+        },
         "required": ["color", "size"],
         "additionalProperties": False,
     },
     "anyof": {
         "type": "object",
         "properties": {
-            "value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "maxLength": 6}, {"type": "null"}]}
+            "value": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0, "maximum": 9},
+                    {"type": "string", "maxLength": 6},
+                    {"type": "null"},
+                ]
+            }
         },
         "required": ["value"],
         "additionalProperties": False,

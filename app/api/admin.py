@@ -1,4 +1,5 @@
 """Health, readiness, Prometheus metrics and the admin page's JSON feed."""
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,17 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/ready", responses={**errors(), 503: ResponseSpec(dict[str, Any], generate_examples=False,
-     description="Not ready: the model is loading or the database does not answer")})
+@get(
+    "/ready",
+    responses={
+        **errors(),
+        503: ResponseSpec(
+            dict[str, Any],
+            generate_examples=False,
+            description="Not ready: the model is loading or the database does not answer",
+        ),
+    },
+)
 async def ready(services: NamedDependency[Services]) -> Response:
     """Ready: the model is loaded, the database answers and this replica is a member of it; 503 otherwise."""
     model = services.engine.model_info.get("name") if services.engine is not None else None
@@ -42,8 +52,13 @@ async def ready(services: NamedDependency[Services]) -> Response:
             db = "unreachable"
     joined = services.membership is not None and services.membership.member is not None
     ok = services.chat is not None and db == "ok" and joined
-    body = {"status": "ready" if ok else "not_ready", "model": model, "db": db,
-            "replica": services.settings.replica, "member": joined}
+    body = {
+        "status": "ready" if ok else "not_ready",
+        "model": model,
+        "db": db,
+        "replica": services.settings.replica,
+        "member": joined,
+    }
     if services.chat is None:
         body["detail"] = "the model is loading"
     elif not joined:

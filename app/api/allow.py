@@ -1,6 +1,7 @@
 """`Allow` on OPTIONS answers: every method of the path. Litestar builds a path's OPTIONS answer when the first
 handler of that path is registered and keeps it when more handlers (PATCH, DELETE) join the path later, so its
 `Allow` would list only the first one's methods."""
+
 from __future__ import annotations
 
 from litestar.types import Message, Scope

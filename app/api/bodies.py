@@ -4,6 +4,7 @@ Bodies are decoded straight into these types (no intermediate dicts), so deep ne
 range, NaN and lone surrogates are refused while decoding. `decode` turns every refusal into a
 ServiceError naming the field (`param`); the engine checks its own limits (SamplingParams.validate).
 """
+
 from __future__ import annotations
 
 import re
@@ -61,8 +62,9 @@ class ToolOverrides(Struct, forbid_unknown_fields=True, kw_only=True):
 
     def overrides(self) -> dict[str, Any]:
         """The fields given, as plain JSON values (app.domain.chat.ChatService.send's `tools`)."""
-        return {k: msgspec.to_builtins(v) for k in ToolOverrides.__struct_fields__
-                if (v := getattr(self, k)) is not UNSET}
+        return {
+            k: msgspec.to_builtins(v) for k in ToolOverrides.__struct_fields__ if (v := getattr(self, k)) is not UNSET
+        }
 
 
 class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,8 +87,11 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
     def new_session(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for Store.create_session; settings not given take `defaults` (app.domain.defaults)."""
         changes = self.changes()
-        return {"title": changes.get("title", DEFAULT_TITLE), "system_prompt": changes.get("system_prompt"),
-                "settings": {**defaults, **changes.get("settings", {})}}
+        return {
+            "title": changes.get("title", DEFAULT_TITLE),
+            "system_prompt": changes.get("system_prompt"),
+            "settings": {**defaults, **changes.get("settings", {})},
+        }
 
 
 class EditBody(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -158,22 +163,32 @@ class Export(Struct, forbid_unknown_fields=True):
             fields = {f: getattr(m, f) for f in m.__struct_fields__ if f not in ("id", "parent_id", "active")}
             fields["tool_calls"] = msgspec.to_builtins(m.tool_calls) if m.tool_calls else None
             if m.tool_calls and m.role != "assistant":
-                raise ServiceError("invalid_parameter", f"'messages[{i}].tool_calls' is only allowed on assistant "
-                                   "messages", param=f"messages[{i}].tool_calls")
+                raise ServiceError(
+                    "invalid_parameter",
+                    f"'messages[{i}].tool_calls' is only allowed on assistant messages",
+                    param=f"messages[{i}].tool_calls",
+                )
             if (m.tool_call_id is not None) != (m.role == "tool"):
-                raise ServiceError("invalid_parameter", f"'messages[{i}].tool_call_id' is required on tool messages "
-                                   "and only allowed there", param=f"messages[{i}].tool_call_id")
+                raise ServiceError(
+                    "invalid_parameter",
+                    f"'messages[{i}].tool_call_id' is required on tool messages and only allowed there",
+                    param=f"messages[{i}].tool_call_id",
+                )
             previous = i - 1 if i else None
             if self.forge_export == 1:
                 out.append({**fields, "parent": previous, "active": True})
                 continue
             if m.parent_id is not UNSET and m.parent_id is not None and m.parent_id not in index:
-                raise ServiceError("invalid_parameter", f"'messages[{i}].parent_id' names no earlier message of the "
-                                   "export", param=f"messages[{i}].parent_id")
+                raise ServiceError(
+                    "invalid_parameter",
+                    f"'messages[{i}].parent_id' names no earlier message of the export",
+                    param=f"messages[{i}].parent_id",
+                )
             if m.id is not None:
                 if m.id in index:
-                    raise ServiceError("invalid_parameter", f"'messages[{i}].id' repeats an earlier id",
-                                       param=f"messages[{i}].id")
+                    raise ServiceError(
+                        "invalid_parameter", f"'messages[{i}].id' repeats an earlier id", param=f"messages[{i}].id"
+                    )
                 index[m.id] = i
             parent = previous if m.parent_id is UNSET else None if m.parent_id is None else index[m.parent_id]
             out.append({**fields, "parent": parent, "active": m.active})
@@ -217,8 +232,9 @@ class MessageSend(Command, tag="message.send"):
     parallel_tool_calls: bool | None | UnsetType = UNSET
 
     def overrides(self) -> dict[str, Any]:
-        return ToolOverrides(tools=self.tools, tool_choice=self.tool_choice,
-                             parallel_tool_calls=self.parallel_tool_calls).overrides()
+        return ToolOverrides(
+            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls
+        ).overrides()
 
 
 class ToolResult(Command, tag="tool.result"):
@@ -264,8 +280,19 @@ class TurnResume(Command, tag="turn.resume"):
     message_id: Id | None = None  # the reply the client follows: another one (or none running) answers `history`
 
 
-AnyCommand = (SessionCreate | SessionOpen | MessageSend | MessageEdit | MessageRegenerate | BranchSelect
-              | GenerationCancel | Ping | ToolResult | MessageContinue | TurnResume)
+AnyCommand = (
+    SessionCreate
+    | SessionOpen
+    | MessageSend
+    | MessageEdit
+    | MessageRegenerate
+    | BranchSelect
+    | GenerationCancel
+    | Ping
+    | ToolResult
+    | MessageContinue
+    | TurnResume
+)
 
 
 class Envelope(Struct):

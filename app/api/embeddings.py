@@ -7,6 +7,7 @@ on the model (token ids in its vocabulary, an input against its context, the req
 checked before anything runs. An input longer than the context is refused unless `truncate` is true (then
 its first context-length tokens are embedded); nothing is cut silently.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +20,10 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
-from engine.types import EngineOverloaded, InvalidRequest
-
 from app.api.errors import ServiceError
 from app.api.openapi import BODY, KEYED, Documented, errors
 from app.api.state import Ready
+from engine.types import EngineOverloaded, InvalidRequest
 
 MAX_INPUTS = 2048  # strings or token-id lists in one request (OpenAI's bound)
 INPUT_MAX_CHARS = 1 << 20  # one string (the body is at most 8 MiB anyway)
@@ -75,8 +75,9 @@ def _invalid(message: str, param: str = "input") -> ServiceError:
 def _served_model(svc: Ready, model: str) -> str:
     served = str(svc.engine.model_info.get("name") or "default")
     if model not in (served, "default"):
-        raise ServiceError("model_not_found", f"the model '{model}' does not exist; this server serves '{served}'",
-                           param="model")
+        raise ServiceError(
+            "model_not_found", f"the model '{model}' does not exist; this server serves '{served}'", param="model"
+        )
     return served
 
 
@@ -109,15 +110,23 @@ async def embeddings(svc: NamedDependency[Ready], data: JSONBody[EmbeddingReques
     model = _served_model(svc, data.model)
     size = int(engine.model_info["hidden_size"])
     if data.dimensions is not None and data.dimensions != size:
-        raise ServiceError("unsupported_parameter", f"'dimensions' is not supported by this model: its embeddings "
-                           f"have {size} dimensions and cannot be shortened", param="dimensions")
+        raise ServiceError(
+            "unsupported_parameter",
+            f"'dimensions' is not supported by this model: its embeddings "
+            f"have {size} dimensions and cannot be shortened",
+            param="dimensions",
+        )
     inputs = await _token_ids(svc, data.input)
     context = int(engine.max_context)
     vocab = int(engine.tokenizer.vocab_size)
     for i, ids in enumerate(inputs):
         if len(ids) > context and not data.truncate:
-            raise ServiceError("context_length_exceeded", f"'input[{i}]' is {len(ids)} tokens; this model's maximum "
-                               f"context length is {context} tokens (send \"truncate\": true to cut it)", param="input")
+            raise ServiceError(
+                "context_length_exceeded",
+                f"'input[{i}]' is {len(ids)} tokens; this model's maximum "
+                f"context length is {context} tokens (send \"truncate\": true to cut it)",
+                param="input",
+            )
         if max(ids) >= vocab:
             raise _invalid(f"'input[{i}]' holds a token id outside this model's vocabulary [0, {vocab})")
     tokens = sum(min(len(ids), context) for ids in inputs)
@@ -134,8 +143,14 @@ async def embeddings(svc: NamedDependency[Ready], data: JSONBody[EmbeddingReques
         object="list",
         model=model,
         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
-        data=[Embedding(object="embedding", index=i,
-                        embedding=base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
-                        if as_base64 else v.tolist())
-              for i, v in enumerate(vectors)],
+        data=[
+            Embedding(
+                object="embedding",
+                index=i,
+                embedding=base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
+                if as_base64
+                else v.tolist(),
+            )
+            for i, v in enumerate(vectors)
+        ],
     )

@@ -1,5 +1,6 @@
 """Errors as HTTP answers: each ServiceError code's status (STATUS, the one table) beside the error's OpenAI-style
 body, and the handlers for what Litestar or the database raise."""
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,15 @@ STATUS = {
     "model_not_found": 404,
 }
 assert set(STATUS) == domain.CODES, "every error code has its HTTP status"
-_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-          429: "rate_limit_error", 503: "overloaded_error", 500: "server_error"}  # for Litestar's own refusals
+_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    500: "server_error",
+}  # for Litestar's own refusals
 
 
 def status_of(err: domain.ServiceError) -> int:
@@ -63,8 +71,14 @@ def _service_error_handler(_: Request, exc: domain.ServiceError) -> Response:
     return error_response(exc, headers)
 
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large",
-               415: "unsupported_media_type"}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "bad_request",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def _http_error_handler(request: Request, exc: HTTPException) -> Response:
@@ -89,7 +103,9 @@ def _http_error_handler(request: Request, exc: HTTPException) -> Response:
         return Response(body, status_code=status)
     else:
         message = str(exc.detail)
-    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": code}}
+    body = {
+        "error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None, "code": code}
+    }
     return Response(body, status_code=status, headers=getattr(exc, "headers", None))
 
 

@@ -3,6 +3,7 @@
 Every parameter is either honoured or refused with a 400 naming it; nothing is silently ignored.
 Prefix reuse still applies across requests: the engine's cache keys on token ids, not on sessions.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,18 +21,17 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
-
 from app.api import tools
-from app.domain.errors import ServiceError
 from app.api.gate import owner
-from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
 from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
+from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
 from app.api.outbox import Outbox
 from app.api.response_format import compile_response_format
 from app.api.sse import with_keepalives
 from app.api.state import Ready
 from app.domain.defaults import openai_defaults
+from app.domain.errors import ServiceError
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 
 log = logging.getLogger("forge.openai")
 
@@ -66,25 +66,34 @@ def _model_id(svc: Ready) -> str:
 def _check_model(model: str, svc: Ready) -> str:
     served = _model_id(svc)
     if model not in (served, "default"):
-        raise ServiceError("model_not_found", f"the model '{model}' does not exist; this server serves '{served}'",
-                           param="model")
+        raise ServiceError(
+            "model_not_found", f"the model '{model}' does not exist; this server serves '{served}'", param="model"
+        )
     return served
 
 
-async def _sampling(body: Sampling, svc: Ready, prompt_len: int, max_tokens: int | None,
-                    logprobs: int | None) -> SamplingParams:
+async def _sampling(
+    body: Sampling, svc: Ready, prompt_len: int, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     """SamplingParams from the body, its `response_format` compiled and parameters left out taken from
     app.defaults (the model's recommendation, else OpenAI's; `max_tokens` capped by
     Settings.default_max_tokens); the engine checks its own ranges when the request is admitted."""
     room = int(svc.engine.max_context) - prompt_len
     if room < 1:
-        raise ServiceError("context_length_exceeded", f"the prompt is {prompt_len} tokens; this model's maximum context "
-                           f"length is {svc.engine.max_context} tokens",
-                           param="messages" if isinstance(body, ChatRequest) else "prompt")
+        raise ServiceError(
+            "context_length_exceeded",
+            f"the prompt is {prompt_len} tokens; this model's maximum context "
+            f"length is {svc.engine.max_context} tokens",
+            param="messages" if isinstance(body, ChatRequest) else "prompt",
+        )
     if max_tokens is not None and max_tokens > room:
-        raise ServiceError("context_length_exceeded", f"this model's maximum context length is {svc.engine.max_context} "
-                           f"tokens; you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                           f"{max_tokens} for the completion)", param="max_tokens")
+        raise ServiceError(
+            "context_length_exceeded",
+            f"this model's maximum context length is {svc.engine.max_context} "
+            f"tokens; you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+            f"{max_tokens} for the completion)",
+            param="max_tokens",
+        )
     if body.stream_options is not None and not body.stream:
         raise _invalid("stream_options", "is only allowed when 'stream' is true")
     response_format = await compile_response_format(svc.engine, body.response_format)
@@ -128,16 +137,23 @@ async def _parse_chat(body: ChatRequest, svc: Ready) -> _Call:
     tools.check_messages(body.messages)
     plan = await tools.plan(svc.engine, body)
     try:  # a long conversation takes a while to render and tokenize: not on the event loop
-        prompt = await asyncio.to_thread(svc.engine.render_chat, [m.plain() for m in body.messages], True,
-                                         plan.render if plan else None)
+        prompt = await asyncio.to_thread(
+            svc.engine.render_chat, [m.plain() for m in body.messages], True, plan.render if plan else None
+        )
     except ValueError as e:
         raise _invalid("messages", f"were refused by the model's chat template: {e}") from None
     params = await _sampling(body, svc, len(prompt), mct if mct is not None else body.max_tokens, logprobs)
     if plan is not None and plan.grammar is not None:
         params.response_format = plan.grammar
-    return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
-                 include_usage=_include_usage(body), top_logprobs=logprobs,
-                 tools=plan if plan and plan.grammar else None)  # tool_choice "none": the reply is text
+    return _Call(
+        prompt=list(prompt),
+        params=params,
+        model=model,
+        stream=bool(body.stream),
+        include_usage=_include_usage(body),
+        top_logprobs=logprobs,
+        tools=plan if plan and plan.grammar else None,
+    )  # tool_choice "none": the reply is text
 
 
 async def _parse_completion(body: CompletionRequest, svc: Ready) -> _Call:
@@ -164,10 +180,17 @@ async def _parse_completion(body: CompletionRequest, svc: Ready) -> _Call:
     n = 1 if body.n is None else body.n
     if body.best_of is not None and body.best_of != n:
         raise _unsupported("best_of", "only best_of == n (no server-side ranking)")
-    params = await _sampling(body, svc, len(prompt), body.max_tokens if body.max_tokens is not None else 16,
-                             body.logprobs)
-    return _Call(prompt=list(prompt), params=params, model=model, stream=bool(body.stream),
-                 include_usage=_include_usage(body), echo_text=text if body.echo else "")
+    params = await _sampling(
+        body, svc, len(prompt), body.max_tokens if body.max_tokens is not None else 16, body.logprobs
+    )
+    return _Call(
+        prompt=list(prompt),
+        params=params,
+        model=model,
+        stream=bool(body.stream),
+        include_usage=_include_usage(body),
+        echo_text=text if body.echo else "",
+    )
 
 
 # -- running against the engine -------------------------------------------------------------
@@ -262,9 +285,12 @@ class _Usage:
         self.completion += ev.usage.completion_tokens
 
     def body(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
-                "total_tokens": self.prompt + self.completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached}}
+        return {
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
 
 
 def _token_text(svc: Ready, token_id: int) -> str:
@@ -275,8 +301,9 @@ def _chat_logprobs(svc: Ready, items: list[Any], top: int) -> list[dict[str, Any
     out = []
     for lp in items:
         tok = _token_text(svc, lp.token_id)
-        alts = [{"token": (t := _token_text(svc, tid)), "logprob": v, "bytes": list(t.encode())}
-                for tid, v in lp.top[:top]]
+        alts = [
+            {"token": (t := _token_text(svc, tid)), "logprob": v, "bytes": list(t.encode())} for tid, v in lp.top[:top]
+        ]
         out.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode()), "top_logprobs": alts})
     return out
 
@@ -368,8 +395,9 @@ async def _admitted(job: _Job, keepalive_s: float) -> AsyncIterator[None]:
         waiting.cancel()
 
 
-async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk: Any,
-                         first: list[bytes] | None) -> AsyncIterator[bytes | None]:
+async def _stream_chunks(
+    job: _Job, call: _Call, keepalive_s: float, make_chunk: Any, first: list[bytes] | None
+) -> AsyncIterator[bytes | None]:
     """JSON chunks for an OpenAI stream of a job that is started, or waits to be admitted (keep-alives until
     then; the refusal as an error chunk past the deadline); None for a keep-alive comment. Leaving early
     aborts it."""
@@ -407,8 +435,12 @@ async def _stream_chunks(job: _Job, call: _Call, keepalive_s: float, make_chunk:
         job.cancel()
 
 
-@post("/chat/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
-      operation_class=JsonOrEvents)
+@post(
+    "/chat/completions",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, *GENERATION, 404),
+    operation_class=JsonOrEvents,
+)
 async def chat_completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
     call = await _parse_chat(data, svc)
@@ -420,13 +452,26 @@ async def chat_completions(request: Request, svc: NamedDependency[Ready], data: 
     if not call.stream:
         choices, usage = await _collect(request, job, call.params.n)
         tool_replies = [tools.ToolReply(call.tools.fmt) if call.tools else None for _ in choices]
-        return Response({**base, "object": "chat.completion", "usage": usage.body(), "choices": [
-            {"index": i, "message": r.message("".join(c.text)) if r
-             else {"role": "assistant", "content": "".join(c.text)},
-             "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
-             "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
-             if call.top_logprobs is not None else None}
-            for (i, c), r in zip(enumerate(choices), tool_replies)]})
+        return Response(
+            {
+                **base,
+                "object": "chat.completion",
+                "usage": usage.body(),
+                "choices": [
+                    {
+                        "index": i,
+                        "message": r.message("".join(c.text))
+                        if r
+                        else {"role": "assistant", "content": "".join(c.text)},
+                        "finish_reason": r.finish_reason(c.finish_reason) if r else c.finish_reason,
+                        "logprobs": {"content": _chat_logprobs(svc, c.logprobs, call.top_logprobs)}
+                        if call.top_logprobs is not None
+                        else None,
+                    }
+                    for (i, c), r in zip(enumerate(choices), tool_replies)
+                ],
+            }
+        )
 
     usage_null = {"usage": None} if call.include_usage else {}
     replies = [tools.ToolReply(call.tools.fmt) for _ in range(call.params.n)] if call.tools else None
@@ -444,34 +489,58 @@ async def chat_completions(request: Request, svc: NamedDependency[Ready], data: 
         lp = None
         if call.top_logprobs is not None and ev.logprobs:
             lp = {"content": _chat_logprobs(svc, ev.logprobs, call.top_logprobs)}
-        return {**head, "choices": [{"index": ev.index, "delta": delta, "logprobs": lp,
-                                     "finish_reason": reason}]}
+        return {**head, "choices": [{"index": ev.index, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
 
-    first = [_encode({**base, "object": "chat.completion.chunk", **usage_null, "choices": [
-        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
-        for i in range(call.params.n)]
+    first = [
+        _encode(
+            {
+                **base,
+                "object": "chat.completion.chunk",
+                **usage_null,
+                "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        )
+        for i in range(call.params.n)
+    ]
     if job.enter():  # admitted at once: the engine's refusals are still an HTTP status
         job.start()
     return _sse(job, _stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
 
 
-@post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404),
-      operation_class=JsonOrEvents)
+@post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404), operation_class=JsonOrEvents)
 async def completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
     call = await _parse_completion(data, svc)
     if data.user:
         log.info("completion %s for user %r", call.request_id, data.user)
     job = _Job(svc, call, owner(request.scope), chat=False)
-    base = {"id": f"cmpl-{call.request_id}", "created": int(time.time()), "model": call.model,
-            "system_fingerprint": None}
+    base = {
+        "id": f"cmpl-{call.request_id}",
+        "created": int(time.time()),
+        "model": call.model,
+        "system_fingerprint": None,
+    }
     want_lp = call.params.logprobs is not None
     if not call.stream:
         choices, usage = await _collect(request, job, call.params.n)
-        return Response({**base, "object": "text_completion", "usage": usage.body(), "choices": [
-            {"index": i, "text": call.echo_text + "".join(c.text), "finish_reason": c.finish_reason,
-             "logprobs": _completion_logprobs(svc, c.logprobs, len(call.echo_text)) if want_lp else None}
-            for i, c in enumerate(choices)]})
+        return Response(
+            {
+                **base,
+                "object": "text_completion",
+                "usage": usage.body(),
+                "choices": [
+                    {
+                        "index": i,
+                        "text": call.echo_text + "".join(c.text),
+                        "finish_reason": c.finish_reason,
+                        "logprobs": _completion_logprobs(svc, c.logprobs, len(call.echo_text)) if want_lp else None,
+                    }
+                    for i, c in enumerate(choices)
+                ],
+            }
+        )
 
     usage_null = {"usage": None} if call.include_usage else {}
     offsets = [len(call.echo_text)] * call.params.n
@@ -486,14 +555,24 @@ async def completions(request: Request, svc: NamedDependency[Ready], data: JSONB
         if want_lp:
             lp = _completion_logprobs(svc, ev.logprobs or [], offsets[ev.index])
         offsets[ev.index] += len(ev.text)
-        return {**head, "choices": [{"index": ev.index, "text": ev.text, "logprobs": lp,
-                                     "finish_reason": ev.finish_reason}]}
+        return {
+            **head,
+            "choices": [{"index": ev.index, "text": ev.text, "logprobs": lp, "finish_reason": ev.finish_reason}],
+        }
 
     first = None
     if call.echo_text:
-        first = [_encode({**base, "object": "text_completion", **usage_null, "choices": [
-            {"index": i, "text": call.echo_text, "logprobs": None, "finish_reason": None}]})
-            for i in range(call.params.n)]
+        first = [
+            _encode(
+                {
+                    **base,
+                    "object": "text_completion",
+                    **usage_null,
+                    "choices": [{"index": i, "text": call.echo_text, "logprobs": None, "finish_reason": None}],
+                }
+            )
+            for i in range(call.params.n)
+        ]
     if job.enter():  # admitted at once: the engine's refusals are still an HTTP status
         job.start()
     return _sse(job, _stream_chunks(job, call, svc.settings.keepalive_s, chunk, first))
@@ -501,9 +580,16 @@ async def completions(request: Request, svc: NamedDependency[Ready], data: JSONB
 
 def _model_card(svc: Ready) -> dict[str, Any]:
     info = svc.engine.model_info
-    return {"id": _model_id(svc), "object": "model", "created": int(svc.started_at), "owned_by": "forge",
-            "max_model_len": int(svc.engine.max_context), "quantization": info.get("quant"),
-            "backend": info.get("backend"), "tool_format": svc.engine.tool_format.name}
+    return {
+        "id": _model_id(svc),
+        "object": "model",
+        "created": int(svc.started_at),
+        "owned_by": "forge",
+        "max_model_len": int(svc.engine.max_context),
+        "quantization": info.get("quant"),
+        "backend": info.get("backend"),
+        "tool_format": svc.engine.tool_format.name,
+    }
 
 
 @get("/models", responses=errors(*KEYED))

@@ -9,6 +9,7 @@ sized from it (a list of n choices, a stream per choice). The bounds that are th
 (SamplingParams.validate: n, logprobs, stop) are repeated here, not loosened: tests/unit/test_request_bounds.py
 keeps the two in step. What depends on the prompt (its length against the context) is checked per request.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -62,8 +63,11 @@ class ChatMessage(Struct, forbid_unknown_fields=True, kw_only=True):
     annotations: None = None
 
     def plain(self) -> dict[str, Any]:
-        text = self.content if isinstance(self.content, str) or self.content is None \
+        text = (
+            self.content
+            if isinstance(self.content, str) or self.content is None
             else "".join(p.text for p in self.content)
+        )
         if self.tool_calls is None and self.tool_call_id is None:
             return {"role": CHAT_ROLES[self.role], "content": text}
         return message_dict(self, text, CHAT_ROLES[self.role])

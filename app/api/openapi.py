@@ -3,6 +3,7 @@ is right: the error body every refusal has (`errors()` for a route's decorator),
 answer, refused extra fields (`additionalProperties: false` from msgspec's `forbid_unknown_fields`), token-id
 keys, optional bodies, SSE answers and the `Retry-After` of 429 / 503.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,7 @@ WHY = {
     413: "The body is larger than the server accepts (8 MiB)",
     415: "A body sent without `Content-Type: application/json`",
     429: "Too many: the admission queue is full (see `Retry-After`)",
-    503: "Not ready (the model is loading), or the wait in the admission queue passed its deadline "
-         "(see `Retry-After`)",
+    503: "Not ready (the model is loading), or the wait in the admission queue passed its deadline (see `Retry-After`)",
 }
 EVERYWHERE = (400, 403)  # the gate: a path with NUL bytes or invalid UTF-8; a foreign Host or Origin
 BODY = (413, 415)  # routes that take a JSON body
@@ -56,13 +56,18 @@ GENERATION = (429, 503)  # routes that start a generation (admission queue)
 
 def errors(*statuses: int) -> dict[int, ResponseSpec]:
     """`responses=` for a route decorator: the error body for `statuses` and those every route can answer."""
-    return {s: ResponseSpec(data_container=ErrorBody, description=WHY[s], generate_examples=False)
-            for s in sorted({*EVERYWHERE, *statuses})}
+    return {
+        s: ResponseSpec(data_container=ErrorBody, description=WHY[s], generate_examples=False)
+        for s in sorted({*EVERYWHERE, *statuses})
+    }
 
 
 _EVENTS = OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING, description="Server-sent events"))
-_RETRY = {"Retry-After": OpenAPIHeader(schema=Schema(type=OpenAPIType.INTEGER, minimum=0),
-                                       description="Seconds to wait before trying again")}
+_RETRY = {
+    "Retry-After": OpenAPIHeader(
+        schema=Schema(type=OpenAPIType.INTEGER, minimum=0), description="Seconds to wait before trying again"
+    )
+}
 
 
 @dataclass
@@ -127,9 +132,13 @@ class StructSchemas(StructSchemaPlugin):
         return schema
 
 
-_JSON_TYPES = {msgspec.inspect.IntType: OpenAPIType.INTEGER, msgspec.inspect.FloatType: OpenAPIType.NUMBER,
-               msgspec.inspect.StrType: OpenAPIType.STRING, msgspec.inspect.ListType: OpenAPIType.ARRAY,
-               msgspec.inspect.DictType: OpenAPIType.OBJECT}
+_JSON_TYPES = {
+    msgspec.inspect.IntType: OpenAPIType.INTEGER,
+    msgspec.inspect.FloatType: OpenAPIType.NUMBER,
+    msgspec.inspect.StrType: OpenAPIType.STRING,
+    msgspec.inspect.ListType: OpenAPIType.ARRAY,
+    msgspec.inspect.DictType: OpenAPIType.OBJECT,
+}
 
 
 def _constrain(schema: Any, t: msgspec.inspect.Type) -> None:
@@ -142,8 +151,12 @@ def _constrain(schema: Any, t: msgspec.inspect.Type) -> None:
                 _constrain(sub, member)
         return
     if isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
-        for name, value in (("minimum", t.ge), ("maximum", t.le), ("exclusive_minimum", t.gt),
-                            ("exclusive_maximum", t.lt)):
+        for name, value in (
+            ("minimum", t.ge),
+            ("maximum", t.le),
+            ("exclusive_minimum", t.gt),
+            ("exclusive_maximum", t.lt),
+        ):
             if value is not None:
                 setattr(schema, name, value)
     elif isinstance(t, msgspec.inspect.StrType):

@@ -5,6 +5,7 @@ it holds, ends with None (its consumer stops), refuses everything after, and cal
 which stops the work feeding it. Memory per client is therefore bounded whatever the client does (one
 event larger than `limit_bytes`, e.g. a long history, may still pass while nothing else waits).
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The browser UI's files from web/: / (chat), /admin (admin page), /static/* (everything else)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,5 +46,6 @@ class _WebFiles(BaseLocalFileSystem):
             raise FileNotFoundError(str(path)) from None
 
 
-static_router = create_static_files_router(path="/static", directories=[WEB_DIR], file_system=_WebFiles(),
-                                           include_in_schema=False)
+static_router = create_static_files_router(
+    path="/static", directories=[WEB_DIR], file_system=_WebFiles(), include_in_schema=False
+)

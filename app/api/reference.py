@@ -2,6 +2,7 @@
 
 Litestar's own RapiDoc page loads the viewer, a favicon and fonts from CDNs; this one uses only what the
 server serves, so it works offline and under the strict CSP (app/api/gate.py: SCHEMA_CSP)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """`X-Forge-Replica` on every answer (HTTP, SSE, the WebSocket's handshake): which replica served it, for
 clients and operators behind a load balancer (docs/scale-out.md)."""
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable

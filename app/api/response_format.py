@@ -7,6 +7,7 @@ Bounds that keep hostile constraints cheap to refuse: a schema is at most SCHEMA
 SCHEMA_MAX_DEPTH levels deep, a pattern or grammar at most SOURCE_MAX_CHARS. What the engine cannot compile or
 enforce is refused by the engine, as a ServiceError naming `response_format`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,11 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.types import ResponseFormat
-
 from app.api.errors import ServiceError
 from app.domain import response_format as domain
 from app.domain.response_format import PARAM
+from engine.types import ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -60,11 +60,13 @@ class JsonSchemaSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     def __post_init__(self) -> None:
         where, param = f"'{PARAM}.json_schema.schema'", f"{PARAM}.json_schema.schema"
         if len(msgspec.json.encode(self.schema)) > SCHEMA_MAX_BYTES:  # first: it bounds the walk below
-            raise ServiceError("invalid_parameter", f"{where} is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON",
-                               param=param)
+            raise ServiceError(
+                "invalid_parameter", f"{where} is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON", param=param
+            )
         if _depth(self.schema) > SCHEMA_MAX_DEPTH:
-            raise ServiceError("invalid_parameter", f"{where} is nested more than {SCHEMA_MAX_DEPTH} levels deep",
-                               param=param)
+            raise ServiceError(
+                "invalid_parameter", f"{where} is nested more than {SCHEMA_MAX_DEPTH} levels deep", param=param
+            )
 
 
 class JsonSchemaFormat(_Kind, tag="json_schema"):

@@ -1,5 +1,6 @@
 """REST for chat sessions under /api/sessions, and the SSE stream of a chat turn. Every route sees only
 the sessions of the caller's API key (app.api.gate.owner); another key's are "not found"."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,6 @@ from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
-
-from engine import Engine
 
 from app.api.bodies import EditBody, Empty, Export, SendBody, SessionFields, ToolResultBody
 from app.api.errors import ServiceError
@@ -32,6 +31,7 @@ from app.domain.defaults import DEFAULT_TITLE, session_defaults
 from app.domain.errors import not_found
 from app.domain.turn import Queued, Sink, Turn
 from app.store import Conflict, Store
+from engine import Engine
 
 log = logging.getLogger("forge.sessions")
 
@@ -43,12 +43,17 @@ async def list_sessions(request: Request, store: NamedDependency[Store]) -> dict
 
 
 @post("/", responses=errors(*KEYED, *BODY), operation_class=OptionalBody)
-async def create_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
-                         data: JSONBody[SessionFields | None] = None) -> dict[str, Any]:
+async def create_session(
+    request: Request,
+    store: NamedDependency[Store],
+    engine: NamedDependency[Engine],
+    data: JSONBody[SessionFields | None] = None,
+) -> dict[str, Any]:
     """A new session (the body may be left out)."""
     await check_settings(engine, data.settings if data else None)
-    return await store.create_session(owner(request.scope),
-                                      **(data or SessionFields()).new_session(session_defaults(engine)))
+    return await store.create_session(
+        owner(request.scope), **(data or SessionFields()).new_session(session_defaults(engine))
+    )
 
 
 @get("/{session_id:str}", responses=errors(*KEYED, 404))
@@ -62,8 +67,13 @@ async def read_session(request: Request, store: NamedDependency[Store], session_
 
 
 @patch("/{session_id:str}", responses=errors(*KEYED, *BODY, 404, 409))
-async def update_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
-                         session_id: FromPath[str], data: JSONBody[SessionFields]) -> dict[str, Any]:
+async def update_session(
+    request: Request,
+    store: NamedDependency[Store],
+    engine: NamedDependency[Engine],
+    session_id: FromPath[str],
+    data: JSONBody[SessionFields],
+) -> dict[str, Any]:
     """Change title, system prompt or settings (merged over the current ones)."""
     await check_settings(engine, data.settings)
     try:
@@ -76,8 +86,9 @@ async def update_session(request: Request, store: NamedDependency[Store], engine
 
 
 @delete("/{session_id:str}", responses=errors(*KEYED, 404, 415))
-async def delete_session(request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService],
-                         session_id: FromPath[str]) -> None:
+async def delete_session(
+    request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService], session_id: FromPath[str]
+) -> None:
     """Delete a session and its messages; a running reply is stopped first."""
     who = owner(request.scope)
     await chat.cancel_and_wait(session_id, who)
@@ -95,24 +106,44 @@ async def export_session(request: Request, store: NamedDependency[Store], sessio
 
 
 @post("/import", responses=errors(*KEYED, *BODY))
-async def import_session(request: Request, store: NamedDependency[Store], engine: NamedDependency[Engine],
-                         settings: NamedDependency[Settings], data: JSONBody[Export]) -> dict[str, Any]:
+async def import_session(
+    request: Request,
+    store: NamedDependency[Store],
+    engine: NamedDependency[Engine],
+    settings: NamedDependency[Settings],
+    data: JSONBody[Export],
+) -> dict[str, Any]:
     """A new session (new ids) holding an export's messages (version 1 or 2)."""
     limit = settings.import_messages
     if len(data.messages) > limit:
-        raise ServiceError("invalid_parameter", f"'messages' holds {len(data.messages)} messages; the limit is {limit}",
-                           param="messages")
+        raise ServiceError(
+            "invalid_parameter",
+            f"'messages' holds {len(data.messages)} messages; the limit is {limit}",
+            param="messages",
+        )
     s = data.session
     await check_settings(engine, s.settings)
-    session = {"title": (s.title or "").strip() or DEFAULT_TITLE, "system_prompt": s.system_prompt,
-               "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})}}
+    session = {
+        "title": (s.title or "").strip() or DEFAULT_TITLE,
+        "system_prompt": s.system_prompt,
+        "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})},
+    }
     return await store.import_session(owner(request.scope), session, data.tree())
 
 
-@post("/{session_id:str}/messages/{message_id:str}/select", status_code=200,
-      responses=errors(*KEYED, *BODY, 404, 409), operation_class=OptionalBody)
-async def select_branch(request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str],
-                        message_id: FromPath[str], data: JSONBody[Empty | None] = None) -> dict[str, Any]:
+@post(
+    "/{session_id:str}/messages/{message_id:str}/select",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, 404, 409),
+    operation_class=OptionalBody,
+)
+async def select_branch(
+    request: Request,
+    chat: NamedDependency[ChatService],
+    session_id: FromPath[str],
+    message_id: FromPath[str],
+    data: JSONBody[Empty | None] = None,
+) -> dict[str, Any]:
     """Choose the branch through a message (any of the session's): the session and its chosen branch."""
     session, messages = await chat.select(session_id, owner(request.scope), message_id)
     return {**session, "messages": messages}
@@ -121,8 +152,9 @@ async def select_branch(request: Request, chat: NamedDependency[ChatService], se
 # -- turns over SSE ---------------------------------------------------------------------------
 
 
-async def turn_stream(chat: ChatService, settings: Settings,
-                      start: Callable[[Sink, Queued], Awaitable[Turn | None]]) -> ServerSentEvent:
+async def turn_stream(
+    chat: ChatService, settings: Settings, start: Callable[[Sink, Queued], Awaitable[Turn | None]]
+) -> ServerSentEvent:
     """Start a turn whose events go to a bounded outbox, and stream them as named SSE events with ids;
     `: keep-alive` comments while none is ready.
 
@@ -198,60 +230,114 @@ async def turn_stream(chat: ChatService, settings: Settings,
     return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"}, background=BackgroundTask(after))
 
 
-@post("/{session_id:str}/messages", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
-      operation_class=Events)
-async def send_message(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
-                       session_id: FromPath[str], data: JSONBody[SendBody]) -> ServerSentEvent:
+@post(
+    "/{session_id:str}/messages",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+    operation_class=Events,
+)
+async def send_message(
+    request: Request,
+    chat: NamedDependency[ChatService],
+    settings: NamedDependency[Settings],
+    session_id: FromPath[str],
+    data: JSONBody[SendBody],
+) -> ServerSentEvent:
     """SSE: one turn (docs/protocol.md#sse). A repeated `idempotency_key` answers `history` instead."""
     who = owner(request.scope)
-    return await turn_stream(chat, settings, lambda sink, queued: chat.send(
-        session_id, who, data.content, sink=sink, idempotency_key=data.idempotency_key,
-        response_format=plain(data.response_format), queued=queued, tools=data.overrides()))
+    return await turn_stream(
+        chat,
+        settings,
+        lambda sink, queued: chat.send(
+            session_id,
+            who,
+            data.content,
+            sink=sink,
+            idempotency_key=data.idempotency_key,
+            response_format=plain(data.response_format),
+            queued=queued,
+            tools=data.overrides(),
+        ),
+    )
 
 
 @post("/{session_id:str}/tool_results", status_code=201, responses=errors(*KEYED, *BODY, 404, 409))
-async def post_tool_result(request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str],
-                           data: JSONBody[ToolResultBody]) -> dict[str, Any]:
+async def post_tool_result(
+    request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str], data: JSONBody[ToolResultBody]
+) -> dict[str, Any]:
     """Store the result of a call of the session's last reply as a `tool` message (docs/api.md#tools-in-chat-
     sessions); the reply continues with `POST .../continue` once every call has one."""
     _, message = await chat.tool_result(session_id, owner(request.scope), data.tool_call_id, data.content)
     return message
 
 
-@post("/{session_id:str}/continue", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
-      operation_class=OptionalBodyEvents)
-async def continue_reply(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
-                         session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
+@post(
+    "/{session_id:str}/continue",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+    operation_class=OptionalBodyEvents,
+)
+async def continue_reply(
+    request: Request,
+    chat: NamedDependency[ChatService],
+    settings: NamedDependency[Settings],
+    session_id: FromPath[str],
+    data: JSONBody[Empty | None] = None,
+) -> ServerSentEvent:
     """SSE: a reply after the results of every call of the last one."""
     who = owner(request.scope)
-    return await turn_stream(chat, settings, lambda sink, queued: chat.resume(session_id, who, sink=sink,
-                                                                              queued=queued))
+    return await turn_stream(
+        chat, settings, lambda sink, queued: chat.resume(session_id, who, sink=sink, queued=queued)
+    )
 
 
-@post("/{session_id:str}/messages/{message_id:str}/edit", status_code=200,
-      responses=errors(*KEYED, *BODY, *GENERATION, 404, 409), operation_class=Events)
-async def edit_message(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
-                       session_id: FromPath[str], message_id: FromPath[str],
-                       data: JSONBody[EditBody]) -> ServerSentEvent:
+@post(
+    "/{session_id:str}/messages/{message_id:str}/edit",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+    operation_class=Events,
+)
+async def edit_message(
+    request: Request,
+    chat: NamedDependency[ChatService],
+    settings: NamedDependency[Settings],
+    session_id: FromPath[str],
+    message_id: FromPath[str],
+    data: JSONBody[EditBody],
+) -> ServerSentEvent:
     """SSE: a new branch with the user message edited, and a reply to it."""
     who = owner(request.scope)
-    return await turn_stream(chat, settings, lambda sink, queued: chat.edit(session_id, who, message_id,
-                                                                            data.content, sink=sink, queued=queued))
+    return await turn_stream(
+        chat,
+        settings,
+        lambda sink, queued: chat.edit(session_id, who, message_id, data.content, sink=sink, queued=queued),
+    )
 
 
-@post("/{session_id:str}/regenerate", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
-      operation_class=OptionalBodyEvents)
-async def regenerate(request: Request, chat: NamedDependency[ChatService], settings: NamedDependency[Settings],
-                     session_id: FromPath[str], data: JSONBody[Empty | None] = None) -> ServerSentEvent:
+@post(
+    "/{session_id:str}/regenerate",
+    status_code=200,
+    responses=errors(*KEYED, *BODY, *GENERATION, 404, 409),
+    operation_class=OptionalBodyEvents,
+)
+async def regenerate(
+    request: Request,
+    chat: NamedDependency[ChatService],
+    settings: NamedDependency[Settings],
+    session_id: FromPath[str],
+    data: JSONBody[Empty | None] = None,
+) -> ServerSentEvent:
     """SSE: a new branch with another reply in place of the last one."""
     who = owner(request.scope)
-    return await turn_stream(chat, settings, lambda sink, queued: chat.regenerate(session_id, who, sink=sink,
-                                                                                  queued=queued))
+    return await turn_stream(
+        chat, settings, lambda sink, queued: chat.regenerate(session_id, who, sink=sink, queued=queued)
+    )
 
 
 @post("/{session_id:str}/cancel", status_code=200, responses=errors(*KEYED, 404, 415))
-async def cancel(request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService],
-                 session_id: FromPath[str]) -> dict[str, Any]:
+async def cancel(
+    request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService], session_id: FromPath[str]
+) -> dict[str, Any]:
     """Stop the running reply (stored as "stopped")."""
     who = owner(request.scope)
     if await store.get_session(session_id, who) is None:
@@ -259,7 +345,23 @@ async def cancel(request: Request, store: NamedDependency[Store], chat: NamedDep
     return {"cancelled": chat.cancel(session_id, who)}
 
 
-router = Router(path="/api/sessions", route_handlers=[
-    list_sessions, create_session, import_session, read_session, update_session, delete_session, export_session,
-    select_branch, send_message, edit_message, regenerate, cancel, post_tool_result, continue_reply, turn_events,
-])
+router = Router(
+    path="/api/sessions",
+    route_handlers=[
+        list_sessions,
+        create_session,
+        import_session,
+        read_session,
+        update_session,
+        delete_session,
+        export_session,
+        select_branch,
+        send_message,
+        edit_message,
+        regenerate,
+        cancel,
+        post_tool_result,
+        continue_reply,
+        turn_events,
+    ],
+)

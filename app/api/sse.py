@@ -1,4 +1,5 @@
 """What the two SSE producers share: reading a queue with keep-alives in between."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """What the handlers share (`Services`, the app's state) and how they receive it: Litestar dependencies, typed,
 each by its parameter name (`DEPENDENCIES`). Those of a loaded model answer 503 while it is still loading."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,14 +9,13 @@ from typing import Any, Protocol, cast, runtime_checkable
 from litestar.datastructures import State
 from litestar.di import Provide
 
-from engine import Engine
-
 from app.api.errors import ServiceError
 from app.config import Settings
 from app.domain.chat import ChatService
 from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership
+from engine import Engine
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ Calls are enforced, not hoped for: `required` and a named function constrain the
 `auto` from the moment the model writes the call marker (engine/tool_calls.py). A tool's `parameters` that
 cannot be enforced is a 400 naming `tools[i].function.parameters`, by the same rules as `response_format`.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -81,14 +82,16 @@ def check_messages(messages: list[Any]) -> None:
         if m.tool_call_id is not None and m.role != "tool":
             raise _invalid(f"{where}.tool_call_id", "is only allowed on tool messages")
         if m.content is None and not (m.role == "assistant" and m.tool_calls):
-            raise _invalid(f"{where}.content", "is required (it may be null only on an assistant message with "
-                                               "tool_calls)")
+            raise _invalid(
+                f"{where}.content", "is required (it may be null only on an assistant message with tool_calls)"
+            )
         if m.role == "tool":
             if m.tool_call_id is None:
                 raise _invalid(f"{where}.tool_call_id", "is required on a tool message")
             if m.tool_call_id not in open_ids:
-                raise _invalid(f"{where}.tool_call_id", f"{m.tool_call_id!r} answers no call of the assistant message "
-                                                       "before it")
+                raise _invalid(
+                    f"{where}.tool_call_id", f"{m.tool_call_id!r} answers no call of the assistant message before it"
+                )
             continue
         open_ids = set()
         if m.tool_calls:
@@ -102,9 +105,10 @@ def message_dict(m: Any, text: str | None, role: str) -> dict[str, Any]:
     """A checked ChatMessage as the engine's renderer takes it."""
     out: dict[str, Any] = {"role": role, "content": text}
     if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                             for c in m.tool_calls]
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in m.tool_calls
+        ]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     return out
@@ -113,8 +117,13 @@ def message_dict(m: Any, text: str | None, role: str) -> dict[str, Any]:
 async def plan(engine: Any, body: Any) -> ToolPlan | None:
     """The request's tool plan (None without `tools`), every schema and the whole grammar compiled: a bad one is a
     400 before anything is generated (app.domain.tools.plan)."""
-    return await tool_plan(engine, builtins(body.tools), builtins(body.tool_choice), body.parallel_tool_calls,
-                           response_format=body.response_format is not None)
+    return await tool_plan(
+        engine,
+        builtins(body.tools),
+        builtins(body.tool_choice),
+        body.parallel_tool_calls,
+        response_format=body.response_format is not None,
+    )
 
 
 def builtins(value: Any) -> Any:
@@ -129,5 +138,6 @@ async def check_settings(engine: Any, settings: Any) -> None:
         return
     given = settings.given()
     if given.get("tools") is not None:
-        await tool_plan(engine, given["tools"], given.get("tool_choice"), given.get("parallel_tool_calls"),
-                        prefix="settings.")
+        await tool_plan(
+            engine, given["tools"], given.get("tool_choice"), given.get("parallel_tool_calls"), prefix="settings."
+        )

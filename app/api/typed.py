@@ -1,6 +1,7 @@
 """The app's Request class: a handler's `data` is decoded straight into its declared Struct by
 app.api.bodies.decode (fields named in every refusal, no intermediate dicts for hostile JSON to inflate);
 Litestar then passes the Struct through and documents it in the OpenAPI schema."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -3,6 +3,7 @@
 Bounded per socket: a bounded outbox (a reader that lets it fill has its turns stopped and the socket
 closed with 4008), a command rate, a number of sessions it may watch.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -96,8 +97,9 @@ class Connection:
                     self.close_code = WS_MESSAGE_TOO_BIG
                     break
                 if isinstance(raw, bytes):
-                    self.send(ServiceError("bad_request", "binary frames are not supported: send JSON as text frames")
-                              .event())
+                    self.send(
+                        ServiceError("bad_request", "binary frames are not supported: send JSON as text frames").event()
+                    )
                     continue
                 await self.handle(raw)
         finally:
@@ -155,8 +157,9 @@ class Connection:
         try:
             if not self.bucket.take():
                 envelope = _envelope(raw)
-                raise ServiceError("rate_limited", f"more than {self.svc.settings.ws_commands_per_s:g} commands a "
-                                   "second; slow down")
+                raise ServiceError(
+                    "rate_limited", f"more than {self.svc.settings.ws_commands_per_s:g} commands a second; slow down"
+                )
             try:
                 cmd: AnyCommand = bodies.decode(raw, AnyCommand, "message")
             except ServiceError:
@@ -237,8 +240,9 @@ class Connection:
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
         self._room_for(None)
         await check_settings(self.svc.engine, cmd.settings)
-        session = await self.svc.store.create_session(self.owner,
-                                                      **cmd.fields().new_session(session_defaults(self.svc.engine)))
+        session = await self.svc.store.create_session(
+            self.owner, **cmd.fields().new_session(session_defaults(self.svc.engine))
+        )
         self._watch(session["id"], session["title"])
         self._reply({"type": "session", "session": session}, cmd.client_id)
 
@@ -284,8 +288,11 @@ class Connection:
         self._room_for(cmd.session_id)
         replay = self.svc.chat.replay(cmd.session_id, self.owner, cmd.message_id)
         if replay is not None and cmd.after_seq > replay.seq:
-            raise ServiceError("invalid_parameter", f"'after_seq' is {cmd.after_seq}; the turn's last event is "
-                               f"{replay.seq}", param="after_seq")
+            raise ServiceError(
+                "invalid_parameter",
+                f"'after_seq' is {cmd.after_seq}; the turn's last event is {replay.seq}",
+                param="after_seq",
+            )
         if replay is None or not replay.can_replay(cmd.after_seq):
             # The turn ended long ago (or its events from there are gone): the stored state, as session.open does
             found = await self.svc.store.get_history(cmd.session_id, self.owner)
@@ -296,16 +303,28 @@ class Connection:
             return
         turn = self.svc.chat.running(cmd.session_id, self.owner)
         self._watch(cmd.session_id, turn.title if turn is not None else "")
-        self._reply({"type": "turn.resumed", "session_id": cmd.session_id, "message_id": replay.message_id,
-                     "seq": replay.seq}, cmd.client_id)
+        self._reply(
+            {"type": "turn.resumed", "session_id": cmd.session_id, "message_id": replay.message_id, "seq": replay.seq},
+            cmd.client_id,
+        )
         self._follow(replay, cmd.after_seq)
 
     async def message_send(self, cmd: bodies.MessageSend) -> None:
         self._room_for(cmd.session_id)
-        await self._start(cmd, lambda queued: self.svc.chat.send(
-            cmd.session_id, self.owner, cmd.content, sink=self.send, client_id=cmd.client_id,
-            idempotency_key=cmd.idempotency_key, response_format=plain(cmd.response_format), queued=queued,
-            tools=cmd.overrides()))
+        await self._start(
+            cmd,
+            lambda queued: self.svc.chat.send(
+                cmd.session_id,
+                self.owner,
+                cmd.content,
+                sink=self.send,
+                client_id=cmd.client_id,
+                idempotency_key=cmd.idempotency_key,
+                response_format=plain(cmd.response_format),
+                queued=queued,
+                tools=cmd.overrides(),
+            ),
+        )
 
     async def tool_result(self, cmd: bodies.ToolResult) -> None:
         self._room_for(cmd.session_id)
@@ -314,19 +333,36 @@ class Connection:
 
     async def message_continue(self, cmd: bodies.MessageContinue) -> None:
         self._room_for(cmd.session_id)
-        await self._start(cmd, lambda queued: self.svc.chat.resume(cmd.session_id, self.owner, sink=self.send,
-                                                                   client_id=cmd.client_id, queued=queued))
+        await self._start(
+            cmd,
+            lambda queued: self.svc.chat.resume(
+                cmd.session_id, self.owner, sink=self.send, client_id=cmd.client_id, queued=queued
+            ),
+        )
 
     async def message_edit(self, cmd: bodies.MessageEdit) -> None:
         self._room_for(cmd.session_id)
-        await self._start(cmd, lambda queued: self.svc.chat.edit(cmd.session_id, self.owner, cmd.message_id,
-                                                                 cmd.content, sink=self.send,
-                                                                 client_id=cmd.client_id, queued=queued))
+        await self._start(
+            cmd,
+            lambda queued: self.svc.chat.edit(
+                cmd.session_id,
+                self.owner,
+                cmd.message_id,
+                cmd.content,
+                sink=self.send,
+                client_id=cmd.client_id,
+                queued=queued,
+            ),
+        )
 
     async def message_regenerate(self, cmd: bodies.MessageRegenerate) -> None:
         self._room_for(cmd.session_id)
-        await self._start(cmd, lambda queued: self.svc.chat.regenerate(cmd.session_id, self.owner, sink=self.send,
-                                                                       client_id=cmd.client_id, queued=queued))
+        await self._start(
+            cmd,
+            lambda queued: self.svc.chat.regenerate(
+                cmd.session_id, self.owner, sink=self.send, client_id=cmd.client_id, queued=queued
+            ),
+        )
 
     async def branch_select(self, cmd: bodies.BranchSelect) -> None:
         _, messages = await self.svc.chat.select(cmd.session_id, self.owner, cmd.message_id)
@@ -339,16 +375,20 @@ class Connection:
             if queued:  # still waiting for admission: it leaves the queue, and nothing was stored
                 for task in queued:
                     task.cancel()
-                self._reply({"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": None},
-                            cmd.client_id)
+                self._reply(
+                    {"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": None}, cmd.client_id
+                )
                 return
         if turn is None or not self.svc.chat.cancel(cmd.session_id, self.owner):
-            raise ServiceError("not_found", f"no reply is being generated in session '{cmd.session_id}'",
-                               param="session_id")
+            raise ServiceError(
+                "not_found", f"no reply is being generated in session '{cmd.session_id}'", param="session_id"
+            )
         # The turn's own socket gets its `done` event (status "stopped"); another socket gets an acknowledgement.
         if not any(t is turn for t in self.turns):
-            self._reply({"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": turn.message_id},
-                        cmd.client_id)
+            self._reply(
+                {"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": turn.message_id},
+                cmd.client_id,
+            )
 
     async def ping(self, cmd: bodies.Ping) -> None:
         self._reply({"type": "pong"}, cmd.client_id)

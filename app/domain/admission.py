@@ -10,6 +10,7 @@ requests waiting (never refused) while it holds that many.
 
 No HTTP here: callers turn the two refusals into their own answers, with `retry_after_s`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -119,8 +120,9 @@ class Admission:
             return ticket
         if self._depth >= self.queue_size:
             self.stats.refused_full += 1
-            raise QueueFull(f"{self._depth} requests are already waiting for the engine; retry later",
-                            self.retry_after_s())
+            raise QueueFull(
+                f"{self._depth} requests are already waiting for the engine; retry later", self.retry_after_s()
+            )
         ticket.future = asyncio.get_running_loop().create_future()
         queue = self._waiting.get(owner)
         if queue is None:
@@ -148,8 +150,9 @@ class Admission:
         if not ticket.granted:
             self._remove(ticket)
             self.stats.refused_timeout += 1
-            raise QueueTimeout(f"waited {self.timeout_s:g} s for the engine without being admitted; retry later",
-                               self.retry_after_s())
+            raise QueueTimeout(
+                f"waited {self.timeout_s:g} s for the engine without being admitted; retry later", self.retry_after_s()
+            )
 
     async def admit(self, owner: str, cost: int = 1) -> Ticket:
         """`enter` then `wait`: a granted ticket (release it when the generation ends)."""
@@ -190,7 +193,9 @@ class Admission:
 
     def _capped(self, ticket: Ticket) -> bool:
         # One request bigger than the cap still runs, when its owner holds nothing else.
-        return self.per_owner is not None and self.held_by(ticket.owner) + ticket.cost > max(self.per_owner, ticket.cost)
+        return self.per_owner is not None and self.held_by(ticket.owner) + ticket.cost > max(
+            self.per_owner, ticket.cost
+        )
 
     def _grant(self, ticket: Ticket) -> None:
         ticket.granted, ticket.granted_at = True, self.clock()

@@ -1,5 +1,6 @@
 """The admission glue shared by chat turns and /v1 requests: admission's refusals (app/domain/admission.py) as
 ServiceErrors with `retry_after_s`, and each admitted generation's wait in the metrics."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,13 +5,12 @@ Its pieces, one job each: planning a turn (plan.py: which messages, below which;
 sampling), running it to its end (run.py), one turn per session (guard.py), who is looking (presence.py) and
 admission past the engine's capacity (admit.py over admission.py).
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat
 
 from app.domain.admission import Admission, Ticket
 from app.domain.admit import Admitter
@@ -29,6 +28,7 @@ from app.domain.turn import Queued, Sink, Turn
 from app.metrics import Metrics
 from app.store import Conflict, Store
 from app.store.leases import Lease
+from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -42,8 +42,15 @@ class ChatService:
     and /v1 requests) goes through `admitter`: past the engine's capacity it waits in a queue fair across
     owners."""
 
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics, admission: Admission | None = None,
-                 detached_s: float = 120.0, replica: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        metrics: Metrics,
+        admission: Admission | None = None,
+        detached_s: float = 120.0,
+        replica: str | None = None,
+    ) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
@@ -67,9 +74,18 @@ class ChatService:
 
     # -- starting turns -------------------------------------------------------------------
 
-    async def send(self, session_id: str, owner: str, content: str, sink: Sink, client_id: str | None = None,
-                   idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
-                   queued: Queued | None = None, tools: dict[str, Any] | None = None) -> Turn | None:
+    async def send(
+        self,
+        session_id: str,
+        owner: str,
+        content: str,
+        sink: Sink,
+        client_id: str | None = None,
+        idempotency_key: str | None = None,
+        response_format: ResponseFormat | None = None,
+        queued: Queued | None = None,
+        tools: dict[str, Any] | None = None,
+    ) -> Turn | None:
         """Append a user message and stream a reply (constrained by `response_format`, when given; `tools`: this
         message's `tools` / `tool_choice` / `parallel_tool_calls`, over the session's settings). Raises
         ServiceError before storing anything. Past the engine's capacity this waits to be admitted (`queued` is
@@ -80,17 +96,27 @@ class ChatService:
         session's `history` (that message and its reply as stored now) and None is returned."""
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
-        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_send(s, msgs, content),
-                                 idempotency_key, response_format, queued, tools)
+        return await self._begin(
+            session_id,
+            owner,
+            sink,
+            client_id,
+            lambda s, msgs: plan_send(s, msgs, content),
+            idempotency_key,
+            response_format,
+            queued,
+            tools,
+        )
 
-    async def resume(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None,
-                     queued: Queued | None = None) -> Turn:
+    async def resume(
+        self, session_id: str, owner: str, sink: Sink, client_id: str | None = None, queued: Queued | None = None
+    ) -> Turn:
         """A reply continuing the conversation after the results of every call of its last reply."""
-        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_continue(msgs),
-                                 queued=queued)
+        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_continue(msgs), queued=queued)
 
-    async def tool_result(self, session_id: str, owner: str, tool_call_id: str, content: str
-                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def tool_result(
+        self, session_id: str, owner: str, tool_call_id: str, content: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Store the result of a call of the chosen branch's last reply (a `tool` message below it and the
         results before); returns the session and the message. Refused while a reply is being generated."""
         with self.guard.reserve(session_id):
@@ -99,39 +125,59 @@ class ChatService:
                 raise not_found(session_id)
             _, branch = found
             check_result(branch, tool_call_id)
-            added = await self.store.add_tool_result(session_id, owner, parent_id=branch[-1]["id"],
-                                                     tool_call_id=tool_call_id, content=content)
+            added = await self.store.add_tool_result(
+                session_id, owner, parent_id=branch[-1]["id"], tool_call_id=tool_call_id, content=content
+            )
             if added is None:
                 raise not_found(session_id)
             return added
 
-    async def edit(self, session_id: str, owner: str, message_id: str, content: str, sink: Sink,
-                   client_id: str | None = None, queued: Queued | None = None) -> Turn:
+    async def edit(
+        self,
+        session_id: str,
+        owner: str,
+        message_id: str,
+        content: str,
+        sink: Sink,
+        client_id: str | None = None,
+        queued: Queued | None = None,
+    ) -> Turn:
         """A new branch: the user message `message_id` (on the chosen branch) gets a sibling holding
         `content`, and a reply to it streams."""
-        return await self._begin(session_id, owner, sink, client_id,
-                                 lambda s, msgs: plan_edit(msgs, session_id, message_id, content), queued=queued)
+        return await self._begin(
+            session_id,
+            owner,
+            sink,
+            client_id,
+            lambda s, msgs: plan_edit(msgs, session_id, message_id, content),
+            queued=queued,
+        )
 
-    async def regenerate(self, session_id: str, owner: str, sink: Sink, client_id: str | None = None,
-                         queued: Queued | None = None) -> Turn:
+    async def regenerate(
+        self, session_id: str, owner: str, sink: Sink, client_id: str | None = None, queued: Queued | None = None
+    ) -> Turn:
         """A new branch: the last reply (if the session ends with one) gets a sibling, streamed anew."""
-        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_regenerate(msgs),
-                                 queued=queued)
+        return await self._begin(
+            session_id, owner, sink, client_id, lambda s, msgs: plan_regenerate(msgs), queued=queued
+        )
 
-    async def select(self, session_id: str, owner: str, message_id: str
-                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def select(self, session_id: str, owner: str, message_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Choose the branch through `message_id` (any message of the session); returns the session and its
         chosen branch. Refused (busy) while a reply is being generated in the session."""
         if self.guard.running(session_id, owner) is not None or session_id in self.guard.reserved:
-            raise ServiceError("busy", f"a reply is being generated in session '{session_id}'; switch branches "
-                               "when it is done", param="session_id")
+            raise ServiceError(
+                "busy",
+                f"a reply is being generated in session '{session_id}'; switch branches when it is done",
+                param="session_id",
+            )
         found = await self.store.select(session_id, owner, message_id)
         if found is not None:
             return found
         if await self.store.get_session(session_id, owner) is None:
             raise not_found(session_id)
-        raise ServiceError("not_found", f"message '{message_id}' not found in session '{session_id}'",
-                           param="message_id")
+        raise ServiceError(
+            "not_found", f"message '{message_id}' not found in session '{session_id}'", param="message_id"
+        )
 
     async def _answered(self, session_id: str, owner: str, key: str, sink: Sink, client_id: str | None) -> bool:
         if not await self.store.sent_with_key(session_id, key):
@@ -146,9 +192,18 @@ class ChatService:
         sink(None)
         return True
 
-    async def _begin(self, session_id: str, owner: str, sink: Sink, client_id: str | None, plan_for: Planner,
-                     idempotency_key: str | None = None, response_format: ResponseFormat | None = None,
-                     queued: Queued | None = None, tools: dict[str, Any] | None = None) -> Turn:
+    async def _begin(
+        self,
+        session_id: str,
+        owner: str,
+        sink: Sink,
+        client_id: str | None,
+        plan_for: Planner,
+        idempotency_key: str | None = None,
+        response_format: ResponseFormat | None = None,
+        queued: Queued | None = None,
+        tools: dict[str, Any] | None = None,
+    ) -> Turn:
         gen: RequestStream | None = None
         held: Ticket | None = None  # admitted, and no turn owns it yet
         lease: Lease | None = None  # the session's lease in the store, no turn owns it yet
@@ -162,8 +217,9 @@ class ChatService:
                 plan = plan_for(before, messages)
                 tool_plan = await self._tools(before["settings"], tools or {}, response_format is not None)
                 # Rendering and tokenizing a long conversation takes a while: not on the event loop.
-                prompt = await asyncio.to_thread(render, self.engine, before, plan.history,
-                                                 tool_plan.render if tool_plan else None)
+                prompt = await asyncio.to_thread(
+                    render, self.engine, before, plan.history, tool_plan.render if tool_plan else None
+                )
                 params = sampling(self.engine, before["settings"], len(prompt))
                 params.response_format = await compile_response_format(self.engine, response_format)
                 if tool_plan is not None and tool_plan.grammar is not None:
@@ -172,10 +228,15 @@ class ChatService:
                 held = await self.admitter.admit(owner, params.n, queued)  # nothing is stored before this
                 self.guard.check_open()
                 gen = self._generate(req)
-                started = await self.store.start_reply(session_id, owner, parent_id=plan.parent_id,
-                                                       user_content=plan.user_content,
-                                                       idempotency_key=idempotency_key, title=plan.title,
-                                                       replica=self.guard.replica)
+                started = await self.store.start_reply(
+                    session_id,
+                    owner,
+                    parent_id=plan.parent_id,
+                    user_content=plan.user_content,
+                    idempotency_key=idempotency_key,
+                    title=plan.title,
+                    replica=self.guard.replica,
+                )
                 if started is None:
                     raise not_found(session_id)
                 session, branch = started
@@ -184,9 +245,18 @@ class ChatService:
                 # may other clients: the reply goes on while someone watches or reattaches (app/domain/replay.py).
                 replay = Replay(session_id, owner, reply["id"], self.detached_s)
                 replay.attach(sink, 0, client_id)
-                turn = Turn(session_id=session_id, owner=owner, message_id=reply["id"], request_id=req.request_id,
-                            title=session["title"], sink=replay.publish, ticket=held, replay=replay, lease=lease,
-                            tool_format=tool_plan.fmt if tool_plan else None)
+                turn = Turn(
+                    session_id=session_id,
+                    owner=owner,
+                    message_id=reply["id"],
+                    request_id=req.request_id,
+                    title=session["title"],
+                    sink=replay.publish,
+                    ticket=held,
+                    replay=replay,
+                    lease=lease,
+                    tool_format=tool_plan.fmt if tool_plan else None,
+                )
                 replay.on_idle = lambda: self.cancel_turn(turn)
                 replay.on_end = lambda: self.replays.ended(replay)
                 self.replays.add(replay)
@@ -202,8 +272,9 @@ class ChatService:
                 gen = held = lease = None  # the turn owns them now
                 return turn
         except Conflict:
-            raise ServiceError("busy", "this idempotency key was just used in the session",
-                               param="idempotency_key") from None
+            raise ServiceError(
+                "busy", "this idempotency key was just used in the session", param="idempotency_key"
+            ) from None
         finally:
             if gen is not None:  # admitted, but no turn runs it
                 await gen.aclose()
@@ -221,8 +292,14 @@ class ChatService:
             prefix = "settings." if tools is not None else ""
         kept = {k: settings.get(k) for k in TOOL_KEYS[1:]} if tools is not None else {}
         options = {**kept, **{k: v for k, v in given.items() if k != "tools"}}
-        return await plan_tools(self.engine, tools, options.get("tool_choice"), options.get("parallel_tool_calls"),
-                                response_format=response_format, prefix=prefix)
+        return await plan_tools(
+            self.engine,
+            tools,
+            options.get("tool_choice"),
+            options.get("parallel_tool_calls"),
+            response_format=response_format,
+            prefix=prefix,
+        )
 
     def _generate(self, req: GenerationRequest) -> RequestStream:
         """The engine takes the request now or refuses it: nothing is stored for a refused turn."""

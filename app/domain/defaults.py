@@ -5,6 +5,7 @@ First the model's own recommendation (Engine.sampling_defaults: GGUF `general.sa
 `generation_config.json`), then Forge's: OpenAI's values on /v1, the session defaults in chat sessions.
 The length of a reply is capped wherever `max_tokens` is left out (Settings.default_max_tokens on /v1).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

@@ -1,6 +1,7 @@
 """ServiceError: the one refusal (or failure) every layer raises, without HTTP: a stable `code`, a message naming
 the problem, the field at fault (`param`) and when to retry (`retry_after_s`). app/api/errors.py maps each code to
 an HTTP status; the codes are the WebSocket protocol's error codes too (docs/protocol.md)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -2,6 +2,7 @@
 
 Within this process a dict says which sessions are busy; across replicas sharing the database, a turn also holds
 the session's lease in the store (app.store.leases), renewed by the replica's heartbeat (app.store.membership)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,9 @@ class Guard:
         """Hold `session_id` while its turn is set up; refused (unavailable, busy) as a new turn would be."""
         self.check_open()
         if self.busy(session_id):
-            raise ServiceError("busy", f"a reply is already being generated in session '{session_id}'",
-                               param="session_id")
+            raise ServiceError(
+                "busy", f"a reply is already being generated in session '{session_id}'", param="session_id"
+            )
         self.reserved.add(session_id)
         try:
             yield
@@ -57,8 +59,11 @@ class Guard:
             return None
         lease = await self.leases.take(session_id, self.replica)
         if lease is None:
-            raise ServiceError("busy", f"a reply is already being generated in session '{session_id}' (on another "
-                               "replica)", param="session_id")
+            raise ServiceError(
+                "busy",
+                f"a reply is already being generated in session '{session_id}' (on another replica)",
+                param="session_id",
+            )
         return lease
 
     async def give_back(self, lease: Lease | None) -> None:
@@ -71,8 +76,7 @@ class Guard:
                 await self.leases.release(lease)
                 return
             except Exception:
-                log.exception("could not release the lease of session %s (attempt %d)", lease.session_id,
-                              attempt + 1)
+                log.exception("could not release the lease of session %s (attempt %d)", lease.session_id, attempt + 1)
                 await asyncio.sleep(0.2 * (attempt + 1))
 
     def running(self, session_id: str, owner: str) -> Turn | None:

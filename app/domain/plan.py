@@ -1,5 +1,6 @@
 """Planning a turn: which messages go to the template, below which stored message the new ones go, and the
 session's title when its first message names it. Pure functions over the chosen branch (no store, no engine)."""
+
 from __future__ import annotations
 
 import re
@@ -32,23 +33,36 @@ def plan_send(session: dict[str, Any], messages: list[dict[str, Any]], content: 
     title = None
     if session["title"] == DEFAULT_TITLE and not any(m["role"] == "user" for m in messages):
         title = title_from(content) or None
-    return Plan(history=messages + [{"role": "user", "content": content}],
-                parent_id=messages[-1]["id"] if messages else None, user_content=content, title=title)
+    return Plan(
+        history=messages + [{"role": "user", "content": content}],
+        parent_id=messages[-1]["id"] if messages else None,
+        user_content=content,
+        title=title,
+    )
 
 
 def plan_edit(messages: list[dict[str, Any]], session_id: str, message_id: str, content: str) -> Plan:
     """A sibling of the user message `message_id` (on the chosen branch) holding `content`."""
     idx = next((i for i, m in enumerate(messages) if m["id"] == message_id), None)
     if idx is None:
-        raise ServiceError("not_found", f"message '{message_id}' not found on the chosen branch of session "
-                           f"'{session_id}'", param="message_id")
+        raise ServiceError(
+            "not_found",
+            f"message '{message_id}' not found on the chosen branch of session '{session_id}'",
+            param="message_id",
+        )
     target = messages[idx]
     if target["role"] != "user":
-        raise ServiceError("invalid_parameter",
-                           f"message '{message_id}' is an {target['role']} message; only user messages can be edited",
-                           param="message_id")
-    return Plan(history=messages[:idx] + [{"role": "user", "content": content}], parent_id=target["parent_id"],
-                user_content=content, branches=True)
+        raise ServiceError(
+            "invalid_parameter",
+            f"message '{message_id}' is an {target['role']} message; only user messages can be edited",
+            param="message_id",
+        )
+    return Plan(
+        history=messages[:idx] + [{"role": "user", "content": content}],
+        parent_id=target["parent_id"],
+        user_content=content,
+        branches=True,
+    )
 
 
 def plan_continue(messages: list[dict[str, Any]]) -> Plan:
@@ -63,6 +77,9 @@ def plan_regenerate(messages: list[dict[str, Any]]) -> Plan:
     if kept and kept[-1]["role"] == "assistant":
         kept.pop()
     if not kept or kept[-1]["role"] not in ("user", "tool"):
-        raise ServiceError("invalid_parameter", "nothing to regenerate: the session does not end with a user message "
-                           "(or tool results) or an assistant reply to one")
+        raise ServiceError(
+            "invalid_parameter",
+            "nothing to regenerate: the session does not end with a user message "
+            "(or tool results) or an assistant reply to one",
+        )
     return Plan(history=kept, parent_id=kept[-1]["id"], branches=True)

@@ -1,4 +1,5 @@
 """Which sessions people are looking at: the admin page's active sessions."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,9 +29,20 @@ class Presence:
 
     def active(self, turns: Iterable[Turn]) -> list[dict[str, Any]]:
         """Sessions generating a reply (`turns`: "generating") or open on a connected client ("open")."""
-        out = [{"id": t.session_id, "title": t.title, "status": "generating", "message_id": t.message_id,
-                "viewers": self._open.get(t.session_id, [None, 0])[1]} for t in turns]
+        out = [
+            {
+                "id": t.session_id,
+                "title": t.title,
+                "status": "generating",
+                "message_id": t.message_id,
+                "viewers": self._open.get(t.session_id, [None, 0])[1],
+            }
+            for t in turns
+        ]
         generating = {t["id"] for t in out}
-        out += [{"id": sid, "title": title, "status": "open", "message_id": None, "viewers": count}
-                for sid, (title, count) in self._open.items() if sid not in generating]
+        out += [
+            {"id": sid, "title": title, "status": "open", "message_id": None, "viewers": count}
+            for sid, (title, count) in self._open.items()
+            if sid not in generating
+        ]
         return out

@@ -1,21 +1,22 @@
 """A turn's prompt (the whole conversation through the model's chat template) and its sampling parameters
 (the session's settings over the model's recommendation, capped by the room left in the context)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.tool_calls import Tool
-from engine.types import SamplingParams
-
 from app.domain.defaults import session_defaults, turn_extras
 from app.domain.errors import ServiceError
+from engine.tool_calls import Tool
+from engine.types import SamplingParams
 
 if TYPE_CHECKING:
     from engine import Engine
 
 
-def render(engine: Engine, session: dict[str, Any], history: list[dict[str, Any]],
-           tools: list[Tool] | None = None) -> list[int]:
+def render(
+    engine: Engine, session: dict[str, Any], history: list[dict[str, Any]], tools: list[Tool] | None = None
+) -> list[int]:
     """The prompt's token ids: the session's system prompt, then `history` with its tool calls and results, the
     `tools` listed as the model's tool format has it (slow on a long conversation: the caller runs it off the
     event loop)."""
@@ -45,8 +46,16 @@ def sampling(engine: Engine, settings: dict[str, Any], prompt_len: int) -> Sampl
     """The session's `settings` over the model's recommendation; refused when the prompt leaves no room."""
     room = int(engine.max_context) - prompt_len
     if room < 1:
-        raise ServiceError("invalid_parameter", f"the conversation is {prompt_len} tokens; the model's context is "
-                           f"{engine.max_context}: start a new session or edit an earlier message", param="content")
+        raise ServiceError(
+            "invalid_parameter",
+            f"the conversation is {prompt_len} tokens; the model's context is "
+            f"{engine.max_context}: start a new session or edit an earlier message",
+            param="content",
+        )
     merged = {**session_defaults(engine), **settings}
-    return SamplingParams(max_tokens=min(int(merged["max_tokens"]), room), temperature=float(merged["temperature"]),
-                          top_p=float(merged["top_p"]), **turn_extras(engine))
+    return SamplingParams(
+        max_tokens=min(int(merged["max_tokens"]), room),
+        temperature=float(merged["temperature"]),
+        top_p=float(merged["top_p"]),
+        **turn_extras(engine),
+    )

@@ -1,4 +1,5 @@
 """A client's command rate: a token bucket."""
+
 from __future__ import annotations
 
 import time

@@ -6,6 +6,7 @@ explicitly, or nobody has watched it for `detached_s` seconds (then `on_idle` st
 A client that reattaches names the last event it has (`after`): it gets the kept events after that one, then
 every new one, with no gap and no duplicate, because replaying and joining happen in one step of the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -141,9 +142,11 @@ class Replays:
 
     def ended(self, replay: Replay) -> None:
         """Forget `replay` GRACE_S from now (unless a newer turn of its session took its place)."""
+
         def forget() -> None:
             if self.by_session.get(replay.session_id) is replay:
                 del self.by_session[replay.session_id]
+
         asyncio.get_running_loop().call_later(GRACE_S, forget)
 
     def of_session(self, session_id: str, owner: str) -> Replay | None:

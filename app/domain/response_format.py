@@ -3,13 +3,13 @@
 The api layer decodes `response_format` (its msgspec types and their size bounds: app/api/response_format.py)
 into the engine's plain ResponseFormat; what the engine cannot compile or enforce is refused here.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.types import InvalidRequest, ResponseFormat
-
 from app.domain.errors import ServiceError
+from engine.types import InvalidRequest, ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine

@@ -5,14 +5,13 @@ A turn runs in its own task, independent of the socket or HTTP response that sta
 transport goes away (app/domain/replay.py). When it is stopped the engine aborts the sequence within a step, and
 the turn stores what it has as "stopped" (or "interrupted" when the server is shutting down).
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
-
-from engine.types import GenerationEvent
 
 from app.domain.admit import Admitter
 from app.domain.errors import ServiceError
@@ -21,6 +20,7 @@ from app.domain.tools import ToolReply
 from app.domain.turn import Turn
 from app.metrics import Metrics
 from app.store import Store
+from engine.types import GenerationEvent
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -66,8 +66,14 @@ class Runner:
                         self._emit_split(turn, calls, ev, parts)
                     elif ev.text:
                         parts.append(ev.text)
-                        turn.emit({"type": "delta", "session_id": turn.session_id, "message_id": turn.message_id,
-                                   "text": ev.text})
+                        turn.emit(
+                            {
+                                "type": "delta",
+                                "session_id": turn.session_id,
+                                "message_id": turn.message_id,
+                                "text": ev.text,
+                            }
+                        )
                     if ev.finish_reason is not None:
                         final = ev
                         break
@@ -111,8 +117,17 @@ class Runner:
             event["arguments"] = call["function"]["arguments"]
             turn.emit(event)
 
-    async def _finish(self, turn: Turn, parts: list[str], completion: int, final: GenerationEvent | None,
-                      failure: str | None, killed: bool, prompt_len: int, calls: ToolReply | None = None) -> None:
+    async def _finish(
+        self,
+        turn: Turn,
+        parts: list[str],
+        completion: int,
+        final: GenerationEvent | None,
+        failure: str | None,
+        killed: bool,
+        prompt_len: int,
+        calls: ToolReply | None = None,
+    ) -> None:
         ids = {"session_id": turn.session_id, "message_id": turn.message_id}
         reason = final.finish_reason if final is not None else ("abort" if (turn.cancelled or killed) else "error")
         assert reason is not None  # `final` is the event that carried one
@@ -136,32 +151,56 @@ class Runner:
         tps = None
         if timings and completion >= 2 and timings.total > timings.ttft:
             tps = round((completion - 1) / (timings.total - timings.ttft), 3)
-        if not await self._store_final(turn, "".join(parts), status, reason, prompt_tokens, cached, completion,
-                                       ttft_ms, tps, tool_calls):
+        if not await self._store_final(
+            turn, "".join(parts), status, reason, prompt_tokens, cached, completion, ttft_ms, tps, tool_calls
+        ):
             status, failure = "error", failure or "the reply could not be stored"
         await self.guard.give_back(turn.lease)
         turn.lease = None
         self.guard.forget(turn)  # before the last event goes out: a client reacting to it finds the session free
         if failure is not None:
             turn.emit(ServiceError("internal", failure).event(**ids))
-        done: dict[str, Any] = {"type": "done", **ids, "status": status, "finish_reason": reason,
-                "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
-                "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps}}
+        done: dict[str, Any] = {
+            "type": "done",
+            **ids,
+            "status": status,
+            "finish_reason": reason,
+            "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached, "completion_tokens": completion},
+            "timings": {"ttft_ms": ttft_ms, "total_ms": total_ms, "tokens_per_s": tps},
+        }
         if tool_calls:
             done["tool_calls"] = tool_calls
         turn.emit(done)
 
-    async def _store_final(self, turn: Turn, text: str, status: str, reason: str, prompt_tokens: int,
-                           cached: int | None, completion: int, ttft_ms: float | None, tps: float | None,
-                           tool_calls: list[dict] | None = None) -> bool:
+    async def _store_final(
+        self,
+        turn: Turn,
+        text: str,
+        status: str,
+        reason: str,
+        prompt_tokens: int,
+        cached: int | None,
+        completion: int,
+        ttft_ms: float | None,
+        tps: float | None,
+        tool_calls: list[dict] | None = None,
+    ) -> bool:
         """The reply's last write, tried twice; if it can't be made, the reply is stored as "error" with a
         smaller write (the client is told so). False when the reply is not stored as `status`."""
         for attempt in range(FINAL_TRIES):
             try:
-                await self.store.finish_reply(turn.message_id, content=text, status=status, finish_reason=reason,
-                                              prompt_tokens=prompt_tokens, cached_tokens=cached,
-                                              completion_tokens=completion, ttft_ms=ttft_ms, tokens_per_s=tps,
-                                              tool_calls=tool_calls)
+                await self.store.finish_reply(
+                    turn.message_id,
+                    content=text,
+                    status=status,
+                    finish_reason=reason,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=cached,
+                    completion_tokens=completion,
+                    ttft_ms=ttft_ms,
+                    tokens_per_s=tps,
+                    tool_calls=tool_calls,
+                )
                 return True
             except Exception:
                 log.exception("could not store the reply %s (attempt %d)", turn.message_id, attempt + 1)

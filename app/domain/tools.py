@@ -6,6 +6,7 @@ Calls are enforced, not hoped for: `required` and a named function constrain the
 `auto` from the moment the model writes the call marker (engine/tool_calls.py). A tool's `parameters` that
 cannot be enforced is refused naming `tools[i].function.parameters`, by the same rules as `response_format`.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -14,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from app.domain.errors import ServiceError
 from engine.tool_calls import NO_PARAMETERS, Tool, ToolChoice, ToolFormat, tool_grammar
 from engine.tool_parser import Piece, ToolCallSplitter
 from engine.types import InvalidRequest, ResponseFormat
-
-from app.domain.errors import ServiceError
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -66,8 +66,14 @@ def _parameters(param: str, parameters: dict[str, Any] | None) -> str:
     return text
 
 
-async def plan(engine: Engine, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-               parallel_tool_calls: bool | None, response_format: bool = False, prefix: str = "") -> ToolPlan | None:
+async def plan(
+    engine: Engine,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool | None,
+    response_format: bool = False,
+    prefix: str = "",
+) -> ToolPlan | None:
     """The tool plan (None without `tools`), every schema and the whole grammar compiled: a bad one is refused
     before anything is generated. `tools` are OpenAI's tool objects as plain values; `response_format`: the
     request also constrains the reply that way; `prefix` goes before every field an error names ("settings.")."""
@@ -91,8 +97,12 @@ async def plan(engine: Engine, tools: list[dict[str, Any]] | None, tool_choice: 
     else:
         mode = ToolChoice(choice)
     if mode.mode != "none" and response_format:
-        raise ServiceError("unsupported_parameter", "'response_format' cannot be combined with 'tools' (unless "
-                           "tool_choice is 'none'): the reply's shape is the tool calls'", param="response_format")
+        raise ServiceError(
+            "unsupported_parameter",
+            "'response_format' cannot be combined with 'tools' (unless "
+            "tool_choice is 'none'): the reply's shape is the tool calls'",
+            param="response_format",
+        )
     compiled = []
     for i, t in enumerate(tools):
         fn = t["function"]
@@ -140,8 +150,14 @@ class ToolReply:
                 continue
             if p.name is not None:
                 self.ids.append(call_id())
-                calls.append({"index": p.call, "id": self.ids[p.call], "type": "function",
-                              "function": {"name": p.name, "arguments": ""}})
+                calls.append(
+                    {
+                        "index": p.call,
+                        "id": self.ids[p.call],
+                        "type": "function",
+                        "function": {"name": p.name, "arguments": ""},
+                    }
+                )
             elif calls and calls[-1]["index"] == p.call:  # one entry per call in a delta
                 calls[-1]["function"]["arguments"] += p.arguments
             else:
@@ -154,7 +170,7 @@ class ToolReply:
         return delta
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """"tool_calls" for a reply that ended on its own after whole calls (a stop string can cut one: "stop")."""
+        """ "tool_calls" for a reply that ended on its own after whole calls (a stop string can cut one: "stop")."""
         return "tool_calls" if reason == "stop" and self.splitter.calls and self.splitter.complete else reason
 
     def delta(self, text: str, reason: str | None) -> dict[str, Any]:
@@ -170,8 +186,14 @@ class ToolReply:
 
     def calls(self) -> list[dict[str, Any]]:
         """The calls streamed so far as an assistant message's `tool_calls` (the ids the deltas gave)."""
-        return [{"id": self.ids[i] if i < len(self.ids) else call_id(), "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(self.splitter.calls)]
+        return [
+            {
+                "id": self.ids[i] if i < len(self.ids) else call_id(),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(self.splitter.calls)
+        ]
 
     def message(self, text: str) -> dict[str, Any]:
         """The whole reply as a chat message: `content` (null when only calls) and `tool_calls`."""
@@ -181,8 +203,10 @@ class ToolReply:
         calls = self.splitter.calls
         msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if calls:
-            msg["tool_calls"] = [{"id": call_id(), "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            msg["tool_calls"] = [
+                {"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls
+            ]
         return msg
 
 
@@ -212,8 +236,7 @@ def check_result(branch: list[dict[str, Any]], tool_call_id: str) -> dict[str, A
     if reply.get("status") != "complete":
         raise invalid("tool_call_id", "answers a reply that did not complete")
     if tool_call_id not in ids:
-        raise invalid("tool_call_id", f"{tool_call_id!r} is not a call of the last reply (its calls: "
-                                      f"{', '.join(ids)})")
+        raise invalid("tool_call_id", f"{tool_call_id!r} is not a call of the last reply (its calls: {', '.join(ids)})")
     if tool_call_id in answered:
         raise invalid("tool_call_id", f"{tool_call_id!r} already has a result")
     return reply
@@ -223,9 +246,15 @@ def check_continue(branch: list[dict[str, Any]]) -> None:
     """A reply may continue the conversation after tool results once every call of the last reply has one."""
     reply, ids, answered = open_calls(branch)
     if reply is None or not answered:
-        raise ServiceError("invalid_parameter", "nothing to continue: the session does not end with tool results "
-                           "(post them with tool.result first)", param="session_id")
+        raise ServiceError(
+            "invalid_parameter",
+            "nothing to continue: the session does not end with tool results (post them with tool.result first)",
+            param="session_id",
+        )
     missing = [i for i in ids if i not in answered]
     if missing:
-        raise ServiceError("invalid_parameter", f"the last reply's call(s) {', '.join(missing)} have no result yet: "
-                           "post them with tool.result first", param="tool_call_id")
+        raise ServiceError(
+            "invalid_parameter",
+            f"the last reply's call(s) {', '.join(missing)} have no result yet: post them with tool.result first",
+            param="tool_call_id",
+        )

@@ -1,4 +1,5 @@
 """A turn: one reply being generated for a session, and how its events leave it (a `sink`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.admission import Ticket
-from engine.tool_calls import ToolFormat
 from app.store.leases import Lease
+from engine.tool_calls import ToolFormat
 
 log = logging.getLogger("forge.chat")
 

@@ -1,4 +1,5 @@
 """Database engine set-up: any SQLAlchemy async URL; SQLite gets WAL, foreign keys and a busy timeout."""
+
 from __future__ import annotations
 
 from pathlib import Path

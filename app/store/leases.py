@@ -9,11 +9,12 @@ taken again and `sweep` marks its streaming replies `interrupted`. A live replic
 Times are the database's clock on PostgreSQL (replicas on several machines need not agree on the time) and
 this process's on SQLite (one machine).
 """
+
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, delete, or_, select, text, update
@@ -62,8 +63,14 @@ class Leases:
         member = Member(replica, uuid.uuid4().hex)
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
-            values = dict(name=replica, address=address[:REPLICA_NAME_CHARS], incarnation=member.incarnation,
-                          started_at=now, heartbeat_at=now, lease_until=now + self.ttl)
+            values = dict(
+                name=replica,
+                address=address[:REPLICA_NAME_CHARS],
+                incarnation=member.incarnation,
+                started_at=now,
+                heartbeat_at=now,
+                lease_until=now + self.ttl,
+            )
             insert = _insert(db, Replica).values(**values)
             await db.execute(insert.on_conflict_do_update(index_elements=["name"], set_=values))
             marked = await db.execute(_interrupt(now).where(Message.status == "streaming", Message.replica == replica))
@@ -77,13 +84,18 @@ class Leases:
         sessions, so it should stop its turns and `join` again."""
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
-            renewed = await db.execute(update(Replica).where(
-                Replica.name == member.replica, Replica.incarnation == member.incarnation, Replica.lease_until > now)
-                .values(heartbeat_at=now, lease_until=now + self.ttl))
+            renewed = await db.execute(
+                update(Replica)
+                .where(
+                    Replica.name == member.replica, Replica.incarnation == member.incarnation, Replica.lease_until > now
+                )
+                .values(heartbeat_at=now, lease_until=now + self.ttl)
+            )
             if renewed.rowcount != 1:
                 return False
-            await db.execute(update(SessionLease).where(SessionLease.replica == member.replica)
-                             .values(expires_at=now + self.ttl))
+            await db.execute(
+                update(SessionLease).where(SessionLease.replica == member.replica).values(expires_at=now + self.ttl)
+            )
             return True
 
     async def leave(self, member: Member) -> None:
@@ -100,9 +112,17 @@ class Leases:
         async with self.sessionmaker() as db:
             now = await _now(db)
             rows = (await db.scalars(select(Replica).order_by(Replica.name))).all()
-            return [{"name": r.name, "address": r.address, "started_at": iso(r.started_at),
-                     "heartbeat_at": iso(r.heartbeat_at), "lease_until": iso(r.lease_until),
-                     "alive": _aware(r.lease_until) > now} for r in rows]
+            return [
+                {
+                    "name": r.name,
+                    "address": r.address,
+                    "started_at": iso(r.started_at),
+                    "heartbeat_at": iso(r.heartbeat_at),
+                    "lease_until": iso(r.lease_until),
+                    "alive": _aware(r.lease_until) > now,
+                }
+                for r in rows
+            ]
 
     # -- session leases -------------------------------------------------------------------
 
@@ -114,9 +134,13 @@ class Leases:
             token, expires_at = uuid.uuid4().hex, now + self.ttl
             values = dict(session_id=session_id, replica=replica, token=token, taken_at=now, expires_at=expires_at)
             insert = _insert(db, SessionLease).values(**values)
-            taken = await db.execute(insert.on_conflict_do_update(
-                index_elements=["session_id"], set_={k: v for k, v in values.items() if k != "session_id"},
-                where=SessionLease.expires_at <= now).returning(SessionLease.token))
+            taken = await db.execute(
+                insert.on_conflict_do_update(
+                    index_elements=["session_id"],
+                    set_={k: v for k, v in values.items() if k != "session_id"},
+                    where=SessionLease.expires_at <= now,
+                ).returning(SessionLease.token)
+            )
             if taken.scalar_one_or_none() != token:
                 return None
             return Lease(session_id, replica, token, expires_at)
@@ -124,16 +148,20 @@ class Leases:
     async def release(self, lease: Lease) -> bool:
         """End the turn of `lease`; False when it was no longer held by it (it expired and was taken again)."""
         async with self.sessionmaker.begin() as db:
-            gone = await db.execute(delete(SessionLease).where(SessionLease.session_id == lease.session_id,
-                                                                SessionLease.token == lease.token))
+            gone = await db.execute(
+                delete(SessionLease).where(
+                    SessionLease.session_id == lease.session_id, SessionLease.token == lease.token
+                )
+            )
             return gone.rowcount == 1
 
     async def holder(self, session_id: str) -> str | None:
         """The replica whose turn holds the session now, or None."""
         async with self.sessionmaker() as db:
             now = await _now(db)
-            return await db.scalar(select(SessionLease.replica).where(SessionLease.session_id == session_id,
-                                                                      SessionLease.expires_at > now))
+            return await db.scalar(
+                select(SessionLease.replica).where(SessionLease.session_id == session_id, SessionLease.expires_at > now)
+            )
 
     # -- the sweep ------------------------------------------------------------------------
 
@@ -143,21 +171,32 @@ class Leases:
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
             alive = select(Replica.name).where(Replica.lease_until > now)
-            marked = await db.execute(_interrupt(now).where(
-                Message.status == "streaming", or_(Message.replica.is_(None), Message.replica.not_in(alive))))
+            marked = await db.execute(
+                _interrupt(now).where(
+                    Message.status == "streaming", or_(Message.replica.is_(None), Message.replica.not_in(alive))
+                )
+            )
             await db.execute(delete(SessionLease).where(SessionLease.expires_at <= now))
             return marked.rowcount
 
     async def streaming(self, replica: str) -> list[str]:
         """The ids of the replies `replica` is streaming, as stored."""
         async with self.sessionmaker() as db:
-            return list((await db.scalars(select(Message.id).where(
-                and_(Message.status == "streaming", Message.replica == replica)))).all())
+            return list(
+                (
+                    await db.scalars(
+                        select(Message.id).where(and_(Message.status == "streaming", Message.replica == replica))
+                    )
+                ).all()
+            )
 
 
 def _interrupt(now: datetime) -> Any:
-    return update(Message).values(status="interrupted", finish_reason="abort", updated_at=now) \
+    return (
+        update(Message)
+        .values(status="interrupted", finish_reason="abort", updated_at=now)
         .execution_options(synchronize_session=False)
+    )
 
 
 def _check_name(replica: str) -> None:
@@ -183,4 +222,4 @@ async def _now(db: AsyncSession) -> datetime:
 
 
 def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)

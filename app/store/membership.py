@@ -5,6 +5,7 @@ The heartbeat and sweep run as one asyncio task. A heartbeat that finds the leas
 database was unreachable, or another process took the name) calls `on_lost` (the owner stops its turns: their
 sessions may already be another replica's) and joins again.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,15 @@ class Membership:
     """Join on `start`, heartbeat every `beat_s` (default: a third of the lease), sweep every `sweep_s` (default:
     the lease), leave on `stop`."""
 
-    def __init__(self, leases: Leases, replica: str, address: str = "", sweep_s: float | None = None,
-                 on_lost: Callable[[], None] | None = None, beat_s: float | None = None) -> None:
+    def __init__(
+        self,
+        leases: Leases,
+        replica: str,
+        address: str = "",
+        sweep_s: float | None = None,
+        on_lost: Callable[[], None] | None = None,
+        beat_s: float | None = None,
+    ) -> None:
         self.leases = leases
         self.replica = replica
         self.address = address

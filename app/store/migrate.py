@@ -1,4 +1,5 @@
 """Apply Alembic migrations (to head) under a file lock, so workers starting together don't race."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,4 +55,3 @@ def upgrade(url: str, revision: str = "head") -> None:
 def head_revision() -> str | None:
     """The newest revision in migrations/."""
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-

@@ -1,8 +1,9 @@
 """SQLAlchemy tables: chat sessions and their messages (with the reply's usage facts); the replicas serving
 them and the one-turn-per-session leases they hold (app.store.leases)."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, text, true
@@ -23,13 +24,13 @@ NAMING = {
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def iso(dt: datetime) -> str:
     """ISO 8601 in UTC; SQLite hands datetimes back without their zone."""
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.isoformat()
 
 
@@ -67,11 +68,17 @@ class Message(Base):
     down are the conversation the next turn continues (app.store.tree)."""
 
     __tablename__ = "messages"
-    __table_args__ = (Index("uq_messages_session_id_ordinal", "session_id", "ordinal", unique=True),
-                      Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True),
-                      # Only the few replies being streamed: what the sweep (app.store.leases) looks through.
-                      Index("ix_messages_streaming", "replica", sqlite_where=text("status = 'streaming'"),
-                            postgresql_where=text("status = 'streaming'")))
+    __table_args__ = (
+        Index("uq_messages_session_id_ordinal", "session_id", "ordinal", unique=True),
+        Index("uq_messages_session_id_idempotency_key", "session_id", "idempotency_key", unique=True),
+        # Only the few replies being streamed: what the sweep (app.store.leases) looks through.
+        Index(
+            "ix_messages_streaming",
+            "replica",
+            sqlite_where=text("status = 'streaming'"),
+            postgresql_where=text("status = 'streaming'"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(32), ForeignKey("sessions.id", ondelete="CASCADE"), index=True)

@@ -7,6 +7,7 @@ from the GIN indexes over `to_tsvector('forge_search', ...)` of migration 0004 (
 by ts_rank); other databases scan with LIKE (case folded), which needs no index and finds the same words inside
 longer ones.
 """
+
 from __future__ import annotations
 
 import re
@@ -49,17 +50,23 @@ async def search_fts(db: AsyncSession, owner: str, query: str, limit: int) -> li
     if not terms:
         return []
     q = fts_query(terms)
-    titles = await db.execute(text(
-        "SELECT s.id, highlight(sessions_fts, 0, :open, :close) FROM sessions_fts JOIN sessions AS s "
-        "ON s.rowid = sessions_fts.rowid WHERE sessions_fts MATCH :q AND s.owner = :owner "
-        "ORDER BY s.updated_at DESC LIMIT :limit"), {"q": q, "owner": owner, "limit": limit, "open": _OPEN,
-                                                     "close": _CLOSE})
+    titles = await db.execute(
+        text(
+            "SELECT s.id, highlight(sessions_fts, 0, :open, :close) FROM sessions_fts JOIN sessions AS s "
+            "ON s.rowid = sessions_fts.rowid WHERE sessions_fts MATCH :q AND s.owner = :owner "
+            "ORDER BY s.updated_at DESC LIMIT :limit"
+        ),
+        {"q": q, "owner": owner, "limit": limit, "open": _OPEN, "close": _CLOSE},
+    )
     hits = [(sid, None, marked) for sid, marked in titles.all()]
-    found = await db.execute(text(
-        "SELECT m.session_id, m.id, snippet(messages_fts, 0, :open, :close, '…', :words) FROM messages_fts "
-        "JOIN messages AS m ON m.rowid = messages_fts.rowid JOIN sessions AS s ON s.id = m.session_id "
-        "WHERE messages_fts MATCH :q AND s.owner = :owner ORDER BY bm25(messages_fts) LIMIT :limit"),
-        {"q": q, "owner": owner, "limit": limit - len(hits), "open": _OPEN, "close": _CLOSE, "words": SNIPPET_WORDS})
+    found = await db.execute(
+        text(
+            "SELECT m.session_id, m.id, snippet(messages_fts, 0, :open, :close, '…', :words) FROM messages_fts "
+            "JOIN messages AS m ON m.rowid = messages_fts.rowid JOIN sessions AS s ON s.id = m.session_id "
+            "WHERE messages_fts MATCH :q AND s.owner = :owner ORDER BY bm25(messages_fts) LIMIT :limit"
+        ),
+        {"q": q, "owner": owner, "limit": limit - len(hits), "open": _OPEN, "close": _CLOSE, "words": SNIPPET_WORDS},
+    )
     hits += found.all()
     return await _shape(db, [(sid, mid, *_unmark(marked)) for sid, mid, marked in hits])
 
@@ -83,19 +90,32 @@ async def search_tsv(db: AsyncSession, owner: str, query: str, limit: int) -> li
     if not terms:
         return []
     options = _HEADLINE.format(open=_OPEN, close=_CLOSE, words=SNIPPET_WORDS, few=SNIPPET_WORDS // 2)
-    params = {"q": tsquery(terms), "owner": owner, "limit": limit, "all": f"StartSel={_OPEN}, StopSel={_CLOSE}, "
-              "HighlightAll=true", "options": options}
-    titles = await db.execute(text(
-        f"SELECT s.id, ts_headline('{PG_CONFIG}', s.title, q, :all) FROM sessions AS s, "
-        f"to_tsquery('{PG_CONFIG}', :q) AS q WHERE {_TITLE_TSV} @@ q AND s.owner = :owner "
-        "ORDER BY s.updated_at DESC LIMIT :limit"), params)
+    params = {
+        "q": tsquery(terms),
+        "owner": owner,
+        "limit": limit,
+        "all": f"StartSel={_OPEN}, StopSel={_CLOSE}, HighlightAll=true",
+        "options": options,
+    }
+    titles = await db.execute(
+        text(
+            f"SELECT s.id, ts_headline('{PG_CONFIG}', s.title, q, :all) FROM sessions AS s, "
+            f"to_tsquery('{PG_CONFIG}', :q) AS q WHERE {_TITLE_TSV} @@ q AND s.owner = :owner "
+            "ORDER BY s.updated_at DESC LIMIT :limit"
+        ),
+        params,
+    )
     hits = [(sid, None, marked) for sid, marked in titles.all()]
     # ts_headline is expensive: PostgreSQL computes it after the LIMIT, for the rows returned.
-    found = await db.execute(text(
-        f"SELECT m.session_id, m.id, ts_headline('{PG_CONFIG}', m.content, q, :options) FROM messages AS m "
-        f"JOIN sessions AS s ON s.id = m.session_id, to_tsquery('{PG_CONFIG}', :q) AS q "
-        f"WHERE {_CONTENT_TSV} @@ q AND s.owner = :owner ORDER BY ts_rank({_CONTENT_TSV}, q) DESC, m.id "
-        "LIMIT :limit"), dict(params, limit=limit - len(hits)))
+    found = await db.execute(
+        text(
+            f"SELECT m.session_id, m.id, ts_headline('{PG_CONFIG}', m.content, q, :options) FROM messages AS m "
+            f"JOIN sessions AS s ON s.id = m.session_id, to_tsquery('{PG_CONFIG}', :q) AS q "
+            f"WHERE {_CONTENT_TSV} @@ q AND s.owner = :owner ORDER BY ts_rank({_CONTENT_TSV}, q) DESC, m.id "
+            "LIMIT :limit"
+        ),
+        dict(params, limit=limit - len(hits)),
+    )
     hits += found.all()
     return await _shape(db, [(sid, mid, *_unmark(marked)) for sid, mid, marked in hits])
 
@@ -109,13 +129,20 @@ async def search_like(db: AsyncSession, owner: str, query: str, limit: int) -> l
     def every(column: Any) -> Any:
         return and_(*(column.icontains(w, autoescape=True) for w in terms))
 
-    titles = await db.execute(select(ChatSession.id, ChatSession.title).where(
-        ChatSession.owner == owner, every(ChatSession.title)).order_by(ChatSession.updated_at.desc()).limit(limit))
+    titles = await db.execute(
+        select(ChatSession.id, ChatSession.title)
+        .where(ChatSession.owner == owner, every(ChatSession.title))
+        .order_by(ChatSession.updated_at.desc())
+        .limit(limit)
+    )
     hits: list[tuple[str, str | None, str]] = [(sid, None, title) for sid, title in titles.all()]
-    found = await db.execute(select(Message.session_id, Message.id, Message.content).join(
-        ChatSession, ChatSession.id == Message.session_id).where(
-        ChatSession.owner == owner, every(Message.content)).order_by(ChatSession.updated_at.desc(), Message.ordinal)
-        .limit(limit - len(hits)))
+    found = await db.execute(
+        select(Message.session_id, Message.id, Message.content)
+        .join(ChatSession, ChatSession.id == Message.session_id)
+        .where(ChatSession.owner == owner, every(Message.content))
+        .order_by(ChatSession.updated_at.desc(), Message.ordinal)
+        .limit(limit - len(hits))
+    )
     hits += found.all()
     return await _shape(db, [(sid, mid, *_excerpt(body, terms)) for sid, mid, body in hits])
 
@@ -147,10 +174,25 @@ def _excerpt(body: str, terms: list[str]) -> tuple[str, list[list[int]]]:
 async def _shape(db: AsyncSession, hits: list[tuple[str, str | None, str, list[list[int]]]]) -> list[dict[str, Any]]:
     session_ids = {sid for sid, *_ in hits}
     message_ids = {mid for _, mid, *_ in hits if mid is not None}
-    sessions = {s.id: s.to_dict() for s in (await db.scalars(
-        select(ChatSession).where(ChatSession.id.in_(session_ids)))).all()} if session_ids else {}
-    messages = {m.id: {"id": m.id, "role": m.role, "position": m.position} for m in (await db.execute(
-        select(Message.id, Message.role, Message.position).where(Message.id.in_(message_ids)))).all()} \
-        if message_ids else {}
-    return [{"session": sessions[sid], "message": messages[mid] if mid else None, "snippet": snippet,
-             "highlights": ranges} for sid, mid, snippet, ranges in hits]
+    sessions = (
+        {
+            s.id: s.to_dict()
+            for s in (await db.scalars(select(ChatSession).where(ChatSession.id.in_(session_ids)))).all()
+        }
+        if session_ids
+        else {}
+    )
+    messages = (
+        {
+            m.id: {"id": m.id, "role": m.role, "position": m.position}
+            for m in (
+                await db.execute(select(Message.id, Message.role, Message.position).where(Message.id.in_(message_ids)))
+            ).all()
+        }
+        if message_ids
+        else {}
+    )
+    return [
+        {"session": sessions[sid], "message": messages[mid] if mid else None, "snippet": snippet, "highlights": ranges}
+        for sid, mid, snippet, ranges in hits
+    ]

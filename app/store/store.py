@@ -2,6 +2,7 @@
 
 Returns plain dicts (the API's JSON shapes) so nothing ORM-bound escapes a session.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -20,8 +21,16 @@ from app.store.tree import choose, chosen_branch
 
 EXPORT_VERSION = 2  # 1: one conversation (no branches); still imported
 UPDATE_TRIES = 20
-_FACTS = ("finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "tokens_per_s",
-          "tool_calls", "tool_call_id")
+_FACTS = (
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "tokens_per_s",
+    "tool_calls",
+    "tool_call_id",
+)
 
 
 class Conflict(Exception):
@@ -55,18 +64,31 @@ class Store:
 
     # -- sessions -------------------------------------------------------------------------
 
-    async def create_session(self, owner: str, title: str, system_prompt: str | None,
-                             settings: dict[str, Any]) -> dict[str, Any]:
+    async def create_session(
+        self, owner: str, title: str, system_prompt: str | None, settings: dict[str, Any]
+    ) -> dict[str, Any]:
         now = utcnow()
-        row = ChatSession(id=new_id(), owner=owner, version=0, title=title, system_prompt=system_prompt,
-                          settings=dict(settings), created_at=now, updated_at=now)
+        row = ChatSession(
+            id=new_id(),
+            owner=owner,
+            version=0,
+            title=title,
+            system_prompt=system_prompt,
+            settings=dict(settings),
+            created_at=now,
+            updated_at=now,
+        )
         async with self.sessionmaker.begin() as db:
             db.add(row)
         return row.to_dict()
 
     async def list_sessions(self, owner: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Newest first (last activity)."""
-        q = select(ChatSession).where(ChatSession.owner == owner).order_by(ChatSession.updated_at.desc(), ChatSession.created_at.desc(), ChatSession.id)
+        q = (
+            select(ChatSession)
+            .where(ChatSession.owner == owner)
+            .order_by(ChatSession.updated_at.desc(), ChatSession.created_at.desc(), ChatSession.id)
+        )
         if limit is not None:
             q = q.limit(limit)
         async with self.sessionmaker() as db:
@@ -85,8 +107,9 @@ class Store:
                 return None
             return row.to_dict(), chosen_branch(await _messages(db, session_id))
 
-    async def select(self, session_id: str, owner: str, message_id: str
-                     ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    async def select(
+        self, session_id: str, owner: str, message_id: str
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """Choose the branch through `message_id` (it and its ancestors become the chosen ones of their
         siblings; below it, the choices made before stay). Returns the session and its new chosen branch;
         None when the owner's session holds no such message."""
@@ -112,8 +135,11 @@ class Store:
                 if "settings" in fields:
                     values["settings"] = {**row.settings, **fields["settings"]}
                 result = await db.execute(
-                    update(ChatSession).where(ChatSession.id == session_id, ChatSession.version == row.version)
-                    .values(**values).execution_options(synchronize_session=False))
+                    update(ChatSession)
+                    .where(ChatSession.id == session_id, ChatSession.version == row.version)
+                    .values(**values)
+                    .execution_options(synchronize_session=False)
+                )
                 if result.rowcount == 1:
                     await db.refresh(row)
                     return row.to_dict()
@@ -133,14 +159,22 @@ class Store:
     async def sent_with_key(self, session_id: str, key: str) -> bool:
         """Whether a user message with this idempotency key is already stored in the session."""
         async with self.sessionmaker() as db:
-            found = await db.scalar(select(Message.id).where(Message.session_id == session_id,
-                                                             Message.idempotency_key == key))
+            found = await db.scalar(
+                select(Message.id).where(Message.session_id == session_id, Message.idempotency_key == key)
+            )
             return found is not None
 
-    async def start_reply(self, session_id: str, owner: str, *, parent_id: str | None,
-                          user_content: str | None = None, idempotency_key: str | None = None,
-                          title: str | None = None, replica: str | None = None
-                          ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    async def start_reply(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        parent_id: str | None,
+        user_content: str | None = None,
+        idempotency_key: str | None = None,
+        title: str | None = None,
+        replica: str | None = None,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """In one transaction: below message `parent_id` (None: a first message), optionally add a user
         message, then an empty assistant reply with status "streaming" generated by `replica` (its name, for
         the sweep of app.store.leases); each new message becomes the
@@ -152,16 +186,22 @@ class Store:
         session, ValueError when `parent_id` is not one of its messages.
         """
         try:
-            return await self._start_reply(session_id, owner, parent_id, user_content, idempotency_key, title,
-                                           replica)
+            return await self._start_reply(session_id, owner, parent_id, user_content, idempotency_key, title, replica)
         except IntegrityError as e:
             if idempotency_key is not None and await self.sent_with_key(session_id, idempotency_key):
                 raise Conflict(f"idempotency key {idempotency_key!r} is already used") from None
             raise e
 
-    async def _start_reply(self, session_id: str, owner: str, parent_id: str | None, user_content: str | None,
-                           idempotency_key: str | None, title: str | None, replica: str | None
-                           ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    async def _start_reply(
+        self,
+        session_id: str,
+        owner: str,
+        parent_id: str | None,
+        user_content: str | None,
+        idempotency_key: str | None,
+        title: str | None,
+        replica: str | None,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         now = utcnow()
         async with self.sessionmaker.begin() as db:
             session = await _owned(db, session_id, owner)
@@ -174,13 +214,22 @@ class Store:
             ordinal = max((r.ordinal for r in rows), default=-1)
             added = [dict(role="assistant", content="", status="streaming", replica=replica)]
             if user_content is not None:
-                added.insert(0, dict(role="user", content=user_content, idempotency_key=idempotency_key,
-                                     status="complete"))
+                added.insert(
+                    0, dict(role="user", content=user_content, idempotency_key=idempotency_key, status="complete")
+                )
             for fields in added:
                 ordinal += 1
-                msg = Message(id=new_id(), session_id=session_id, parent_id=below.id if below else None,
-                              ordinal=ordinal, position=below.position + 1 if below else 0, active=True,
-                              created_at=now, updated_at=now, **fields)
+                msg = Message(
+                    id=new_id(),
+                    session_id=session_id,
+                    parent_id=below.id if below else None,
+                    ordinal=ordinal,
+                    position=below.position + 1 if below else 0,
+                    active=True,
+                    created_at=now,
+                    updated_at=now,
+                    **fields,
+                )
                 db.add(msg)
                 rows.append(msg)
                 below = msg
@@ -190,8 +239,9 @@ class Store:
                 session.title = title
             return session.to_dict(), chosen_branch(rows)
 
-    async def add_tool_result(self, session_id: str, owner: str, *, parent_id: str, tool_call_id: str,
-                              content: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    async def add_tool_result(
+        self, session_id: str, owner: str, *, parent_id: str, tool_call_id: str, content: str
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """In one transaction: a tool message (role "tool", status "complete") answering `tool_call_id`, below
         message `parent_id` (the chosen branch's last), as the chosen one of its siblings; touch the session.
         Returns the session and the new message; None when the session or `parent_id` is gone."""
@@ -204,10 +254,20 @@ class Store:
             below = next((r for r in rows if r.id == parent_id), None)
             if below is None:
                 return None
-            msg = Message(id=new_id(), session_id=session_id, parent_id=below.id,
-                          ordinal=max(r.ordinal for r in rows) + 1, position=below.position + 1, active=True,
-                          role="tool", content=content, status="complete", tool_call_id=tool_call_id,
-                          created_at=now, updated_at=now)
+            msg = Message(
+                id=new_id(),
+                session_id=session_id,
+                parent_id=below.id,
+                ordinal=max(r.ordinal for r in rows) + 1,
+                position=below.position + 1,
+                active=True,
+                role="tool",
+                content=content,
+                status="complete",
+                tool_call_id=tool_call_id,
+                created_at=now,
+                updated_at=now,
+            )
             db.add(msg)
             rows.append(msg)
             choose(rows, msg.id)
@@ -217,13 +277,26 @@ class Store:
     async def save_progress(self, message_id: str, content: str, completion_tokens: int) -> None:
         """Store a streaming reply as it stands (also re-asserts status "streaming", see mark_interrupted)."""
         async with self.sessionmaker.begin() as db:
-            await db.execute(update(Message).where(Message.id == message_id).values(
-                content=content, completion_tokens=completion_tokens, status="streaming", updated_at=utcnow()))
+            await db.execute(
+                update(Message)
+                .where(Message.id == message_id)
+                .values(content=content, completion_tokens=completion_tokens, status="streaming", updated_at=utcnow())
+            )
 
-    async def finish_reply(self, message_id: str, *, content: str, status: str, finish_reason: str | None,
-                           prompt_tokens: int | None, cached_tokens: int | None, completion_tokens: int | None,
-                           ttft_ms: float | None, tokens_per_s: float | None,
-                           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    async def finish_reply(
+        self,
+        message_id: str,
+        *,
+        content: str,
+        status: str,
+        finish_reason: str | None,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        completion_tokens: int | None,
+        ttft_ms: float | None,
+        tokens_per_s: float | None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | None:
         """Final write of a reply (`tool_calls`: the calls it made); None when it was deleted meanwhile (session
         deleted)."""
         assert status in MESSAGE_STATUSES and status != "streaming", status
@@ -247,8 +320,11 @@ class Store:
         """The smallest final write of a reply, for when finish_reply failed."""
         assert status in MESSAGE_STATUSES and status != "streaming", status
         async with self.sessionmaker.begin() as db:
-            await db.execute(update(Message).where(Message.id == message_id).values(
-                status=status, finish_reason=finish_reason, updated_at=utcnow()))
+            await db.execute(
+                update(Message)
+                .where(Message.id == message_id)
+                .values(status=status, finish_reason=finish_reason, updated_at=utcnow())
+            )
 
     async def mark_interrupted(self, older_than_s: float = 0.0) -> int:
         """Mark replies left "streaming" by a dead process as "interrupted"; returns how many. For one process
@@ -258,8 +334,11 @@ class Store:
         """
         cutoff = utcnow() - timedelta(seconds=older_than_s)
         async with self.sessionmaker.begin() as db:
-            result = await db.execute(update(Message).where(Message.status == "streaming", Message.updated_at <= cutoff)
-                                      .values(status="interrupted", finish_reason="abort"))
+            result = await db.execute(
+                update(Message)
+                .where(Message.status == "streaming", Message.updated_at <= cutoff)
+                .values(status="interrupted", finish_reason="abort")
+            )
             return result.rowcount
 
     # -- export / import ------------------------------------------------------------------
@@ -273,7 +352,9 @@ class Store:
             messages = [{**m.to_dict(), "active": m.active} for m in await _messages(db, session_id)]
             return {"forge_export": EXPORT_VERSION, "session": row.to_dict(), "messages": messages}
 
-    async def import_session(self, owner: str, session: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    async def import_session(
+        self, owner: str, session: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """Create a new session (new ids) from checked fields: `session` has title, system_prompt and
         settings; each message role, content, status, the reply facts (finish_reason, token counts,
         timings), `parent` (the index of an earlier message, or None) and `active` (the chosen one of
@@ -283,14 +364,32 @@ class Store:
         rows: list[Message] = []
         for i, m in enumerate(messages):
             parent = rows[m["parent"]] if m["parent"] is not None else None
-            rows.append(Message(id=new_id(), session_id=sid, parent_id=parent.id if parent else None, ordinal=i,
-                                position=parent.position + 1 if parent else 0, active=m["active"],
-                                role=m["role"], content=m["content"],
-                                status="interrupted" if m["status"] == "streaming" else m["status"],
-                                created_at=now, updated_at=now, **{k: m.get(k) for k in _FACTS}))
-        row = ChatSession(id=sid, owner=owner, version=0, title=session["title"],
-                          system_prompt=session["system_prompt"], settings=dict(session["settings"]),
-                          created_at=now, updated_at=now)
+            rows.append(
+                Message(
+                    id=new_id(),
+                    session_id=sid,
+                    parent_id=parent.id if parent else None,
+                    ordinal=i,
+                    position=parent.position + 1 if parent else 0,
+                    active=m["active"],
+                    role=m["role"],
+                    content=m["content"],
+                    status="interrupted" if m["status"] == "streaming" else m["status"],
+                    created_at=now,
+                    updated_at=now,
+                    **{k: m.get(k) for k in _FACTS},
+                )
+            )
+        row = ChatSession(
+            id=sid,
+            owner=owner,
+            version=0,
+            title=session["title"],
+            system_prompt=session["system_prompt"],
+            settings=dict(session["settings"]),
+            created_at=now,
+            updated_at=now,
+        )
         async with self.sessionmaker.begin() as db:
             db.add(row)
             await db.flush()
@@ -307,8 +406,9 @@ class Store:
 
 
 async def _messages(db: Any, session_id: str) -> list[Message]:
-    return list((await db.scalars(select(Message).where(Message.session_id == session_id)
-                                  .order_by(Message.ordinal))).all())
+    return list(
+        (await db.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.ordinal))).all()
+    )
 
 
 async def _owned(db: Any, session_id: str, owner: str) -> ChatSession | None:

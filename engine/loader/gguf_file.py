@@ -4,6 +4,7 @@ gguf-py's GGUFReader builds a NumPy view per string of the vocabulary and takes 
 the default model's 49k tokens + 49k merges; this parser takes a few tens of milliseconds.
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (versions 2 and 3, little-endian).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -19,9 +20,31 @@ from engine.loader.quant import GGML_TYPES, nbytes_of, type_name
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {  # GGUF value type -> struct format
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
 }
-_NP_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+_NP_SCALARS = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _STRING, _ARRAY = 8, 9
 
 

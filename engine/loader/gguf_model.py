@@ -1,4 +1,5 @@
 """GGUF file -> LoadedModel (llama and qwen2 architectures)."""
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,9 @@ def load_gguf(path: Path) -> LoadedModel:
         if t.shape != want:
             raise ModelLoadError(f"{path}: tensor {name!r} has shape {t.shape}, expected {want}")
         if t.nbytes is None:
-            raise ModelLoadError(f"{path}: tensor {name!r} of shape {t.shape} is not a whole number of {t.type_name} blocks")
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} of shape {t.shape} is not a whole number of {t.type_name} blocks"
+            )
 
     def convert(item: tuple[str, str]) -> Weight | np.ndarray:
         canon, name = item
@@ -121,7 +124,9 @@ def _config(g: GGUFFile, arch: str, tokenizer: Tokenizer) -> ModelConfig:
     n_ctx = int(key("context_length", 2048))
     vocab = int(embed.shape[0])
     if tokenizer.vocab_size > vocab:
-        raise ModelLoadError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but token_embd.weight only {vocab} rows")
+        raise ModelLoadError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but token_embd.weight only {vocab} rows"
+        )
     eos_ids = []
     for k in ("eos_token_id", "eot_token_id", "eom_token_id"):
         v = md.get(f"tokenizer.ggml.{k}")
@@ -155,7 +160,9 @@ def _rope_scaling(g: GGUFFile, arch: str, head_dim: int, theta: float) -> dict |
     if "rope_freqs.weight" in g.tensors:  # Llama 3.x: per-frequency divisors instead of metadata
         t = g.tensors["rope_freqs.weight"]
         if t.type_id != 0 or t.shape != (head_dim // 2,):
-            raise ModelLoadError(f"{g.path}: rope_freqs.weight must be F32 of shape ({head_dim // 2},), got {t.type_name} {t.shape}")
+            raise ModelLoadError(
+                f"{g.path}: rope_freqs.weight must be F32 of shape ({head_dim // 2},), got {t.type_name} {t.shape}"
+            )
         freqs = dequantize(g.raw("rope_freqs.weight"), 0, t.shape)
         return llama3_scaling_from_factors(freqs, head_dim, theta, int(orig) if orig else 8192, g.path)
     if kind is None and md.get(f"{arch}.rope.scale_linear") not in (None, 1.0):  # older files
@@ -169,14 +176,20 @@ def _rope_scaling(g: GGUFFile, arch: str, head_dim: int, theta: float) -> dict |
         out = {"rope_type": "yarn", "factor": float(factor or 1.0)}
         if orig:
             out["original_max_position_embeddings"] = int(orig)
-        for src, dst in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"), ("attn_factor", "attention_factor")):
+        for src, dst in (
+            ("yarn_beta_fast", "beta_fast"),
+            ("yarn_beta_slow", "beta_slow"),
+            ("attn_factor", "attention_factor"),
+        ):
             if f"{arch}.rope.scaling.{src}" in md:
                 out[dst] = float(md[f"{arch}.rope.scaling.{src}"])
         return out
     raise ModelLoadError(f"{g.path}: unsupported rope scaling type {kind!r}")
 
 
-def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float, orig_ctx: int, path: Any = "") -> dict | None:
+def llama3_scaling_from_factors(
+    factors: np.ndarray, head_dim: int, theta: float, orig_ctx: int, path: Any = ""
+) -> dict | None:
     """Recover HF's llama3 rope_scaling dict from llama.cpp's rope_freqs tensor.
 
     llama.cpp stores f_i with inv_freq_i / f_i the scaled frequency: f = 1 for short

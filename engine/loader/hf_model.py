@@ -1,4 +1,5 @@
 """Hugging Face model directory (config.json + *.safetensors + tokenizer.json) -> LoadedModel."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def load_hf_dir(path: Path) -> LoadedModel:
     cfg = _json(path / "config.json", required=True)
     model_type = cfg.get("model_type")
     if model_type not in ARCHS:
-        raise ModelLoadError(f"{path}: unsupported architecture {model_type!r} (config.json model_type; supported: {', '.join(ARCHS)})")
+        raise ModelLoadError(
+            f"{path}: unsupported architecture {model_type!r} (config.json model_type; supported: {', '.join(ARCHS)})"
+        )
     gen = _json(path / "generation_config.json", required=False)
     files = _shards(path)
     try:

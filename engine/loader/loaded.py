@@ -1,4 +1,5 @@
 """What a loader hands the engine."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Canonical weight names and how GGUF and HF name them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +54,19 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     """canonical name suffix (after "layers.N.") -> shape, HF orientation [out, in]."""
     d, q, kv, f = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
     return {
-        "embed": (c.vocab_size, d), "lm_head": (c.vocab_size, d), "final_norm": (d,),
-        "attn_norm": (d,), "ffn_norm": (d,), "q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q),
-        "gate": (f, d), "up": (f, d), "down": (d, f), "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,),
+        "embed": (c.vocab_size, d),
+        "lm_head": (c.vocab_size, d),
+        "final_norm": (d,),
+        "attn_norm": (d,),
+        "ffn_norm": (d,),
+        "q": (q, d),
+        "k": (kv, d),
+        "v": (kv, d),
+        "o": (d, q),
+        "gate": (f, d),
+        "up": (f, d),
+        "down": (d, f),
+        "q_bias": (q,),
+        "k_bias": (kv,),
+        "v_bias": (kv,),
     }

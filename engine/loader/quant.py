@@ -5,6 +5,7 @@ operations of llama.cpp's gguf-py reference (`gguf.quants`), so dequantized valu
 bit-identical to it; tests check that on random blocks and on the default model. Work is done
 in chunks of blocks so the temporaries stay in cache.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -167,15 +168,25 @@ def _q6_k(b: np.ndarray) -> Split:
     n = len(b)
     ql, qh, scales = b[:, 0:128], b[:, 128:192], b[:, 192:208].view(np.int8)
     low = _nibbles(ql.reshape(n * 2, 64)).reshape(n, 8, 32)
-    high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)).reshape(n, 8, 32)
+    high = (
+        (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    ).reshape(n, 8, 32)
     q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
     return q.reshape(n, 256), _f16(b, 208) * scales, None
 
 
 # type id -> (splitter, values per scale group)
 _BLOCK_FNS: dict[int, tuple[Callable[[np.ndarray], Split], int]] = {
-    2: (_q4_0, 32), 3: (_q4_1, 32), 6: (_q5_0, 32), 7: (_q5_1, 32), 8: (_q8_0, 32),
-    10: (_q2_k, 16), 11: (_q3_k, 16), 12: (_q4_k, 32), 13: (_q5_k, 32), 14: (_q6_k, 16),
+    2: (_q4_0, 32),
+    3: (_q4_1, 32),
+    6: (_q5_0, 32),
+    7: (_q5_1, 32),
+    8: (_q8_0, 32),
+    10: (_q2_k, 16),
+    11: (_q3_k, 16),
+    12: (_q4_k, 32),
+    13: (_q5_k, 32),
+    14: (_q6_k, 16),
 }
 _FOUR_BIT = frozenset({2, 3, 12})  # Q4_0, Q4_1, Q4_K: packed two values a byte
 _FLOAT_TYPES: dict[int, np.dtype] = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 30: np.dtype("<u2")}  # 30: BF16, raw bits
@@ -226,12 +237,15 @@ def split(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
                 mins = np.empty_like(scale)
             mins[i : i + step] = bm
     ng = cols // group
-    w = Weight("q8", q.reshape(rows, cols), scale.reshape(rows, ng), None if mins is None else mins.reshape(rows, ng), group)
+    w = Weight(
+        "q8", q.reshape(rows, cols), scale.reshape(rows, ng), None if mins is None else mins.reshape(rows, ng), group
+    )
     return w.to_q4() if type_id in _FOUR_BIT else w
 
 
 def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-    """Raw little-endian tensor bytes (any uint8 array/view, e.g. an mmap slice) -> new C-contiguous float32 array of `shape`.
+    """Raw little-endian tensor bytes (any uint8 array/view, e.g. an mmap slice) -> a new C-contiguous float32
+    array of `shape`.
 
     Raises ValueError for an unsupported type or a byte count that does not match `shape`.
     """
@@ -243,7 +257,6 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
         return src.astype(np.float32).reshape(shape)  # astype copies, even for F32
     n_values = raw.size // t.type_size * t.block_size
     return split(raw, type_id, (1, n_values)).dequantize().reshape(shape)
-
 
 
 # Types whose blocks the kernels read as they are: (bytes before the values, scale at, min at or None, kind).
@@ -258,7 +271,7 @@ def _as_stored(raw: np.ndarray, type_id: int, shape: tuple[int, int]) -> Weight:
     rows, cols = shape
     head, at_d, at_m, kind = _AS_STORED[type_id]
     blocks = raw.reshape(rows, cols // t.block_size, t.type_size)
-    half = lambda at: np.ascontiguousarray(blocks[:, :, at : at + 2]).view(np.float16).reshape(rows, -1)  # noqa: E731
+    half = lambda at: np.ascontiguousarray(blocks[:, :, at : at + 2]).view(np.float16).reshape(rows, -1)
     data = np.ascontiguousarray(blocks[:, :, head:]).reshape(rows, -1)
     if kind == "q8":
         return Weight("q8", data.view(np.int8), half(at_d), None, 32)

@@ -4,6 +4,7 @@ GGUF: llama.cpp's `general.sampling.*` keys (temp, top_p, top_k, min_p, penalty_
 directory: `generation_config.json` (temperature, top_p, top_k, min_p, repetition_penalty; an explicit
 `"do_sample": false` recommends greedy decoding). Values the engine would refuse are left out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,9 +14,13 @@ from engine.types import InvalidRequest, SamplingParams
 
 log = logging.getLogger("forge.loader")
 
-GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
-             "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
-             "general.sampling.penalty_repeat": "repetition_penalty"}
+GGUF_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 HF_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 

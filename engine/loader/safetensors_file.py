@@ -4,6 +4,7 @@ safetensors' own `safe_open(framework="numpy")` cannot return BF16 (NumPy has no
 and most HF Llama checkpoints are BF16, so the format (8-byte header length, JSON header,
 raw little-endian data) is read directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,23 @@ from engine.loader.errors import ModelLoadError
 from kernels.weight import Weight
 
 _DTYPES: dict[str, np.dtype] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 @dataclass(slots=True)
@@ -41,19 +57,22 @@ class SafetensorsFile:
         """The tensor as a new float32 C-contiguous array (F32, F16 and BF16 only)."""
         t = self.tensors[name]
         if t.dtype not in _DTYPES:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} has unsupported dtype {t.dtype} (supported: F32, F16, BF16)")
+            raise ModelLoadError(
+                f"{self.path}: tensor {name!r} has unsupported dtype {t.dtype} (supported: F32, F16, BF16)"
+            )
         count = int(np.prod(t.shape, dtype=np.int64))
         raw = np.frombuffer(self._buf, dtype=_DTYPES[t.dtype], count=count, offset=t.start)
         if t.dtype == "BF16":
             return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(t.shape)
         return raw.astype(np.float32).reshape(t.shape)
 
-
     def weight(self, name: str) -> Weight:
         """A 2-D tensor as a Weight of its own precision (F32, F16, BF16), copied out of the mapping."""
         t = self.tensors[name]
         if t.dtype not in _DTYPES:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} has unsupported dtype {t.dtype} (supported: F32, F16, BF16)")
+            raise ModelLoadError(
+                f"{self.path}: tensor {name!r} has unsupported dtype {t.dtype} (supported: F32, F16, BF16)"
+            )
         count = int(np.prod(t.shape, dtype=np.int64))
         raw = np.frombuffer(self._buf, dtype=_DTYPES[t.dtype], count=count, offset=t.start).reshape(t.shape)
         return Weight(t.dtype.lower(), raw.copy())
@@ -92,6 +111,8 @@ def read_safetensors(path: str | Path) -> SafetensorsFile:
         if dtype in _ITEMSIZE and end - start != count * _ITEMSIZE[dtype]:
             raise ModelLoadError(f"{path}: tensor {name!r} has {end - start} bytes for {dtype} shape {shape}")
         if base + end > size:
-            raise ModelLoadError(f"{path}: safetensors file is truncated: tensor {name!r} ends at byte {base + end}, file has {size}")
+            raise ModelLoadError(
+                f"{path}: safetensors file is truncated: tensor {name!r} ends at byte {base + end}, file has {size}"
+            )
         tensors[name] = SafeTensor(dtype, shape, base + start, base + end)
     return SafetensorsFile(path, tensors, buf)

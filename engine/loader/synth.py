@@ -12,6 +12,7 @@ shape would have.
 The file carries the default model's tokenizer and chat template (copied from its GGUF), so the
 vocabulary is 49152 tokens whatever the shape's own `vocab_size` says.
 """
+
 from __future__ import annotations
 
 import functools
@@ -68,30 +69,64 @@ class SynthShape:
     rope_scaling: dict | None = None
 
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # Values from each model's HF config.json (vocab_size aside: the file carries the default model's tokenizer).
 PRESET_CONFIGS: dict[str, dict[str, Any]] = {
     "smollm2-135m": {
-        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
         "tie_word_embeddings": True,
     },
     "llama-3.2-1b": {
-        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_scaling": _LLAMA3_ROPE | {"factor": 32.0},
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "rope_scaling": _LLAMA3_ROPE | {"factor": 32.0},
     },
     "llama-3.2-3b": {
-        "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_scaling": _LLAMA3_ROPE | {"factor": 32.0},
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "rope_scaling": _LLAMA3_ROPE | {"factor": 32.0},
     },
     "llama-3.1-8b": {
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_scaling": _LLAMA3_ROPE | {"factor": 8.0},
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "rope_scaling": _LLAMA3_ROPE | {"factor": 8.0},
     },
 }
 
@@ -100,9 +135,12 @@ QUANTS: dict[str, Q] = {"q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q8_0": Q.Q8_0, "q4_k": 
 # llama-quantize's fallback for rows that are not a whole number of 256-value super-blocks
 _K_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}
 _FILE_TYPE = {
-    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
-    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S,
-    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K, "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_S,
+    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
 }
 
 
@@ -148,8 +186,9 @@ def shape_from_hf(cfg: dict[str, Any], name: str, where: str = "config") -> Synt
     heads = num("num_attention_heads", int)
     kv_heads = num("num_key_value_heads", int, heads)
     if cfg.get("head_dim") is None and hidden % heads:
-        raise SynthError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                         "give head_dim")
+        raise SynthError(
+            f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; give head_dim"
+        )
     head_dim = num("head_dim", int, hidden // heads)
     if heads % kv_heads:
         raise SynthError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
@@ -169,8 +208,11 @@ def shape_from_hf(cfg: dict[str, Any], name: str, where: str = "config") -> Synt
         context=num("max_position_embeddings", int, 2048),
         rope_scaling=_rope_scaling(cfg.get("rope_scaling"), where),
     )
-    for what, n in (("hidden_size", shape.hidden), ("num_attention_heads * head_dim", shape.heads * shape.head_dim),
-                    ("intermediate_size", shape.ffn)):
+    for what, n in (
+        ("hidden_size", shape.hidden),
+        ("num_attention_heads * head_dim", shape.heads * shape.head_dim),
+        ("intermediate_size", shape.ffn),
+    ):
         if n % 32:
             raise SynthError(f"{where}: {what} = {n} is not a multiple of 32 (the quantization block)")
     return shape
@@ -186,10 +228,13 @@ def _rope_scaling(rs: Any, where: str) -> dict | None:
         if kind in (None, "default"):
             return None
         if kind == "llama3":
-            return {"rope_type": "llama3", "factor": float(rs["factor"]),
-                    "low_freq_factor": float(rs["low_freq_factor"]),
-                    "high_freq_factor": float(rs["high_freq_factor"]),
-                    "original_max_position_embeddings": int(rs["original_max_position_embeddings"])}
+            return {
+                "rope_type": "llama3",
+                "factor": float(rs["factor"]),
+                "low_freq_factor": float(rs["low_freq_factor"]),
+                "high_freq_factor": float(rs["high_freq_factor"]),
+                "original_max_position_embeddings": int(rs["original_max_position_embeddings"]),
+            }
         if kind in ("linear", "yarn"):
             out = {"rope_type": kind, "factor": float(rs["factor"])}
             if rs.get("original_max_position_embeddings"):
@@ -359,8 +404,16 @@ def _chunks(t: _Tensor, rng: np.random.Generator) -> Iterator[np.ndarray]:
 _VT = gguf.GGUFValueType
 _ARRAY_TYPES = {
     np.dtype(k): v
-    for k, v in (("<i4", _VT.INT32), ("<u4", _VT.UINT32), ("<f4", _VT.FLOAT32), ("<i8", _VT.INT64),
-                 ("<u8", _VT.UINT64), ("<f8", _VT.FLOAT64), ("<u1", _VT.UINT8), ("<i1", _VT.INT8))
+    for k, v in (
+        ("<i4", _VT.INT32),
+        ("<u4", _VT.UINT32),
+        ("<f4", _VT.FLOAT32),
+        ("<i8", _VT.INT64),
+        ("<u8", _VT.UINT64),
+        ("<f8", _VT.FLOAT64),
+        ("<u1", _VT.UINT8),
+        ("<i1", _VT.INT8),
+    )
 }
 
 
@@ -394,9 +447,14 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, Any, _VT, _VT | None]]:
     return out
 
 
-def write_synthetic(shape: SynthShape, quant: str, out: str | Path, seed: int = 0,
-                    tokenizer_source: str | Path | None = None,
-                    progress: Callable[[str], None] | None = None) -> SynthResult:
+def write_synthetic(
+    shape: SynthShape,
+    quant: str,
+    out: str | Path,
+    seed: int = 0,
+    tokenizer_source: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SynthResult:
     """Write a GGUF file of `shape` with random `quant` weights to `out` (atomically: a .part file renamed).
 
     Deterministic: the same shape, quant and seed give the same bytes. Raises SynthError for a bad

@@ -1,6 +1,7 @@
 """Tokenizers from a model's files: GGUF `tokenizer.ggml.*` metadata (byte-level BPE with llama.cpp's
 pre-tokenizer names, SentencePiece BPE) or a HF model directory (tokenizer.json and its configs), each with
 its table of every token's raw bytes (what engine/tokenizer.py decodes from)."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,26 @@ from engine.tokenizer import Tokenizer, TokenizerError
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 # llama.cpp pre-tokenizer names (tokenizer.ggml.pre) -> our pre-tokenizer family
-_LLAMA3_RE = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_LLAMA3_RE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501
+_QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_QWEN2_RE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _PRE_FAMILY = {
-    "default": "gpt2", "gpt2": "gpt2", "gpt-2": "gpt2", "olmo": "gpt2", "phi-2": "gpt2",
-    "smollm": "digits", "starcoder": "digits", "refact": "digits",
-    "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3", "dbrx": "llama3", "smaug-bpe": "llama3",
-    "qwen2": "qwen2", "deepseek-r1-qwen": "qwen2",
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "olmo": "gpt2",
+    "phi-2": "gpt2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "llama-bpe": "llama3",
+    "llama3": "llama3",
+    "llama-v3": "llama3",
+    "dbrx": "llama3",
+    "smaug-bpe": "llama3",
+    "qwen2": "qwen2",
+    "deepseek-r1-qwen": "qwen2",
 }
 
 
@@ -94,7 +106,10 @@ def from_gguf_metadata(fields: dict[str, Any]) -> Tokenizer:
         tk = HFTokenizer(models.BPE(vocab, merges, ignore_merges=family == "llama3"))
         tk.pre_tokenizer = _gpt2_pre_tokenizer(family)
         tk.decoder = decoders.ByteLevel()
-        table = [_bytelevel_bytes(t) if ty in (_NORMAL, _BYTE, _UNUSED) else t.encode("utf-8") for t, ty in zip(tokens, types)]
+        table = [
+            _bytelevel_bytes(t) if ty in (_NORMAL, _BYTE, _UNUSED) else t.encode("utf-8")
+            for t, ty in zip(tokens, types)
+        ]
         add_bos_default, strip = False, False
     elif kind == "llama":
         scores = fields.get("tokenizer.ggml.scores")
@@ -114,7 +129,10 @@ def from_gguf_metadata(fields: dict[str, Any]) -> Tokenizer:
         tk.normalizer = normalizers.Sequence(([normalizers.Prepend("\u2581")] if add_prefix else []) + norm)
         dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
         tk.decoder = decoders.Sequence(dec + ([decoders.Strip(" ", 1, 0)] if add_prefix else []))
-        table = [_sentencepiece_bytes(t) if ty in (_NORMAL, _BYTE, _UNUSED) else t.encode("utf-8") for t, ty in zip(tokens, types)]
+        table = [
+            _sentencepiece_bytes(t) if ty in (_NORMAL, _BYTE, _UNUSED) else t.encode("utf-8")
+            for t, ty in zip(tokens, types)
+        ]
         add_bos_default, strip = True, add_prefix
     else:
         raise TokenizerError(f"unsupported tokenizer model {kind!r} (tokenizer.ggml.model); supported: gpt2, llama")
@@ -128,6 +146,7 @@ def from_gguf_metadata(fields: dict[str, Any]) -> Tokenizer:
     add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False))
     _set_post_processor(tk, tokens, bos if add_bos else None, eos if add_eos else None)
     return Tokenizer(tk, table, specials, bos, eos, strip)
+
 
 def from_hf_dir(path: str | Path) -> Tokenizer:
     """Build from a HF model directory: tokenizer.json (+ tokenizer_config.json, config.json)."""
@@ -157,7 +176,9 @@ def from_hf_dir(path: str | Path) -> Tokenizer:
         for d in dec.get("decoders", [dec]):
             if d.get("type") == "Strip" and d.get("content") == " " and d.get("start", 0) >= 1:
                 strip = True
-            if d.get("type") == "Metaspace" and (d.get("add_prefix_space") or d.get("prepend_scheme") in ("always", "first")):
+            if d.get("type") == "Metaspace" and (
+                d.get("add_prefix_space") or d.get("prepend_scheme") in ("always", "first")
+            ):
                 strip = True
     else:  # e.g. WordPiece: let the library spell each token
         table = [tk.decode([i], skip_special_tokens=False).encode("utf-8") for i in range(n)]
@@ -200,7 +221,10 @@ def _gpt2_pre_tokenizer(family: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if family == "digits":  # llama.cpp "smollm"/"starcoder": every \p{N} alone, then GPT-2's regex
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         )
     regex = _LLAMA3_RE if family == "llama3" else _QWEN2_RE
     return pre_tokenizers.Sequence(
@@ -227,6 +251,8 @@ def _set_post_processor(tk: HFTokenizer, tokens: list[str], bos: int | None, eos
     if bos is None and eos is None:
         return
     single = " ".join(([tokens[bos]] if bos is not None else []) + ["$A"] + ([tokens[eos]] if eos is not None else []))
-    pair = " ".join(([tokens[bos]] if bos is not None else []) + ["$A", "$B:1"] + ([tokens[eos]] if eos is not None else []))
+    pair = " ".join(
+        ([tokens[bos]] if bos is not None else []) + ["$A", "$B:1"] + ([tokens[eos]] if eos is not None else [])
+    )
     special = [(tokens[i], i) for i in {bos, eos} if i is not None]
     tk.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)

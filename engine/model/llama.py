@@ -5,6 +5,7 @@ One call runs every scheduled sequence at once: prefill chunks and single decode
 are concatenated into T rows; attention finds each sequence's context through its block
 table. Logits are computed only for the rows that will be sampled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,19 +36,25 @@ class LayerWeights:
 class LlamaModel:
     """Weights on a backend plus the forward pass. Stateless apart from the KV arrays passed in."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False
+    ) -> None:
         """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32
         vectors otherwise. `take=True` pops each one from the dict once prepared and gives the memory
         it held back to the OS after each layer, so that the loader's arrays and the backend's
         copies are never all resident together (lower peak memory)."""
         self.config, self.backend = config, backend
         be = backend
-        self.num_params = sum(int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values())
-        self.weight_bytes = sum(w.nbytes for w in weights.values())  # as loaded: what a decode step reads on numba and CuPy
+        self.num_params = sum(
+            int(w.shape[0] * w.shape[1] if isinstance(w, Weight) else w.size) for w in weights.values()
+        )
+        self.weight_bytes = sum(
+            w.nbytes for w in weights.values()
+        )  # as loaded: what a decode step reads on numba and CuPy
         get = weights.pop if take else weights.__getitem__
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
-            w = lambda name: get(f"layers.{i}.{name}")  # noqa: E731
+            w = lambda name, i=i: get(f"layers.{i}.{name}")
             bias = None
             if config.attention_bias:
                 bias = be.asarray(np.concatenate([w("q_bias"), w("k_bias"), w("v_bias")]))
@@ -118,8 +125,9 @@ class LlamaModel:
         hidden = np.asarray(be.to_numpy(x), dtype=np.float32)
         return (self._logits(h, residual, logits_rows) if len(logits_rows) else None), hidden
 
-    def _layers(self, token_ids: Any, positions: Any, meta: AttentionMetadata,
-                kv_caches: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    def _layers(
+        self, token_ids: Any, positions: Any, meta: AttentionMetadata, kv_caches: list[tuple[Any, Any]]
+    ) -> tuple[Any, Any]:
         """Every layer over the T rows: the last one's output and the residual stream, before the final norm."""
         cfg, be = self.config, self.backend
         T, H, Hkv, Dh = len(token_ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

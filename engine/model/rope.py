@@ -1,5 +1,6 @@
 """Rotary position embedding frequencies (HF conventions, float32 like transformers); the backends
 turn them into cos/sin tables (`rope_cos_sin`)."""
+
 from __future__ import annotations
 
 import math
@@ -29,4 +30,3 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return np.where(medium, smoothed, scaled).astype(np.float32)
     raise ValueError(f"unsupported rope scaling type {rope_type!r}")
-

@@ -4,6 +4,7 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2025-02-01
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,8 +24,9 @@ def upgrade() -> None:
     op.add_column("sessions", sa.Column("version", sa.Integer(), nullable=False, server_default="0"))
     op.create_index("ix_sessions_owner_updated_at", "sessions", ["owner", "updated_at"])
     op.add_column("messages", sa.Column("idempotency_key", sa.String(64), nullable=True))
-    op.create_index("uq_messages_session_id_idempotency_key", "messages", ["session_id", "idempotency_key"],
-                    unique=True)
+    op.create_index(
+        "uq_messages_session_id_idempotency_key", "messages", ["session_id", "idempotency_key"], unique=True
+    )
 
 
 def downgrade() -> None:

@@ -13,6 +13,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2025-03-01
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,8 +35,10 @@ def upgrade() -> None:
     op.add_column("messages", sa.Column("ordinal", sa.Integer(), nullable=False, server_default="0"))
     op.add_column("messages", sa.Column("active", sa.Boolean(), nullable=False, server_default=sa.true()))
     # While (session_id, position) is still unique and indexed: each message's parent is the one before it.
-    op.execute("UPDATE messages SET ordinal = position, parent_id = (SELECT p.id FROM messages AS p "
-               "WHERE p.session_id = messages.session_id AND p.position = messages.position - 1)")
+    op.execute(
+        "UPDATE messages SET ordinal = position, parent_id = (SELECT p.id FROM messages AS p "
+        "WHERE p.session_id = messages.session_id AND p.position = messages.position - 1)"
+    )
     with op.batch_alter_table("messages") as batch:  # siblings share a position: it is unique no more
         batch.drop_constraint("uq_messages_session_id", type_="unique")
     op.create_index("ix_messages_parent_id", "messages", ["parent_id"])
@@ -46,22 +49,30 @@ def upgrade() -> None:
 
 
 def _create_fts(table: str, index: str, column: str) -> None:
-    op.execute(f"CREATE VIRTUAL TABLE {index} USING fts5({column}, content='{table}', content_rowid='rowid', "
-               "tokenize='unicode61 remove_diacritics 2')")
-    op.execute(f"CREATE TRIGGER {index}_insert AFTER INSERT ON {table} BEGIN "
-               f"INSERT INTO {index}(rowid, {column}) VALUES (new.rowid, new.{column}); END")
-    op.execute(f"CREATE TRIGGER {index}_delete AFTER DELETE ON {table} BEGIN "
-               f"INSERT INTO {index}({index}, rowid, {column}) VALUES ('delete', old.rowid, old.{column}); END")
-    op.execute(f"CREATE TRIGGER {index}_update AFTER UPDATE OF {column} ON {table} BEGIN "
-               f"INSERT INTO {index}({index}, rowid, {column}) VALUES ('delete', old.rowid, old.{column}); "
-               f"INSERT INTO {index}(rowid, {column}) VALUES (new.rowid, new.{column}); END")
+    op.execute(
+        f"CREATE VIRTUAL TABLE {index} USING fts5({column}, content='{table}', content_rowid='rowid', "
+        "tokenize='unicode61 remove_diacritics 2')"
+    )
+    op.execute(
+        f"CREATE TRIGGER {index}_insert AFTER INSERT ON {table} BEGIN "
+        f"INSERT INTO {index}(rowid, {column}) VALUES (new.rowid, new.{column}); END"
+    )
+    op.execute(
+        f"CREATE TRIGGER {index}_delete AFTER DELETE ON {table} BEGIN "
+        f"INSERT INTO {index}({index}, rowid, {column}) VALUES ('delete', old.rowid, old.{column}); END"
+    )
+    op.execute(
+        f"CREATE TRIGGER {index}_update AFTER UPDATE OF {column} ON {table} BEGIN "
+        f"INSERT INTO {index}({index}, rowid, {column}) VALUES ('delete', old.rowid, old.{column}); "
+        f"INSERT INTO {index}(rowid, {column}) VALUES (new.rowid, new.{column}); END"
+    )
     op.execute(f"INSERT INTO {index}({index}) VALUES ('rebuild')")
 
 
 def downgrade() -> None:
     """Back to one conversation per session: only the chosen branch survives."""
     if op.get_bind().dialect.name == "sqlite":
-        for table, (index, _) in FTS.items():
+        for index, _ in FTS.values():
             for event in ("insert", "delete", "update"):
                 op.execute(f"DROP TRIGGER IF EXISTS {index}_{event}")
             op.execute(f"DROP TABLE IF EXISTS {index}")
@@ -76,6 +87,8 @@ def downgrade() -> None:
 
 
 # The chosen path of every session: chosen roots, then chosen children of chosen messages.
-_CHOSEN = ("WITH RECURSIVE chosen(id) AS (SELECT id FROM messages WHERE parent_id IS NULL AND active "
-           "UNION ALL SELECT m.id FROM messages AS m JOIN chosen ON m.parent_id = chosen.id WHERE m.active) "
-           "SELECT id FROM chosen")
+_CHOSEN = (
+    "WITH RECURSIVE chosen(id) AS (SELECT id FROM messages WHERE parent_id IS NULL AND active "
+    "UNION ALL SELECT m.id FROM messages AS m JOIN chosen ON m.parent_id = chosen.id WHERE m.active) "
+    "SELECT id FROM chosen"
+)

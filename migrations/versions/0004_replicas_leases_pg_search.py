@@ -16,6 +16,7 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-26
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -56,13 +57,16 @@ def upgrade() -> None:
     )
     op.create_index("ix_session_leases_replica", "session_leases", ["replica"])
     op.add_column("messages", sa.Column("replica", sa.String(NAME), nullable=True))
-    op.create_index("ix_messages_streaming", "messages", ["replica"], sqlite_where=STREAMING,
-                    postgresql_where=STREAMING)
+    op.create_index(
+        "ix_messages_streaming", "messages", ["replica"], sqlite_where=STREAMING, postgresql_where=STREAMING
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("CREATE EXTENSION IF NOT EXISTS unaccent")
         op.execute("CREATE TEXT SEARCH CONFIGURATION forge_search (COPY = pg_catalog.simple)")
-        op.execute("ALTER TEXT SEARCH CONFIGURATION forge_search ALTER MAPPING FOR asciiword, asciihword, "
-                   "hword_asciipart, word, hword, hword_part WITH unaccent, simple")
+        op.execute(
+            "ALTER TEXT SEARCH CONFIGURATION forge_search ALTER MAPPING FOR asciiword, asciihword, "
+            "hword_asciipart, word, hword, hword_part WITH unaccent, simple"
+        )
         for index, (table, column) in PG_SEARCH.items():
             op.execute(f"CREATE INDEX {index} ON {table} USING gin (to_tsvector('forge_search', {column}))")
 

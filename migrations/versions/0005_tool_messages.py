@@ -10,6 +10,7 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-26
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -4,6 +4,7 @@ whole run, driven through Debian's Chromium with Playwright's sync API.
 Runs in its own pytest invocation (`pytest tests/e2e`): Playwright's sync API and pytest-asyncio's
 loop do not share a process. Screenshots go to test-output/screenshots/.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,19 +27,31 @@ ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output"
 SHOTS = OUTPUT / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 ADMIN_TOKEN = "e2e-admin-token"
 READY_TIMEOUT_S = 240  # model load + migrations on a busy 2-core machine
 UI_TIMEOUT_MS = 90_000  # a reply on a shared 2-core CPU can take a while
 # What the UI tests' database held before it was upgraded to reply branches (tests/legacy_db.py): one
 # conversation of the keyless server, made by schema 0002.
-LEGACY_SESSION = ("1e9acy" + "0" * 26, "", "Lighthouse keeping", [
-    ("user", "How does a lighthouse keeper trim the wick?", "complete", None, None),
-    ("assistant", "With scissors, every evening before the lamp is lit.", "complete", "stop", 12),
-    ("user", "And in a storm?", "complete", None, None),
-    ("assistant", "The keeper stays up all night", "stopped", "abort", 6),
-])
+LEGACY_SESSION = (
+    "1e9acy" + "0" * 26,
+    "",
+    "Lighthouse keeping",
+    [
+        ("user", "How does a lighthouse keeper trim the wick?", "complete", None, None),
+        ("assistant", "With scissors, every evening before the lamp is lit.", "complete", "stop", 12),
+        ("user", "And in a storm?", "complete", None, None),
+        ("assistant", "The keeper stays up all night", "stopped", "abort", 6),
+    ],
+)
 
 
 @dataclass(slots=True)
@@ -68,8 +81,9 @@ class Server:
         """One turn over the SSE API; returns the (event, data) pairs."""
         events: list[tuple[str, dict]] = []
         name = "message"
-        with self.http.stream("POST", f"/api/sessions/{session_id}/messages", json={"content": content},
-                              timeout=300.0) as r:
+        with self.http.stream(
+            "POST", f"/api/sessions/{session_id}/messages", json={"content": content}, timeout=300.0
+        ) as r:
             assert r.status_code == 200, r.read()
             for line in r.iter_lines():
                 if line.startswith("event:"):
@@ -100,11 +114,25 @@ def run_server(tmp: Path, log_name: str, **env: str) -> Iterator[Server]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}, **env, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port),
-             "--db", f"sqlite+aiosqlite:///{tmp / 'forge.db'}"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    srv = Server(base_url=f"http://127.0.0.1:{port}", admin_token=env.get("FORGE_ADMIN_TOKEN", ""),
-                 log_path=log_path, proc=proc)
+            [
+                sys.executable,
+                "-m",
+                "app.server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--db",
+                f"sqlite+aiosqlite:///{tmp / 'forge.db'}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    srv = Server(
+        base_url=f"http://127.0.0.1:{port}", admin_token=env.get("FORGE_ADMIN_TOKEN", ""), log_path=log_path, proc=proc
+    )
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         while True:
@@ -172,8 +200,12 @@ def page(context, request: pytest.FixtureRequest) -> Iterator[object]:
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
     # console errors too (CSP violations, failed imports); a refused HTTP request logs one by design
-    pg.on("console", lambda m: errors.append(m.text) if m.type == "error"
-          and not m.text.startswith("Failed to load resource") else None)
+    pg.on(
+        "console",
+        lambda m: (
+            errors.append(m.text) if m.type == "error" and not m.text.startswith("Failed to load resource") else None
+        ),
+    )
     yield pg
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed and not pg.is_closed():
@@ -204,7 +236,7 @@ class Chat:
         self.page = page
         self.server = server
 
-    def open(self, path: str = "/") -> "Chat":
+    def open(self, path: str = "/") -> Chat:
         self.page.goto(path)
         self.wait_connected()
         return self
@@ -226,8 +258,9 @@ class Chat:
         self.page.wait_for_selector(f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]')
         return sid
 
-    def set_settings(self, *, max_tokens: int | None = None, temperature: float | None = None,
-                     system_prompt: str | None = None) -> None:
+    def set_settings(
+        self, *, max_tokens: int | None = None, temperature: float | None = None, system_prompt: str | None = None
+    ) -> None:
         panel = self.page.get_by_test_id("settings-panel")
         if not panel.is_visible():
             self.page.get_by_test_id("toggle-settings").click()
@@ -235,7 +268,8 @@ class Chat:
             self.page.get_by_test_id("settings-system-prompt").fill(system_prompt)
         if temperature is not None:  # a range input: set it as a user's drag would
             self.page.get_by_test_id("settings-temperature").evaluate(
-                "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }", str(temperature))
+                "(el, v) => { el.value = v; el.dispatchEvent(new Event('input', {bubbles: true})); }", str(temperature)
+            )
         if max_tokens is not None:
             self.page.get_by_test_id("settings-max-tokens").fill(str(max_tokens))
         self.page.get_by_test_id("settings-save").click()
@@ -256,21 +290,24 @@ class Chat:
 
     def wait_assistant_count(self, n: int) -> None:
         self.page.wait_for_function(
-            "n => document.querySelectorAll('[data-testid=message][data-role=assistant]').length === n", arg=n)
+            "n => document.querySelectorAll('[data-testid=message][data-role=assistant]').length === n", arg=n
+        )
 
     def wait_finished(self, message) -> str:
         """Wait until a reply is no longer streaming; return its status."""
         mid = message.get_attribute("data-id")
-        self.page.wait_for_selector(
-            f'[data-testid="message"][data-id="{mid}"]:not([data-status="streaming"])')
+        self.page.wait_for_selector(f'[data-testid="message"][data-id="{mid}"]:not([data-status="streaming"])')
         self.page.wait_for_selector('[data-testid="stop"]', state="hidden")
         return self.page.locator(f'[data-testid="message"][data-id="{mid}"]').get_attribute("data-status")
 
     def displayed(self) -> list[dict]:
         """What the page shows: role, id, status and visible text of each message."""
-        return self.page.eval_on_selector_all('[data-testid="message"]', """els => els.map(e => ({
+        return self.page.eval_on_selector_all(
+            '[data-testid="message"]',
+            """els => els.map(e => ({
             role: e.dataset.role, id: e.dataset.id, status: e.dataset.status,
-            text: e.querySelector('[data-testid=message-content]').innerText }))""")
+            text: e.querySelector('[data-testid=message-content]').innerText }))""",
+        )
 
     def copied_text(self, message) -> str:
         """Click the message's Copy button and read the clipboard (the raw stored text)."""

@@ -1,5 +1,6 @@
 """Accessibility: the chat and admin pages are axe-clean in light and dark mode (axe-core in Chromium),
 and a whole chat works from the keyboard alone, with a visible focus ring at every stop."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,19 +38,48 @@ export default { answer, ok: true, name: "forge" };
 
 EXPORT = {
     "forge_export": 2,
-    "session": {"title": "Accessibility sample", "system_prompt": None,
-                "settings": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64}},
+    "session": {
+        "title": "Accessibility sample",
+        "system_prompt": None,
+        "settings": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64},
+    },
     "messages": [
         {"id": "q1", "role": "user", "content": "Show me Markdown and code.", "status": "complete"},
-        {"id": "r1", "parent_id": "q1", "role": "assistant", "content": "An earlier version.", "status": "complete",
-         "active": False},
-        {"id": "r2", "parent_id": "q1", "role": "assistant", "content": RICH_REPLY, "status": "complete",
-         "finish_reason": "length", "prompt_tokens": 40, "cached_tokens": 16, "completion_tokens": 64, "ttft_ms": 120.0,
-         "tokens_per_s": 25.0},
+        {
+            "id": "r1",
+            "parent_id": "q1",
+            "role": "assistant",
+            "content": "An earlier version.",
+            "status": "complete",
+            "active": False,
+        },
+        {
+            "id": "r2",
+            "parent_id": "q1",
+            "role": "assistant",
+            "content": RICH_REPLY,
+            "status": "complete",
+            "finish_reason": "length",
+            "prompt_tokens": 40,
+            "cached_tokens": 16,
+            "completion_tokens": 64,
+            "ttft_ms": 120.0,
+            "tokens_per_s": 25.0,
+        },
         {"id": "q2", "parent_id": "r2", "role": "user", "content": "And stop halfway?", "status": "complete"},
-        {"id": "r3", "parent_id": "q2", "role": "assistant", "content": "Sure, here is half", "status": "stopped",
-         "finish_reason": "abort", "prompt_tokens": 60, "cached_tokens": 48, "completion_tokens": 5, "ttft_ms": 90.0,
-         "tokens_per_s": 20.0},
+        {
+            "id": "r3",
+            "parent_id": "q2",
+            "role": "assistant",
+            "content": "Sure, here is half",
+            "status": "stopped",
+            "finish_reason": "abort",
+            "prompt_tokens": 60,
+            "cached_tokens": 48,
+            "completion_tokens": 5,
+            "ttft_ms": 90.0,
+            "tokens_per_s": 20.0,
+        },
     ],
 }
 
@@ -80,7 +110,10 @@ def test_chat_and_admin_pages_are_axe_clean(browser, server, scheme, screenshot)
         reply = page.locator('[data-testid="message"][data-role="assistant"]').first
         assert reply.locator(".hljs-keyword").count() >= 4 and reply.locator(".hljs-comment").count() == 2
         assert reply.locator("table").count() == 1 and reply.locator("blockquote").count() == 1
-        assert page.locator('[data-testid="message-status"]:visible').all_inner_texts() == ["Max tokens reached", "Stopped"]
+        assert page.locator('[data-testid="message-status"]:visible').all_inner_texts() == [
+            "Max tokens reached",
+            "Stopped",
+        ]
         assert reply.get_by_test_id("branch-count").inner_text() == "2/2"  # a reply with an earlier version
         page.get_by_test_id("search-input").fill("markdown")
         page.get_by_test_id("search-hit").first.wait_for()
@@ -155,8 +188,10 @@ def test_a_whole_chat_works_from_the_keyboard(chat, server, page, screenshot):
     page.keyboard.press("Enter")
     reply = chat.assistant()
     reply.wait_for()
-    page.wait_for_function("() => document.querySelector('[data-testid=message][data-role=assistant] "
-                           "[data-testid=message-content]').textContent.length > 0")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=message][data-role=assistant] "
+        "[data-testid=message-content]').textContent.length > 0"
+    )
     page.keyboard.press("Escape")
     assert chat.wait_finished(reply) == "stopped"
     first_id = reply.get_attribute("data-id")
@@ -166,11 +201,15 @@ def test_a_whole_chat_works_from_the_keyboard(chat, server, page, screenshot):
     page.keyboard.press("Enter")
     page.wait_for_function(
         "old => { const a = [...document.querySelectorAll('[data-testid=message][data-role=assistant]')];"
-        " return a.length === 1 && a[0].dataset.id !== old && a[0].dataset.status === 'streaming'; }", arg=first_id)
+        " return a.length === 1 && a[0].dataset.id !== old && a[0].dataset.status === 'streaming'; }",
+        arg=first_id,
+    )
     # the regenerated reply took the old one's place, and the focus went to the composer: Escape stops it
     page.wait_for_function("() => document.activeElement.id === 'input'")
-    page.wait_for_function("() => document.querySelector('[data-testid=message][data-role=assistant] "
-                           "[data-testid=message-content]').textContent.length > 0")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=message][data-role=assistant] "
+        "[data-testid=message-content]').textContent.length > 0"
+    )
     page.keyboard.press("Escape")
     second = chat.assistant()
     assert chat.wait_finished(second) == "stopped"
@@ -197,8 +236,9 @@ def test_a_whole_chat_works_from_the_keyboard(chat, server, page, screenshot):
 
 def test_search_and_the_version_switch_work_from_the_keyboard(server, page, chat, screenshot):
     sample = {**EXPORT, "session": {"title": "Keyboard versions"}}
-    sample["messages"] = [dict(m, content=m["content"] + " xylograph") if m["id"] == "r1" else m
-                          for m in EXPORT["messages"]]
+    sample["messages"] = [
+        dict(m, content=m["content"] + " xylograph") if m["id"] == "r1" else m for m in EXPORT["messages"]
+    ]
     sid = server.http.post("/api/sessions/import", json=sample).json()["id"]
     chat.open()
     # New chat, then the search box; Enter searches and moves to the first hit
@@ -209,8 +249,10 @@ def test_search_and_the_version_switch_work_from_the_keyboard(server, page, chat
     assert _focused(page)["ring"]
     # Enter opens the hit: the earlier version of the reply, which becomes the chosen one, with the focus on it
     page.keyboard.press("Enter")
-    page.wait_for_function("() => document.activeElement.dataset.testid === 'message'"
-                           " && document.activeElement.textContent.includes('xylograph')")
+    page.wait_for_function(
+        "() => document.activeElement.dataset.testid === 'message'"
+        " && document.activeElement.textContent.includes('xylograph')"
+    )
     assert chat.session_id == sid and _focused(page)["ring"]
     reply = page.locator('[data-testid="message"][data-position="1"]')
     assert reply.get_by_test_id("branch-count").inner_text() == "1/2"
@@ -219,8 +261,9 @@ def test_search_and_the_version_switch_work_from_the_keyboard(server, page, chat
     # and keeps the focus, so the arrows can be pressed again
     assert _tab_to(page, "branch-next") == ["branch-prev", "branch-next"]
     page.keyboard.press("Enter")
-    page.wait_for_function("() => document.querySelector('[data-position=\"1\"] [data-testid=branch-count]')"
-                           ".textContent === '2/2'")
+    page.wait_for_function(
+        "() => document.querySelector('[data-position=\"1\"] [data-testid=branch-count]').textContent === '2/2'"
+    )
     page.wait_for_function("() => document.activeElement.dataset.testid === 'branch-next'")
     assert _focused(page)["ring"] and page.locator('[data-testid="message"]').count() == 4
     screenshot(page, "keyboard-version-switch")

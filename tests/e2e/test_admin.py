@@ -1,12 +1,19 @@
 """The admin page against the real service: token protection, live charts fed by real
 generations, the model's facts and the active sessions."""
+
 from __future__ import annotations
 
 import threading
 
 CHARTS = ("tokens", "queue", "kv", "prefix", "ttft", "itl")
-SERIES_COLORS = {"tokens": ["--accent"], "queue": ["--accent", "--warn"], "kv": ["--accent"], "prefix": ["--ok"],
-                 "ttft": ["--accent", "--warn"], "itl": ["--accent", "--warn"]}
+SERIES_COLORS = {
+    "tokens": ["--accent"],
+    "queue": ["--accent", "--warn"],
+    "kv": ["--accent"],
+    "prefix": ["--ok"],
+    "ttft": ["--accent", "--warn"],
+    "itl": ["--accent", "--warn"],
+}
 
 # Pixels in the chart's series colours drawn above its zero line (the grid and labels use other colours).
 RAISED_PIXELS = """([name, colorVars]) => {
@@ -36,8 +43,10 @@ def test_admin_page_and_feed_need_the_token(server, page):
     assert server.http.get("/admin").status_code == 401
     assert server.http.get("/admin/api/stats").status_code == 401
     assert server.http.get("/admin/api/stats", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert server.http.get("/admin/api/stats",
-                           headers={"Authorization": f"Bearer {server.admin_token}"}).status_code == 200
+    assert (
+        server.http.get("/admin/api/stats", headers={"Authorization": f"Bearer {server.admin_token}"}).status_code
+        == 200
+    )
     assert page.goto("/admin").status == 401
 
     assert page.goto(f"/admin?token={server.admin_token}").status == 200
@@ -57,8 +66,9 @@ def test_admin_charts_show_live_numbers_while_a_reply_streams(server, page, refe
     page.goto(f"/admin?token={server.admin_token}")
     page.wait_for_selector('[data-testid="admin-status"][data-state="live"]')
     first = int(page.get_attribute('canvas[data-chart="tokens"]', "data-points"))
-    page.wait_for_function("n => +document.querySelector('canvas[data-chart=tokens]').dataset.points >= n + 2",
-                           arg=first)  # a new sample every second
+    page.wait_for_function(
+        "n => +document.querySelector('canvas[data-chart=tokens]').dataset.points >= n + 2", arg=first
+    )  # a new sample every second
 
     # one short turn (latency percentiles, cached prefix blocks), then a long one that shares its prefix
     sid = server.create_session(title="admin chart test", settings={"max_tokens": 4, "temperature": 0})["id"]
@@ -71,9 +81,12 @@ def test_admin_charts_show_live_numbers_while_a_reply_streams(server, page, refe
 
     def long_turn() -> None:
         # leaving the stream early disconnects, and the server stops the reply
-        with server.http.stream("POST", f"/api/sessions/{sid}/messages",
-                                json={"content": "Write a long story about a dragon who learns to fly."},
-                                timeout=300.0) as resp:
+        with server.http.stream(
+            "POST",
+            f"/api/sessions/{sid}/messages",
+            json={"content": "Write a long story about a dragon who learns to fly."},
+            timeout=300.0,
+        ) as resp:
             for _ in resp.iter_lines():
                 if stop.is_set():
                     return
@@ -85,7 +98,8 @@ def test_admin_charts_show_live_numbers_while_a_reply_streams(server, page, refe
         assert "admin chart test" in page.locator(f'[data-testid="admin-session-row"][data-id="{sid}"]').inner_text()
         page.wait_for_function(
             "names => names.every(n => +document.querySelector(`canvas[data-chart=\"${n}\"]`).dataset.max > 0)",
-            arg=list(CHARTS))
+            arg=list(CHARTS),
+        )
         screenshot(page, "admin-live")
     finally:
         stop.set()

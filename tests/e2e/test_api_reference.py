@@ -1,5 +1,6 @@
 """The API reference at /schema: RapiDoc from web/vendor renders every route in Chromium under the page's
 CSP, and the page fetches nothing from anywhere but the server (the machines here reach no CDN)."""
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -17,10 +18,13 @@ def test_the_api_reference_renders_offline_from_vendored_files(server, page):
     response = page.goto(f"{server.base_url}/schema")
     assert response.status == 200
     # RapiDoc draws into its shadow root once it has fetched and parsed /schema/openapi.json.
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const doc = document.querySelector('rapi-doc');
         return doc && doc.shadowRoot && doc.shadowRoot.textContent.includes('/v1/chat/completions');
-    }""", timeout=30_000)
+    }""",
+        timeout=30_000,
+    )
     text = page.evaluate("document.querySelector('rapi-doc').shadowRoot.textContent")
     assert "/api/sessions/{session_id}/messages" in text and "/v1/completions" in text
     assert elsewhere == [] and refused == []

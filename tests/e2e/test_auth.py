@@ -1,5 +1,6 @@
 """A server with API keys: the UI asks for the key once, keeps it for the tab, and works with it (REST with
 a bearer header, the WebSocket with the key as a subprotocol)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ KEY = "e2e+key/~=?"  # the WebSocket carries it base64url-encoded
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with run_server(tmp_path_factory.mktemp("e2e-keyed"), "e2e-keyed-server.log",
-                    FORGE_API_KEY=f"other-key,{KEY}") as srv:
+    with run_server(
+        tmp_path_factory.mktemp("e2e-keyed"), "e2e-keyed-server.log", FORGE_API_KEY=f"other-key,{KEY}"
+    ) as srv:
         yield srv
 
 
@@ -24,8 +26,12 @@ def test_the_key_is_asked_once_and_kept_for_the_tab(browser, keyed: Server) -> N
     page = ctx.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error"
-            and not m.text.startswith("Failed to load resource") else None)  # the refused probes log that
+    page.on(
+        "console",
+        lambda m: (
+            errors.append(m.text) if m.type == "error" and not m.text.startswith("Failed to load resource") else None
+        ),
+    )  # the refused probes log that
     try:
         page.goto("/")
         dialog = page.get_by_test_id("auth-dialog")

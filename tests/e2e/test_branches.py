@@ -1,6 +1,7 @@
 """Reply branches in the UI: Regenerate and Edit keep the old versions behind a ‹ i/n › switch, and the
 choice survives a reload, an export and an import; a conversation stored before branches existed (the
 server upgraded its database at start) shows as it was."""
+
 from __future__ import annotations
 
 from legacy_db import message_id
@@ -15,8 +16,11 @@ def _count(message) -> str:
 
 
 def _wait_shown(page, ids: list[str]) -> None:
-    page.wait_for_function("ids => JSON.stringify([...document.querySelectorAll('[data-testid=message]')]"
-                           ".map(e => e.dataset.id)) === JSON.stringify(ids)", arg=ids)
+    page.wait_for_function(
+        "ids => JSON.stringify([...document.querySelectorAll('[data-testid=message]')]"
+        ".map(e => e.dataset.id)) === JSON.stringify(ids)",
+        arg=ids,
+    )
 
 
 def test_versions_of_replies_and_questions_survive_reload_export_and_import(chat, server, screenshot):
@@ -32,8 +36,11 @@ def test_versions_of_replies_and_questions_survive_reload_export_and_import(chat
 
     first.hover()
     first.get_by_test_id("message-regenerate").click()
-    page.wait_for_function("old => { const a = document.querySelector('[data-testid=message][data-role=assistant]');"
-                           " return a && a.dataset.id !== old; }", arg=first_id)
+    page.wait_for_function(
+        "old => { const a = document.querySelector('[data-testid=message][data-role=assistant]');"
+        " return a && a.dataset.id !== old; }",
+        arg=first_id,
+    )
     second = chat.assistant()
     chat.wait_finished(second)
     assert _count(second) == "2/2"
@@ -48,9 +55,11 @@ def test_versions_of_replies_and_questions_survive_reload_export_and_import(chat
     user.get_by_test_id("message-edit").click()
     user.get_by_test_id("edit-input").fill(GERMANY)
     user.get_by_test_id("edit-submit").click()
-    page.wait_for_function("old => { const m = document.querySelector('[data-testid=message]');"
-                           " return m && m.dataset.id !== old && m.querySelector('[data-testid=branch-count]'); }",
-                           arg=user_id)
+    page.wait_for_function(
+        "old => { const m = document.querySelector('[data-testid=message]');"
+        " return m && m.dataset.id !== old && m.querySelector('[data-testid=branch-count]'); }",
+        arg=user_id,
+    )
     chat.wait_finished(chat.assistant())
     edited = chat.displayed()
     assert edited[0]["text"] == GERMANY and _count(chat.messages().first) == "2/2"

@@ -3,6 +3,7 @@ Stop, Regenerate, Edit-and-resend, Copy, settings, stats, reload, reconnect (a r
 
 Greedy (temperature 0) replies are compared with the reference outputs in tests/fixtures.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,10 @@ FACTORIAL = 1  # fixture prompt: a Python function, 32 tokens, opens a ``` fence
 LONG_PROMPT = "Write a long story about a dragon who learns to fly."
 
 RESUMED_TOKENS = 80  # long enough to be cut mid-reply, short enough to finish soon
-STREAMING_TEXT = ("() => { const m = document.querySelector('[data-testid=message][data-role=assistant]"
-                  "[data-status=streaming] [data-testid=message-content]'); return m && m.textContent.length > 0; }")
+STREAMING_TEXT = (
+    "() => { const m = document.querySelector('[data-testid=message][data-role=assistant]"
+    "[data-status=streaming] [data-testid=message-content]'); return m && m.textContent.length > 0; }"
+)
 NO_STREAMING = "() => !document.querySelector('[data-testid=message][data-status=streaming]')"
 
 
@@ -79,7 +82,8 @@ def test_send_streams_the_reply_token_by_token_and_stores_it(chat, server, refer
     stats = reply.get_by_test_id("message-stats")
     assert stats.locator("[data-stat=tokens]").inner_text() == f"{assistant['completion_tokens']} tokens"
     assert stats.locator("[data-stat=cached]").inner_text() == (
-        f"{assistant['cached_tokens']} / {assistant['prompt_tokens']} cached")
+        f"{assistant['cached_tokens']} / {assistant['prompt_tokens']} cached"
+    )
     assert stats.locator("[data-stat=tokens-per-s]").inner_text() == f"{assistant['tokens_per_s']:.1f} tok/s"
 
     # the server titled the session from the first message; the sidebar shows it
@@ -97,9 +101,11 @@ def test_stop_ends_the_reply_and_keeps_the_partial_text(chat, server, screenshot
     chat.send(LONG_PROMPT)
     reply = chat.assistant()
     reply.wait_for()
-    page.wait_for_function("() => { const m = document.querySelector("
-                           "'[data-testid=message][data-role=assistant][data-status=streaming] "
-                           "[data-testid=message-content]'); return m && m.textContent.length > 0; }")
+    page.wait_for_function(
+        "() => { const m = document.querySelector("
+        "'[data-testid=message][data-role=assistant][data-status=streaming] "
+        "[data-testid=message-content]'); return m && m.textContent.length > 0; }"
+    )
     assert page.get_by_test_id("send").is_hidden()
     page.get_by_test_id("stop").click()
     assert chat.wait_finished(reply) == "stopped"
@@ -128,7 +134,9 @@ def test_regenerate_replaces_the_last_reply(chat, server, reference):
     first.get_by_test_id("message-regenerate").click()
     page.wait_for_function(
         "old => { const a = [...document.querySelectorAll('[data-testid=message][data-role=assistant]')];"
-        " return a.length === 1 && a[0].dataset.id !== old; }", arg=first_id)
+        " return a.length === 1 && a[0].dataset.id !== old; }",
+        arg=first_id,
+    )
     second = chat.assistant()
     assert chat.wait_finished(second) == "complete"
 
@@ -161,7 +169,9 @@ def test_edit_and_resend_replaces_the_rest_of_the_conversation(chat, server, ref
     user.get_by_test_id("edit-submit").click()
     page.wait_for_function(
         "old => { const a = [...document.querySelectorAll('[data-testid=message][data-role=assistant]')];"
-        " return a.length === 1 && a[0].dataset.id !== old; }", arg=old_reply_id)
+        " return a.length === 1 && a[0].dataset.id !== old; }",
+        arg=old_reply_id,
+    )
     assert chat.wait_finished(chat.assistant()) == "complete"
 
     stored = server.session(sid)["messages"]
@@ -228,8 +238,10 @@ def test_code_in_a_reply_renders_as_a_code_block(chat, server, reference, screen
     # highlighted by highlight.js: keywords, the function's name and numbers in their own colours
     assert code.locator(".hljs-keyword").all_inner_texts()[:4] == ["def", "if", "return", "else"]
     assert code.locator(".hljs-title").first.inner_text() == "factorial"
-    colours = {code.locator(sel).first.evaluate("e => getComputedStyle(e).color")
-               for sel in (".hljs-keyword", ".hljs-title", ".hljs-number")}
+    colours = {
+        code.locator(sel).first.evaluate("e => getComputedStyle(e).color")
+        for sel in (".hljs-keyword", ".hljs-title", ".hljs-number")
+    }
     assert len(colours | {code.evaluate("e => getComputedStyle(e).color")}) == 4
     block.get_by_test_id("code-copy").click()
     block.get_by_test_id("code-copy").filter(has_text="Copied").wait_for()
@@ -349,15 +361,26 @@ def test_import_button_opens_the_imported_session(chat, server, page):
     export = server.http.get(f"/api/sessions/{source}/export").json()
     export["messages"] = [
         {"role": "user", "content": "Hello there", "status": "complete"},
-        {"role": "assistant", "content": "Hi! *How* can I help?", "status": "complete", "finish_reason": "stop",
-         "prompt_tokens": 30, "cached_tokens": 16, "completion_tokens": 9, "ttft_ms": 120.0, "tokens_per_s": 25.0},
+        {
+            "role": "assistant",
+            "content": "Hi! *How* can I help?",
+            "status": "complete",
+            "finish_reason": "stop",
+            "prompt_tokens": 30,
+            "cached_tokens": 16,
+            "completion_tokens": 9,
+            "ttft_ms": 120.0,
+            "tokens_per_s": 25.0,
+        },
     ]
     chat.open()
     page.set_input_files("#import-file", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not json"}])
     page.get_by_test_id("toast").filter(has_text="notes.txt is not a JSON export").wait_for()
 
-    page.set_input_files("#import-file", files=[{"name": "chat.json", "mimeType": "application/json",
-                                                 "buffer": json.dumps(export).encode()}])
+    page.set_input_files(
+        "#import-file",
+        files=[{"name": "chat.json", "mimeType": "application/json", "buffer": json.dumps(export).encode()}],
+    )
     page.wait_for_function("() => document.querySelectorAll('[data-testid=message]').length === 2")
     sid = chat.session_id
     assert sid != source
@@ -367,8 +390,22 @@ def test_import_button_opens_the_imported_session(chat, server, page):
     assert [m["id"] for m in shown] == [m["id"] for m in stored["messages"]]
     assert shown[0]["text"] == "Hello there"
     assert chat.assistant().locator("em").inner_text() == "How"
-    assert chat.assistant().get_by_test_id("message-stats").inner_text().split() == \
-        ["9", "tokens", "·", "25.0", "tok/s", "·", "16", "/", "30", "cached", "·", "TTFT", "120", "ms"]
+    assert chat.assistant().get_by_test_id("message-stats").inner_text().split() == [
+        "9",
+        "tokens",
+        "·",
+        "25.0",
+        "tok/s",
+        "·",
+        "16",
+        "/",
+        "30",
+        "cached",
+        "·",
+        "TTFT",
+        "120",
+        "ms",
+    ]
 
 
 def test_sending_without_a_session_creates_one(chat, server, page):
@@ -402,7 +439,9 @@ def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context
     other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="streaming"]')
     other.wait_for_function(
         "id => document.querySelector(`[data-testid=message][data-id=\"${id}\"] [data-testid=message-content]`)"
-        ".textContent.length > 0", arg=reply_id)
+        ".textContent.length > 0",
+        arg=reply_id,
+    )
     assert other.get_by_test_id("stop").is_visible()
 
     page.get_by_test_id("stop").click()

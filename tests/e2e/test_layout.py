@@ -1,4 +1,5 @@
 """Theme and responsive layout: dark/light follow the system setting; on a phone the sidebar is a drawer."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Markdown rendering (web/markdown.js: markdown-it + highlight.js) in Chromium: the elements it builds,
 re-rendering a growing reply block by block, and pathological input that must not freeze the page.
 Safety against hostile input is in test_safety.py."""
+
 from __future__ import annotations
 
 
@@ -29,29 +30,43 @@ def test_markdown_renderer_builds_the_expected_elements(markdown):
         };
     }""")
     assert html["heading"] == "<h1>Title</h1>"
-    assert html["inline"] == ("<p>Some <strong>bold</strong>, <em>em</em>, <s>gone</s> and "
-                              "<code>a&lt;b&gt;</code>.</p>")
+    assert html["inline"] == (
+        "<p>Some <strong>bold</strong>, <em>em</em>, <s>gone</s> and <code>a&lt;b&gt;</code>.</p>"
+    )
     assert html["snake"] == "<p>snake_case_name and 2 * 3 * 4</p>"
     assert html["escaped"] == "<p>*not em*</p>"
     assert html["lists"] == "<ul><li>a</li><li>b<ul><li>c</li></ul></li></ul><ol><li>x</li><li>y</li></ol>"
     # a fenced block: a head with the language and a Copy button, code highlighted by highlight.js
-    assert html["open_fence"].startswith('<div class="code-block"><div class="code-head"><span class="code-lang">js</span>'
-                                         '<button type="button" class="code-copy"')
-    assert ('<pre tabindex="0"><code class="hljs language-js"><span class="hljs-keyword">let</span> x = '
-            '<span class="hljs-number">1</span> &lt; <span class="hljs-number">2</span></code></pre></div>') in html["open_fence"]
+    assert html["open_fence"].startswith(
+        '<div class="code-block"><div class="code-head"><span class="code-lang">js</span>'
+        '<button type="button" class="code-copy"'
+    )
+    assert (
+        '<pre tabindex="0"><code class="hljs language-js"><span class="hljs-keyword">let</span> x = '
+        '<span class="hljs-number">1</span> &lt; <span class="hljs-number">2</span></code></pre></div>'
+    ) in html["open_fence"]
     assert '<code class="hljs language-klingon">qapla &lt; 2</code>' in html["unknown_language"]  # plain, escaped
     # alignment is a class: no style attributes
-    assert html["table"] == ('<div class="table-wrap" tabindex="0"><table><thead><tr><th>a</th><th class="align-right">b</th>'
-                             '</tr></thead><tbody><tr><td>1</td><td class="align-right">2</td></tr></tbody></table></div>')
+    assert html["table"] == (
+        '<div class="table-wrap" tabindex="0"><table><thead><tr><th>a</th><th class="align-right">b</th>'
+        '</tr></thead><tbody><tr><td>1</td><td class="align-right">2</td></tr></tbody></table></div>'
+    )
     assert html["quote"] == "<blockquote><p>quoted</p></blockquote>"
     assert html["breaks"] == "<p>one<br>two</p>"
     # bare URLs with a scheme become links; bare domains do not
-    assert html["autolink"] == ('<p>see <a href="https://example.com/x" target="_blank" rel="noopener noreferrer nofollow">'
-                                'https://example.com/x</a> and example.com.</p>')
-    assert html["titled"] == ('<p><a href="https://example.com" title="The docs" target="_blank" '
-                              'rel="noopener noreferrer nofollow">docs</a></p>')
+    assert html["autolink"] == (
+        '<p>see <a href="https://example.com/x" target="_blank" rel="noopener noreferrer nofollow">'
+        'https://example.com/x</a> and example.com.</p>'
+    )
+    assert html["titled"] == (
+        '<p><a href="https://example.com" title="The docs" target="_blank" '
+        'rel="noopener noreferrer nofollow">docs</a></p>'
+    )
     # an empty URL is no link; an image is never loaded (and here has nowhere to point)
-    assert html["empty_urls"] == '<p><span class="link-blocked">label</span> and <span class="link-blocked">image: alt</span></p>'
+    assert (
+        html["empty_urls"]
+        == '<p><span class="link-blocked">label</span> and <span class="link-blocked">image: alt</span></p>'
+    )
 
 
 def test_markdown_images_become_links_and_are_never_loaded(markdown):
@@ -108,8 +123,8 @@ REPLIES = {
     "backticks": "fit('`a ``')",
     "angle brackets": "fit('<')",
     "mixed delimiters": "fit('*_`[<')",
-    "nested quotes": "Array.from({length: 700}, (_, k) => '> '.repeat(k % 150) + 'x').join('\\n').padEnd(N, 'x').slice(0, N)",
-    "nested lists": "Array.from({length: 4000}, (_, k) => '  '.repeat(k % 200) + '- x').join('\\n').padEnd(N, 'x').slice(0, N)",
+    "nested quotes": "Array.from({length: 700}, (_, k) => '> '.repeat(k % 150) + 'x').join('\\n').padEnd(N, 'x').slice(0, N)",  # noqa: E501
+    "nested lists": "Array.from({length: 4000}, (_, k) => '  '.repeat(k % 200) + '- x').join('\\n').padEnd(N, 'x').slice(0, N)",  # noqa: E501
     "huge code block": "fit('```python\\n' + 'def f(x): return [x] * 2  # ok\\n'.repeat(40) + '```\\n')",
 }
 
@@ -118,9 +133,12 @@ def test_pathological_replies_render_about_as_fast_as_a_benign_one(markdown):
     """Linear-time rendering: each pathological reply takes at most 10x the benign reply of the same
     length, timed in the same page (a quadratic renderer would take ~1000x)."""
     cases = ", ".join(f"{name!r}: {expr}" for name, expr in REPLIES.items())
-    times = markdown.evaluate("""N => {
+    times = markdown.evaluate(
+        """N => {
         const fit = (unit) => unit.repeat(Math.ceil(N / unit.length)).slice(0, N);
-        const cases = {""" + cases + """};
+        const cases = {"""
+        + cases
+        + """};
         const out = {};
         for (const [name, src] of Object.entries(cases)) {
             if (src.length !== N) throw new Error(name + ' is ' + src.length + ' characters');
@@ -137,7 +155,9 @@ def test_pathological_replies_render_about_as_fast_as_a_benign_one(markdown):
             out[name] = best;
         }
         return out;
-    }""", N)
+    }""",
+        N,
+    )
     benign = times.pop("benign")
     report = ", ".join(f"{name} {ms:.0f} ms" for name, ms in times.items())
     print(f"\n100k-character replies in Chromium: benign {benign:.0f} ms; {report}")

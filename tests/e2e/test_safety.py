@@ -1,5 +1,6 @@
 """Nothing a message contains can become markup or script in the page: user input, model output
 and imported sessions all render as text; links keep only http(s)/mailto URLs."""
+
 from __future__ import annotations
 
 PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
@@ -13,30 +14,35 @@ ALLOWED = """{
 }"""
 
 # Elements/attributes that must never appear inside rendered message content.
-DANGEROUS = ("script, img, iframe, svg, object, embed, style, link, meta, form, input, video, audio, "
-             "[onerror], [onload], [onclick], [onmouseover], [onbegin], [srcdoc]")
+DANGEROUS = (
+    "script, img, iframe, svg, object, embed, style, link, meta, form, input, video, audio, "
+    "[onerror], [onload], [onclick], [onmouseover], [onbegin], [srcdoc]"
+)
 
-MALICIOUS_REPLY = "\n\n".join([
-    "Hello <script>window.__pwned = 3</script> world",
-    '<img src=x onerror="window.__pwned=4">',
-    '<iframe src="javascript:window.__pwned=5"></iframe>',
-    "[click me](javascript:window.__pwned=6)",
-    "[tabbed](java\tscript:window.__pwned=7)",
-    "[data url](data:text/html,window.__pwned=8)",
-    '<a href="javascript:window.__pwned=9">raw link</a>',
-    "![picture](javascript:window.__pwned=10)",
-    '**bold <b onmouseover="window.__pwned=11">x</b>**',
-    "```html\n<script>window.__pwned=12</script>\n```",
-    '`<svg onload="window.__pwned=13">`',
-    "<javascript:window.__pwned=14>",
-    "[fine](https://example.com/docs)",
-    '<svg><animate onbegin="window.__pwned=15" attributeName="x" dur="1s"/></svg>',
-])
+MALICIOUS_REPLY = "\n\n".join(
+    [
+        "Hello <script>window.__pwned = 3</script> world",
+        '<img src=x onerror="window.__pwned=4">',
+        '<iframe src="javascript:window.__pwned=5"></iframe>',
+        "[click me](javascript:window.__pwned=6)",
+        "[tabbed](java\tscript:window.__pwned=7)",
+        "[data url](data:text/html,window.__pwned=8)",
+        '<a href="javascript:window.__pwned=9">raw link</a>',
+        "![picture](javascript:window.__pwned=10)",
+        '**bold <b onmouseover="window.__pwned=11">x</b>**',
+        "```html\n<script>window.__pwned=12</script>\n```",
+        '`<svg onload="window.__pwned=13">`',
+        "<javascript:window.__pwned=14>",
+        "[fine](https://example.com/docs)",
+        '<svg><animate onbegin="window.__pwned=15" attributeName="x" dur="1s"/></svg>',
+    ]
+)
 
 
 def _injected(page) -> list[str]:
-    return page.eval_on_selector_all(f'[data-testid="message-content"] :is({DANGEROUS})',
-                                     "els => els.map(e => e.outerHTML)")
+    return page.eval_on_selector_all(
+        f'[data-testid="message-content"] :is({DANGEROUS})', "els => els.map(e => e.outerHTML)"
+    )
 
 
 def _settle(page) -> None:
@@ -74,8 +80,11 @@ def test_user_message_with_html_renders_literally(chat, server, screenshot):
 def test_imported_reply_with_html_and_script_links_is_inert(chat, server, page, screenshot):
     export = {
         "forge_export": 1,
-        "session": {"title": '<img src=x onerror="window.__pwned=20">Imported',
-                    "system_prompt": None, "settings": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16}},
+        "session": {
+            "title": '<img src=x onerror="window.__pwned=20">Imported',
+            "system_prompt": None,
+            "settings": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16},
+        },
         "messages": [
             {"role": "system", "content": "<script>window.__pwned=21</script>", "status": "complete"},
             {"role": "user", "content": "Show me <b>HTML</b>", "status": "complete"},
@@ -95,16 +104,25 @@ def test_imported_reply_with_html_and_script_links_is_inert(chat, server, page, 
     assert page.evaluate("window.__pwned") is None
     reply = chat.assistant().get_by_test_id("message-content")
     text = reply.text_content()
-    for literal in ("<script>window.__pwned = 3</script>", '<img src=x onerror="window.__pwned=4">',
-                    '<iframe src="javascript:window.__pwned=5"></iframe>', '<a href="javascript:window.__pwned=9">',
-                    '<b onmouseover="window.__pwned=11">x</b>', '<svg onload="window.__pwned=13">'):
+    for literal in (
+        "<script>window.__pwned = 3</script>",
+        '<img src=x onerror="window.__pwned=4">',
+        '<iframe src="javascript:window.__pwned=5"></iframe>',
+        '<a href="javascript:window.__pwned=9">',
+        '<b onmouseover="window.__pwned=11">x</b>',
+        '<svg onload="window.__pwned=13">',
+    ):
         assert literal in text, literal
     # only the https link survives as a link; links to other schemes stay their Markdown source, as text
     links = reply.locator("a").evaluate_all("as => as.map(a => [a.getAttribute('href'), a.rel, a.target])")
     assert links == [["https://example.com/docs", "noopener noreferrer nofollow", "_blank"]]
-    for source in ("[click me](javascript:window.__pwned=6)", "[tabbed](java\tscript:window.__pwned=7)",
-                   "[data url](data:text/html,window.__pwned=8)", "![picture](javascript:window.__pwned=10)",
-                   "<javascript:window.__pwned=14>"):
+    for source in (
+        "[click me](javascript:window.__pwned=6)",
+        "[tabbed](java\tscript:window.__pwned=7)",
+        "[data url](data:text/html,window.__pwned=8)",
+        "![picture](javascript:window.__pwned=10)",
+        "<javascript:window.__pwned=14>",
+    ):
         assert source in text, source
     reply.get_by_text("[click me](javascript:window.__pwned=6)").click()
     assert page.url.endswith(f"/#/s/{sid}")
@@ -118,10 +136,23 @@ def test_imported_reply_with_html_and_script_links_is_inert(chat, server, page, 
 
 
 def test_markdown_safe_url_keeps_only_http_and_mailto(markdown):
-    urls = ["https://example.com/a?b=c", "http://x.y", "mailto:me@example.com", "javascript:alert(1)",
-            "JaVaScRiPt:alert(1)", " javascript:alert(1)", "java\tscript:alert(1)", "java\nscript:alert(1)",
-            "\u0001javascript:alert(1)", "data:text/html,hi", "vbscript:msgbox", "//evil.example/x", "/api/sessions",
-            "#top", "file:///etc/passwd"]
+    urls = [
+        "https://example.com/a?b=c",
+        "http://x.y",
+        "mailto:me@example.com",
+        "javascript:alert(1)",
+        "JaVaScRiPt:alert(1)",
+        " javascript:alert(1)",
+        "java\tscript:alert(1)",
+        "java\nscript:alert(1)",
+        "\u0001javascript:alert(1)",
+        "data:text/html,hi",
+        "vbscript:msgbox",
+        "//evil.example/x",
+        "/api/sessions",
+        "#top",
+        "file:///etc/passwd",
+    ]
     got = markdown.evaluate("urls => urls.map(u => md.safeUrl(u))", urls)
     assert got[:3] == ["https://example.com/a?b=c", "http://x.y/", "mailto:me@example.com"]
     assert got[3:] == [None] * (len(urls) - 3)
@@ -129,8 +160,11 @@ def test_markdown_safe_url_keeps_only_http_and_mailto(markdown):
 
 def test_markdown_renderer_never_creates_unlisted_elements_or_attributes(markdown):
     """Render thousands of random mixes of Markdown and HTML fragments; only allowed markup may appear."""
-    bad = markdown.evaluate("""() => {
-        const allowed = """ + ALLOWED + """;
+    bad = markdown.evaluate(
+        """() => {
+        const allowed = """
+        + ALLOWED
+        + """;
         const parts = ['<script>alert(1)</script>', '<img src=x onerror=alert(1)>', '**', '*', '_', '`', '```', '\\n',
             '\\n\\n', '[a](javascript:alert(1))', '[b](https://ok.example)', '](', ')', '<', '>', '"', "'", '&lt;',
             '# ', '- ', '1. ', '> ', '|', '---', '~~', '\\\\', '<a href="javascript:x">', '<svg onload=alert(1)>',
@@ -152,7 +186,8 @@ def test_markdown_renderer_never_creates_unlisted_elements_or_attributes(markdow
             }
         }
         return problems;
-    }""")
+    }"""
+    )
     assert bad == []
 
 
@@ -175,7 +210,8 @@ HOSTILE_MARKDOWN = [
 
 
 def test_hostile_markdown_renders_inert(markdown):
-    got = markdown.evaluate("""([sources, dangerous]) => {
+    got = markdown.evaluate(
+        """([sources, dangerous]) => {
         const box = document.createElement('div');
         document.body.appendChild(box);
         md.renderInto(box, sources.join('\\n\\n'));
@@ -186,13 +222,20 @@ def test_hostile_markdown_renders_inert(markdown):
             hrefs: [...box.querySelectorAll('a')].map(a => a.getAttribute('href')),
             text: box.textContent,
         };
-    }""", [HOSTILE_MARKDOWN, DANGEROUS])
+    }""",
+        [HOSTILE_MARKDOWN, DANGEROUS],
+    )
     _settle(markdown)
     assert markdown.evaluate("window.__pwned") is None
     assert got["injected"] == [] and got["handlers"] == []
     assert all(h.startswith("https://") for h in got["hrefs"]), got["hrefs"]
     # the payloads are there to read, as text
-    for literal in ('<img src=x onerror="window.__pwned=31">', "<script>window.__pwned=32</script>",
-                    "[entity](javascript:window.__pwned=35)",  # the entity decoded, as text
-                    "[ref]", '<img src=x onerror="window.__pwned=41">', "[vb](vbscript:msgbox)"):
+    for literal in (
+        '<img src=x onerror="window.__pwned=31">',
+        "<script>window.__pwned=32</script>",
+        "[entity](javascript:window.__pwned=35)",  # the entity decoded, as text
+        "[ref]",
+        '<img src=x onerror="window.__pwned=41">',
+        "[vb](vbscript:msgbox)",
+    ):
         assert literal in got["text"], literal

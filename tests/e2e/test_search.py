@@ -1,15 +1,25 @@
 """Search from the sidebar: hits in titles and in messages of any branch; choosing a hit opens its session
 at that message, switching to its branch when it is not the chosen one."""
+
 from __future__ import annotations
 
 from tests.e2e.conftest import LEGACY_SESSION
 
-GARDEN = {"forge_export": 2, "session": {"title": "Garden notes"}, "messages": [
-    {"id": "q", "role": "user", "content": "Which plants like deep shade?"},
-    {"id": "a1", "parent_id": "q", "role": "assistant", "content": "Ferns and hostas do well there."},
-    {"id": "a2", "parent_id": "q", "role": "assistant", "content": "Try the quillwort, it loves damp shade.",
-     "active": False},
-]}
+GARDEN = {
+    "forge_export": 2,
+    "session": {"title": "Garden notes"},
+    "messages": [
+        {"id": "q", "role": "user", "content": "Which plants like deep shade?"},
+        {"id": "a1", "parent_id": "q", "role": "assistant", "content": "Ferns and hostas do well there."},
+        {
+            "id": "a2",
+            "parent_id": "q",
+            "role": "assistant",
+            "content": "Try the quillwort, it loves damp shade.",
+            "active": False,
+        },
+    ],
+}
 
 
 def _search(page, query: str):

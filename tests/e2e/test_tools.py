@@ -1,5 +1,6 @@
 """Tool calls in the chat UI: tools pasted in the settings drawer, a reply that calls one shows as a compact card
 (the function's name, its arguments pretty-printed), and the result a client posts shows in the same card."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,12 @@ import json
 from axe_playwright_python.sync_playwright import Axe
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER},
+    }
+]
 RESULT = {"city": "Paris", "sky": "clear", "temperature_c": 21}
 
 
@@ -27,8 +32,9 @@ def test_a_call_and_its_result_show_as_a_card(chat, server, page, screenshot):
     page.get_by_test_id("toggle-settings").click()
     assert server.session(sid)["settings"]["tools"][0]["function"]["name"] == "get_weather"
     # every reply must call it, once
-    r = server.http.patch(f"/api/sessions/{sid}", json={"settings": {"tool_choice": "required",
-                                                                  "parallel_tool_calls": False}})
+    r = server.http.patch(
+        f"/api/sessions/{sid}", json={"settings": {"tool_choice": "required", "parallel_tool_calls": False}}
+    )
     assert r.status_code == 200, r.text
 
     chat.send("What is the weather in Paris?")
@@ -45,8 +51,9 @@ def test_a_call_and_its_result_show_as_a_card(chat, server, page, screenshot):
 
     call_id = server.session(sid)["messages"][-1]["tool_calls"][0]["id"]
     assert card.get_attribute("data-call-id") == call_id
-    r = server.http.post(f"/api/sessions/{sid}/tool_results",
-                         json={"tool_call_id": call_id, "content": json.dumps(RESULT)})
+    r = server.http.post(
+        f"/api/sessions/{sid}/tool_results", json={"tool_call_id": call_id, "content": json.dumps(RESULT)}
+    )
     assert r.status_code == 201, r.text
     page.reload()
     chat.wait_connected()

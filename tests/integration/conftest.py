@@ -1,6 +1,7 @@
 """Server fixtures for the service tests: a real `python -m app.server` (uvicorn) on 127.0.0.1 with the
 default model and a real SQLite file. One shared server for the whole test session; the persistence
 tests start their own (they kill it)."""
+
 from __future__ import annotations
 
 import json
@@ -59,9 +60,22 @@ class ServerProcess:
     def db_url(self) -> str:
         return f"sqlite+aiosqlite:///{self.db_path}"
 
-    def start(self) -> "ServerProcess":
-        args = [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--db", self.db_url, "--keepalive-s", str(self.keepalive_s), "--log-level", "info"]
+    def start(self) -> ServerProcess:
+        args = [
+            sys.executable,
+            "-m",
+            "app.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db",
+            self.db_url,
+            "--keepalive-s",
+            str(self.keepalive_s),
+            "--log-level",
+            "info",
+        ]
         if self.api_key:
             args += ["--api-key", self.api_key, "--api-key", OTHER_KEY]
         if self.admin_token:
@@ -150,10 +164,15 @@ def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The shared server: API key and admin token set, SSE keep-alive every 0.05 s, a small default reply cap."""
     tmp = tmp_path_factory.mktemp("forge-server")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
-                        env={"FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
-                             # what is drafted must not depend on this machine's load (engine/spec_policy.py)
-                             "FORGE_SPEC_ROW_COST": "0.5"})
+    srv = ServerProcess(
+        db_path=tmp / "forge.db",
+        log_path=tmp / "server.log",
+        env={
+            "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
+            # what is drafted must not depend on this machine's load (engine/spec_policy.py)
+            "FORGE_SPEC_ROW_COST": "0.5",
+        },
+    )
     srv.start()
     try:
         yield srv
@@ -168,12 +187,14 @@ def reference() -> dict:
 
 
 @contextmanager
-def post_and_leave(server: ServerProcess, path: str, body: dict,
-                   headers: dict[str, str] | None = None) -> Iterator[socket.socket]:
+def post_and_leave(
+    server: ServerProcess, path: str, body: dict, headers: dict[str, str] | None = None
+) -> Iterator[socket.socket]:
     """POST `body` over a raw socket that never reads the answer; leaving the block closes it."""
     data = json.dumps(body).encode()
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" \
-           f"Content-Length: {len(data)}\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    )
     for k, v in {**server.auth, **(headers or {})}.items():
         head += f"{k}: {v}\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:

@@ -7,6 +7,7 @@
 - Every call's wall time, status and operation go to the JSON-lines file named by FORGE_FUZZ_LOG, so the test can
   hold every answer (whole streams included) to a deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,5 +50,7 @@ def after_call(context: Any, case: Any, response: Any) -> None:
     path = os.environ.get("FORGE_FUZZ_LOG")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"op": f"{case.method} {case.path}", "status": response.status_code,
-                                "s": round(took, 3)}) + "\n")
+            f.write(
+                json.dumps({"op": f"{case.method} {case.path}", "status": response.status_code, "s": round(took, 3)})
+                + "\n"
+            )

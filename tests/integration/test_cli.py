@@ -1,4 +1,5 @@
 """`forge generate` and `forge chat` as a user runs them: real processes, the default model."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ FORGE = str(Path(sys.executable).parent / "forge")
 
 
 def forge(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([FORGE, *args, "--threads", "1"], input=stdin, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [FORGE, *args, "--threads", "1"], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_generate_json_reproduces_reference_greedy_ids(reference):
@@ -28,7 +31,11 @@ def test_generate_json_reproduces_reference_greedy_ids(reference):
     assert out["token_ids"] == case["generated_ids"]
     assert out["text"] == case["generated_text_skip_special"]
     assert out["finish_reason"] == "stop"
-    assert out["usage"] == {"prompt_tokens": case["n_prompt"], "cached_tokens": 0, "completion_tokens": case["n_generated"]}
+    assert out["usage"] == {
+        "prompt_tokens": case["n_prompt"],
+        "cached_tokens": 0,
+        "completion_tokens": case["n_generated"],
+    }
     assert 0 < out["timings"]["ttft"] <= out["timings"]["total"]
 
 
@@ -37,8 +44,9 @@ def test_generate_streams_text_and_raw_mode_skips_the_template():
     out = json.loads(run.stdout)
     assert out["prompt_token_ids"][0] != 1  # no <|im_start|>: the prompt went in as written
     assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
-    streamed = forge("generate", "--raw", "--temperature", "0", "--max-tokens", "6", "--speculative", "off",
-                     "Once upon a time")
+    streamed = forge(
+        "generate", "--raw", "--temperature", "0", "--max-tokens", "6", "--speculative", "off", "Once upon a time"
+    )
     assert streamed.returncode == 0
     assert streamed.stdout.rstrip("\n") == out["text"]  # speculation (the default) changes nothing
 
@@ -89,8 +97,17 @@ def test_backend_cupy_without_a_gpu_fails_at_once_and_auto_says_why_it_chose_num
 
 def test_activations_flag_reaches_the_kernels_and_is_checked(reference):
     case = reference["prompts"][0]  # its first two candidates are 0.08 apart: int8 activations flip them
-    run = forge("generate", "--activations", "q8", "--temperature", "0", "--max-tokens", "4", "--json",
-                case["messages"][0]["content"])
+    run = forge(
+        "generate",
+        "--activations",
+        "q8",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+        "--json",
+        case["messages"][0]["content"],
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["token_ids"] != case["generated_ids"][:4]
     for args, env, message in (
@@ -103,16 +120,32 @@ def test_activations_flag_reaches_the_kernels_and_is_checked(reference):
 
 def test_synth_writes_a_model_that_generate_runs(tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    config.write_text(
+        json.dumps(
+            {
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     out = tmp_path / "tiny.gguf"
-    synth = subprocess.run([FORGE, "synth", "--config", str(config), "--quant", "q4_k", "--out", str(out)],
-                           capture_output=True, text=True, timeout=120, check=False)
+    synth = subprocess.run(
+        [FORGE, "synth", "--config", str(config), "--quant", "q4_k", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert synth.returncode == 0, synth.stderr
     assert f"wrote {out}" in synth.stdout and out.is_file()
     run = forge("generate", "--model", str(out), "--raw", "--temperature", "0", "--max-tokens", "4", "--json", "Hello")
     assert run.returncode == 0, run.stderr
     assert len(json.loads(run.stdout)["token_ids"]) == 4  # seed 0, greedy: no EOS among them
-    bad = subprocess.run([FORGE, "synth", "--shape", "gpt-5", "--out", str(out)], capture_output=True, text=True,
-                         timeout=60, check=False)
+    bad = subprocess.run(
+        [FORGE, "synth", "--shape", "gpt-5", "--out", str(out)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert bad.returncode == 2 and "unknown shape 'gpt-5'" in bad.stderr and "Traceback" not in bad.stderr

@@ -6,6 +6,7 @@ turn answered by the survivor; the killed replica, started again, rejoins and ge
 
 One cluster for the module (its replicas share the numba cache in the tree, so they do not compile again).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,11 @@ START_TIMEOUT_S = 400  # two replicas loading the model on a busy 2-core machine
 WAIT_S = 60.0  # how long a state change may take here: leases, a sweep, HAProxy's checks (1 s, two failures)
 LONG = "Write a long story about a lighthouse keeper."  # at temperature 0 a reply of hundreds of tokens
 
-pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None or unavailable() is not None,
-                                reason=f"needs HAProxy and PostgreSQL (`make test` installs Debian's haproxy and "
-                                       f"postgresql): {unavailable() or 'haproxy is not installed'}")
+pytestmark = pytest.mark.skipif(
+    shutil.which("haproxy") is None or unavailable() is not None,
+    reason=f"needs HAProxy and PostgreSQL (`make test` installs Debian's haproxy and "
+    f"postgresql): {unavailable() or 'haproxy is not installed'}",
+)
 
 
 def _free_ports(n: int) -> int:
@@ -68,11 +71,21 @@ class Cluster:
 
     def sh(self, *args: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
-        env.update(FORGE_CLUSTER_DIR=str(self.dir), FORGE_CLUSTER_PORT=str(self.port), FORGE_PYTHON=sys.executable,
-                   FORGE_CLUSTER_READY_TIMEOUT_S=str(START_TIMEOUT_S), PYTHONUNBUFFERED="1",
-                   FORGE_SERVE_ARGS=f"--lease-ttl-s {LEASE_TTL_S} --threads 1 --keepalive-s 0.5")
-        done = subprocess.run([str(REPO / "scripts" / "cluster.sh"), *args], env=env, capture_output=True, text=True,
-                              timeout=START_TIMEOUT_S + 60)
+        env.update(
+            FORGE_CLUSTER_DIR=str(self.dir),
+            FORGE_CLUSTER_PORT=str(self.port),
+            FORGE_PYTHON=sys.executable,
+            FORGE_CLUSTER_READY_TIMEOUT_S=str(START_TIMEOUT_S),
+            PYTHONUNBUFFERED="1",
+            FORGE_SERVE_ARGS=f"--lease-ttl-s {LEASE_TTL_S} --threads 1 --keepalive-s 0.5",
+        )
+        done = subprocess.run(
+            [str(REPO / "scripts" / "cluster.sh"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S + 60,
+        )
         assert done.returncode == 0, f"cluster.sh {' '.join(args)}: {done.stderr}\n{self.logs()}"
         return done.stdout
 
@@ -217,7 +230,7 @@ def test_a_killed_replicas_replies_are_interrupted_and_its_sessions_go_on_elsewh
                 assert time.monotonic() - killed < WAIT_S, "the killed replica's reply is still 'streaming'"
                 time.sleep(0.2)
             assert (last["id"], last["status"]) == (cut, "interrupted")
-            assert messages(http, dead, survivor)[:len(earlier)] == earlier
+            assert messages(http, dead, survivor)[: len(earlier)] == earlier
         finally:
             watcher.join(300)
         assert live_events[-1]["type"] == "done" and live_events[-1]["status"] == "complete", live_events[-1]

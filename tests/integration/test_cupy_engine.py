@@ -9,14 +9,15 @@ Greedy ids must agree. float16 K/V and float16 prefill products move logits by ~
 only flip where the reference's two best logits are closer than NEAR_TIE; the first divergence of
 each reply and that margin are printed (pytest -s) whatever happens.
 """
+
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
-
 from engine_helpers import greedy, greedy_divergence, make_core, run_all
+
 from kernels import cupy_unavailable_reason, get_backend
 from kernels.attention_meta import build_attention_metadata
 
@@ -61,7 +62,9 @@ def _prompts(reference) -> list[list[int]]:
 def _first_logits(model_pair, ids: list[int]) -> np.ndarray:
     core = make_core(model_pair, kv_memory=64 << 20)
     meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(-(-len(ids) // 16)))], 16, core.backend)
-    return core.model.forward(np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1]))[0]
+    return core.model.forward(
+        np.asarray(ids), np.arange(len(ids)), meta, core.runner.kv_caches, np.array([len(ids) - 1])
+    )[0]
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda_graphs", "eager"])
@@ -105,4 +108,6 @@ def test_first_position_logits_close_to_transformers(gpu_model, reference):
         logits = _first_logits(gpu_model, case["prompt_ids"])
         top = case["first_position_top5"]
         assert int(np.argmax(logits)) == top["ids"][0]
-        np.testing.assert_allclose(logits[top["ids"]], top["values"], atol=5e-2, rtol=0)  # float16 paths: ~1e-3 relative
+        np.testing.assert_allclose(
+            logits[top["ids"]], top["values"], atol=5e-2, rtol=0
+        )  # float16 paths: ~1e-3 relative

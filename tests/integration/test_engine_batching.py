@@ -1,16 +1,16 @@
 """Continuous batching, prefix reuse, preemption, chunked prefill and failure isolation
 on the real default model, driving the synchronous engine core step by step."""
+
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from engine_helpers import collect, greedy, make_core, run_all
 
 from engine.types import EngineOverloaded, GenerationRequest, SamplingParams
-from engine_helpers import collect, greedy, make_core, run_all
 
 
 def prompts_of_lengths(core, lengths: list[int]) -> list[list[int]]:
-    text = ("The quick brown fox jumps over the lazy dog while the river runs to the sea. " * 40)
+    text = "The quick brown fox jumps over the lazy dog while the river runs to the sea. " * 40
     ids = core.tokenizer.encode(text)
     return [[1] + ids[i : i + n - 1] for i, n in enumerate(lengths)]
 
@@ -45,7 +45,9 @@ def test_second_turn_reuses_history_blocks_and_matches_cold_run(default_model, r
     case = reference["prompts"][1]
     turn1 = run_all(core, [greedy(case["prompt_ids"], 20)])
     reply = next(iter(turn1.values())).token_ids
-    follow = core.tokenizer.encode("<|im_end|>\n<|im_start|>user\nNow in JavaScript please.<|im_end|>\n<|im_start|>assistant\n")
+    follow = core.tokenizer.encode(
+        "<|im_end|>\n<|im_start|>user\nNow in JavaScript please.<|im_end|>\n<|im_start|>assistant\n"
+    )
     prompt2 = case["prompt_ids"] + reply + follow
     # The reply's last token has no KV yet (it was sampled, never fed back): that block is partial.
     history_full_blocks = (len(case["prompt_ids"]) + len(reply) - 1) // 16 * 16
@@ -61,7 +63,9 @@ def test_second_turn_reuses_history_blocks_and_matches_cold_run(default_model, r
 def test_tiny_kv_budget_preempts_without_changing_outputs(default_model):
     probe = make_core(default_model, kv_memory=64 << 20)
     prompts = prompts_of_lengths(probe, [40, 52, 64, 70])
-    expected = {i: next(iter(alone(default_model, p, 24, ignore_eos=True).values())).token_ids for i, p in enumerate(prompts)}
+    expected = {
+        i: next(iter(alone(default_model, p, 24, ignore_eos=True).values())).token_ids for i, p in enumerate(prompts)
+    }
     per_block = probe.runner.kv_caches[0][0][0].nbytes * 2 * len(probe.runner.kv_caches)
     core = make_core(default_model, kv_memory=per_block * 16)  # 256 tokens for ~330 needed
     reqs = [greedy(p, 24, ignore_eos=True) for p in prompts]

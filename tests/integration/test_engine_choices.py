@@ -3,6 +3,7 @@ default model and the default (numba) backend: n = 1..16 with stop strings and l
 speculation, preemption under a small KV budget, many concurrent requests sharing prompt prefixes, and
 timeouts and aborts that reach samples still waiting for the prompt's blocks. What could never fit the KV
 budget is refused before it is queued."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,13 +12,13 @@ import re
 
 import numpy as np
 import pytest
+from engine_helpers import make_core
 
 from engine import Engine, GenerationRequest, InvalidRequest, SamplingParams
+from engine.engine import RequestStream
 from engine.model_runner import kv_bytes_per_block
 from engine.speculative import SpecConfig
-from engine.engine import RequestStream
 from engine.types import GenerationEvent, ResponseFormat
-from engine_helpers import make_core
 
 HANG_S = 120  # a hang detector only: every request here ends in a few steps
 
@@ -26,8 +27,9 @@ HANG_S = 120  # a hang detector only: every request here ends in a few steps
 async def engine(default_model):
     """Speculation off unless a request asks for it; rows priced as free (`row_cost=0`), so a request that
     asks drafts wherever it has a track, whatever this machine's load."""
-    eng = Engine(make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(mode="off", row_cost=0.0)),
-                 threads=2)
+    eng = Engine(
+        make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(mode="off", row_cost=0.0)), threads=2
+    )
     yield eng
     await eng.shutdown()
 
@@ -37,8 +39,9 @@ def small_kv(default_model, blocks: int) -> int:
     return blocks * kv_bytes_per_block(loaded, 16, np.dtype(model.backend.kv_dtype).itemsize)
 
 
-async def finals_of(engine: Engine, req: GenerationRequest,
-                    stream: RequestStream | None = None) -> dict[int, tuple[str, GenerationEvent]]:
+async def finals_of(
+    engine: Engine, req: GenerationRequest, stream: RequestStream | None = None
+) -> dict[int, tuple[str, GenerationEvent]]:
     """Sample index -> (its whole text, its final event); asserts exactly one final event per sample.
     `stream`: the request's, when it was already submitted."""
     texts: dict[int, str] = {}
@@ -65,9 +68,20 @@ def assert_logprobs(ev: GenerationEvent, k: int) -> None:
 async def test_n_1_to_16_every_sample_finishes(engine):
     # The report: 4 sampled tokens of "Once upon a time" finished samples 0 and 1 only, whatever n.
     prompt = engine.tokenizer.encode("Once upon a time")
-    reqs = [GenerationRequest(prompt, SamplingParams(max_tokens=3, temperature=0.7, n=n, seed=n,
-                                                     stop=["."] if n % 2 else [], logprobs=2 if n % 3 == 0 else None))
-            for n in range(1, 17)]
+    reqs = [
+        GenerationRequest(
+            prompt,
+            SamplingParams(
+                max_tokens=3,
+                temperature=0.7,
+                n=n,
+                seed=n,
+                stop=["."] if n % 2 else [],
+                logprobs=2 if n % 3 == 0 else None,
+            ),
+        )
+        for n in range(1, 17)
+    ]
     results = await asyncio.gather(*(finals_of(engine, r) for r in reqs))
     for req, finals in zip(reqs, results):
         for text, ev in finals.values():
@@ -107,12 +121,16 @@ async def test_logprobs_reach_every_sample(engine):
 async def test_structured_output_every_sample_finishes_and_matches(engine):
     prompt = engine.render_chat([{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
     regex = ResponseFormat("regex", r"(yes|no)")
-    finals = await finals_of(engine, GenerationRequest(prompt, SamplingParams(max_tokens=4, temperature=1.0, n=8,
-                                                                              seed=2, response_format=regex)))
+    finals = await finals_of(
+        engine,
+        GenerationRequest(prompt, SamplingParams(max_tokens=4, temperature=1.0, n=8, seed=2, response_format=regex)),
+    )
     for text, ev in finals.values():
         assert ev.finish_reason == "stop" and re.fullmatch(r"yes|no", text), (text, ev.finish_reason)
-    json_req = GenerationRequest(prompt, SamplingParams(max_tokens=6, temperature=1.0, n=5, seed=3,
-                                                        response_format=ResponseFormat("json_object")))
+    json_req = GenerationRequest(
+        prompt,
+        SamplingParams(max_tokens=6, temperature=1.0, n=5, seed=3, response_format=ResponseFormat("json_object")),
+    )
     finals = await finals_of(engine, json_req)
     for text, ev in finals.values():
         assert ev.finish_reason in ("stop", "length") and text.lstrip().startswith("{")
@@ -123,8 +141,9 @@ async def test_speculation_every_sample_finishes(engine):
     prompt = engine.render_chat([{"role": "user", "content": f"Repeat exactly:\n{code}{code}"}])
     before = engine.stats()["spec_drafted_tokens"]
     for temperature in (0.0, 0.8):  # greedy siblings are identical: they finish together
-        params = SamplingParams(max_tokens=12, temperature=temperature, n=4, seed=7, stop=["return"],
-                                speculative="ngram", logprobs=1)
+        params = SamplingParams(
+            max_tokens=12, temperature=temperature, n=4, seed=7, stop=["return"], speculative="ngram", logprobs=1
+        )
         finals = await finals_of(engine, GenerationRequest(prompt, params))
         assert all(ev.finish_reason in ("stop", "length") for _, ev in finals.values())
     assert engine.stats()["spec_drafted_tokens"] > before
@@ -133,12 +152,17 @@ async def test_speculation_every_sample_finishes(engine):
 async def test_concurrent_requests_sharing_prefixes_all_finish(engine):
     # The report's mixed traffic: n 2-4, prompts that share prefixes with each other, a stop string.
     unit = "Once upon a time "
-    reqs = [GenerationRequest(engine.tokenizer.encode(unit * (27 + (i * 5) % 18)),
-                              SamplingParams(max_tokens=4, temperature=0.9, n=2 + i % 3, seed=i, stop=["."],
-                                             logprobs=1 if i % 4 == 0 else None))
-            for i in range(8)]
+    reqs = [
+        GenerationRequest(
+            engine.tokenizer.encode(unit * (27 + (i * 5) % 18)),
+            SamplingParams(
+                max_tokens=4, temperature=0.9, n=2 + i % 3, seed=i, stop=["."], logprobs=1 if i % 4 == 0 else None
+            ),
+        )
+        for i in range(8)
+    ]
     results = await asyncio.gather(*(finals_of(engine, r) for r in reqs))
-    for req, finals in zip(reqs, results):
+    for finals in results:
         assert all(ev.finish_reason in ("stop", "length") for _, ev in finals.values())
         assert all("." not in text for text, _ in finals.values())
     stats = engine.stats()
@@ -180,14 +204,20 @@ async def test_a_timeout_or_abort_ends_every_sample_with_one_reason(engine):
 
 async def test_preemption_under_a_small_kv_budget_loses_no_sample(default_model):
     # 20 blocks of 16 tokens: one request fits, three at once do not, so siblings are preempted and recomputed.
-    eng = Engine(make_core(default_model, kv_memory=small_kv(default_model, 20), speculative=SpecConfig(row_cost=0.0)),
-                 threads=2)
+    eng = Engine(
+        make_core(default_model, kv_memory=small_kv(default_model, 20), speculative=SpecConfig(row_cost=0.0)), threads=2
+    )
     try:
         unit = "Once upon a time "
-        reqs = [GenerationRequest(eng.tokenizer.encode(unit * (6 + i)),
-                                  SamplingParams(max_tokens=16, temperature=0.8, n=4, seed=i, ignore_eos=True,
-                                                 stop=["." * 40], logprobs=1))
-                for i in range(3)]
+        reqs = [
+            GenerationRequest(
+                eng.tokenizer.encode(unit * (6 + i)),
+                SamplingParams(
+                    max_tokens=16, temperature=0.8, n=4, seed=i, ignore_eos=True, stop=["." * 40], logprobs=1
+                ),
+            )
+            for i in range(3)
+        ]
         streams = [eng.generate(r) for r in reqs]  # all queued at once: they overlap whatever the machine's speed
         results = await asyncio.gather(*(finals_of(eng, r, st) for r, st in zip(reqs, streams)))
         for finals in results:

@@ -1,15 +1,16 @@
 """`Engine.embed` on the default model and the default (numba) backend: the final norm's output pooled and
 L2-normalised, computed by the step loop's chunked prefill beside generation, the same alone or in a batch,
 over-context inputs refused or cut only when asked, and no KV left behind."""
+
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
 import pytest
+from engine_helpers import make_core
 
 from engine import Engine, GenerationRequest, InvalidRequest, SamplingParams
-from engine_helpers import make_core
 from kernels.attention_meta import build_attention_metadata
 
 TEXTS = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell sharply today.", "hello"]
@@ -33,12 +34,18 @@ def whole_forward(default_model, ids: list[int]) -> np.ndarray:
     c, bs = loaded.config, 16
     blocks = -(-len(ids) // bs)
     be = model.backend
-    caches = [(be.empty_kv_cache(blocks, bs, c.num_kv_heads, c.head_dim, be.kv_dtype),
-               be.empty_kv_cache(blocks, bs, c.num_kv_heads, c.head_dim, be.kv_dtype)) for _ in range(c.num_layers)]
+    caches = [
+        (
+            be.empty_kv_cache(blocks, bs, c.num_kv_heads, c.head_dim, be.kv_dtype),
+            be.empty_kv_cache(blocks, bs, c.num_kv_heads, c.head_dim, be.kv_dtype),
+        )
+        for _ in range(c.num_layers)
+    ]
     meta = build_attention_metadata([len(ids)], [len(ids)], [list(range(blocks))], bs, be)
     be.begin_step()
-    _, hidden = model.forward_hidden(np.asarray(ids), np.arange(len(ids)), meta, caches,
-                                     np.zeros(0, dtype=np.int64), np.arange(len(ids)))
+    _, hidden = model.forward_hidden(
+        np.asarray(ids), np.arange(len(ids)), meta, caches, np.zeros(0, dtype=np.int64), np.arange(len(ids))
+    )
     return hidden.astype(np.float64)
 
 
@@ -79,8 +86,9 @@ async def test_an_input_gets_the_same_vector_alone_in_a_batch_and_among_concurre
 
     solo_reply = await generate()
     steps = engine.stats()["steps"]
-    results = await asyncio.gather(generate(), *(engine.embed([inputs[i % len(inputs)], inputs[(i + 1) % len(inputs)]])
-                                                 for i in range(12)))
+    results = await asyncio.gather(
+        generate(), *(engine.embed([inputs[i % len(inputs)], inputs[(i + 1) % len(inputs)]]) for i in range(12))
+    )
     assert results[0] == solo_reply
     for i, pair in enumerate(results[1:]):
         assert float(np.abs(pair[0] - alone[i % len(inputs)]).max()) < 1e-5
@@ -116,10 +124,17 @@ async def test_over_context_is_refused_unless_truncation_is_asked(default_model)
         await eng.shutdown()
 
 
-@pytest.mark.parametrize("inputs,pooling,match", [
-    ([], "mean", "1 to"), ([[]], "mean", r"input\[0\] is empty"), ([[1, -1]], "mean", "token ids"),
-    ([[1, 10**9]], "mean", "token ids"), ([[1, 2]], "max", "pooling"), ([[1, True]], "mean", "token ids"),
-])
+@pytest.mark.parametrize(
+    "inputs,pooling,match",
+    [
+        ([], "mean", "1 to"),
+        ([[]], "mean", r"input\[0\] is empty"),
+        ([[1, -1]], "mean", "token ids"),
+        ([[1, 10**9]], "mean", "token ids"),
+        ([[1, 2]], "max", "pooling"),
+        ([[1, True]], "mean", "token ids"),
+    ],
+)
 async def test_bad_inputs_are_refused_before_anything_is_queued(engine, inputs, pooling, match):
     with pytest.raises(InvalidRequest, match=match):
         await engine.embed(inputs, pooling)

@@ -1,14 +1,15 @@
 """The KV spill tier on the real default model (numba): a conversation's blocks evicted under a small KV budget are
 read back on its next turn, the reply identical to a cold run; a corrupt or truncated file is recomputed; the disk
 budget holds; a new engine on the same folder restores; bad flags are refused."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from engine_helpers import chat_prompt, greedy, make_core, run_all
 
 from engine.kv_spill_file import SUFFIX, block_digest, file_size
-from engine_helpers import chat_prompt, greedy, make_core, run_all
 
 BLOCK = 16
 KV_BLOCKS = 24  # the small KV budget: a second conversation evicts the first
@@ -22,8 +23,10 @@ def conversation(core) -> tuple[list[int], list[int]]:
     """A first turn's prompt and the next turn's (first prompt + a reply + a new question)."""
     history = [{"role": "user", "content": "Tell me about lighthouses. " + "The keeper climbs the stairs. " * 30}]
     first = chat_prompt(core, history)
-    history += [{"role": "assistant", "content": "Lighthouses guide ships along dangerous coasts at night."},
-                {"role": "user", "content": "Who keeps them today?"}]
+    history += [
+        {"role": "assistant", "content": "Lighthouses guide ships along dangerous coasts at night."},
+        {"role": "user", "content": "Who keeps them today?"},
+    ]
     return first, chat_prompt(core, history)
 
 
@@ -53,8 +56,9 @@ def cold(default_model):
 
 def spilled_core(default_model, folder: Path, first: list[int], size: int = 1 << 30):
     """An engine with a spill tier that ran the first turn, then another conversation that evicted it."""
-    core = make_core(default_model, kv_memory=kv_memory(), block_size=BLOCK, kv_spill_dir=str(folder),
-                     kv_spill_size=size)
+    core = make_core(
+        default_model, kv_memory=kv_memory(), block_size=BLOCK, kv_spill_dir=str(folder), kv_spill_size=size
+    )
     one(core, first)
     one(core, other_prompt(core))
     assert core.blocks.stats.evictions > 0
@@ -123,8 +127,9 @@ def test_the_disk_budget_holds(default_model, cold, tmp_path):
 def test_a_new_engine_on_the_same_folder_restores(default_model, cold, tmp_path):
     first, second, want = cold
     spilled_core(default_model, tmp_path, first).close()  # closing spills the blocks still cached too
-    core = make_core(default_model, kv_memory=kv_memory(), block_size=BLOCK, kv_spill_dir=str(tmp_path),
-                     kv_spill_size=1 << 30)
+    core = make_core(
+        default_model, kv_memory=kv_memory(), block_size=BLOCK, kv_spill_dir=str(tmp_path), kv_spill_size=1 << 30
+    )
     try:
         assert core.blocks.spill.num_files > 0  # the index came back from the folder
         result = next(iter(run_all(core, [greedy(second, 8, ignore_eos=True)]).values()))
@@ -144,8 +149,11 @@ def test_a_spill_size_that_holds_no_block_is_refused(default_model, tmp_path):
 def test_bad_spill_flags_get_a_clear_cli_error(capsys):
     from app.cli import main
 
-    for args in (["serve", "--kv-spill-size", "lots"], ["generate", "--kv-spill-size=-3GiB", "hi"],
-                 ["bench", "--kv-spill-size", "12 parsecs"]):
+    for args in (
+        ["serve", "--kv-spill-size", "lots"],
+        ["generate", "--kv-spill-size=-3GiB", "hi"],
+        ["bench", "--kv-spill-size", "12 parsecs"],
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(args)
         err = capsys.readouterr().err
@@ -164,6 +172,11 @@ def test_the_server_reports_its_spill_tier(server):
     engine = server.stats()["engine"]
     assert engine["kv_spill_enabled"] is True and engine["kv_spill_capacity_bytes"] == 2 << 30
     text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10).text
-    for name in ("forge_kv_spill_files", "forge_kv_spill_hit_rate", "forge_kv_spilled_blocks_total",
-                 "forge_kv_restored_bytes_total", "forge_kv_spill_restore_seconds_total"):
+    for name in (
+        "forge_kv_spill_files",
+        "forge_kv_spill_hit_rate",
+        "forge_kv_spilled_blocks_total",
+        "forge_kv_restored_bytes_total",
+        "forge_kv_spill_restore_seconds_total",
+    ):
         assert f"\n{name} " in text, name

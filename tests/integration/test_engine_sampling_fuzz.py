@@ -2,18 +2,20 @@
 model and the default (numba) backend: valid parameters always end with exactly n final events, finite
 logprobs and no error; invalid ones raise InvalidRequest naming the field (never another exception), before
 anything is queued. Seeded and bounded: the same examples on every run."""
+
 from __future__ import annotations
 
 import asyncio
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings, strategies as st
+from engine_helpers import make_core
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from engine import Engine, GenerationRequest, InvalidRequest, SamplingParams
 from engine.speculative import SpecConfig
 from engine.types import ResponseFormat
-from engine_helpers import make_core
 
 VOCAB = 49152  # the default model's
 HANG_S = 120  # a hang detector only
@@ -34,8 +36,12 @@ def reals(lo: float, hi: float, **kw) -> st.SearchStrategy[float]:
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False, **kw) | st.sampled_from([lo, hi])
 
 
-FORMATS = [None, ResponseFormat("json_object"), ResponseFormat("regex", r"(yes|no)( indeed)?"),
-           ResponseFormat("grammar", 'start: "a" | "b" "c"')]
+FORMATS = [
+    None,
+    ResponseFormat("json_object"),
+    ResponseFormat("regex", r"(yes|no)( indeed)?"),
+    ResponseFormat("grammar", 'start: "a" | "b" "c"'),
+]
 
 
 @st.composite
@@ -66,8 +72,12 @@ PROMPTS = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12)
 
 
 @seed(19)
-@settings(max_examples=8, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(batch=st.lists(st.tuples(PROMPTS, valid_params()), min_size=1, max_size=4))
 def test_valid_parameters_always_end_every_sample_with_finite_logprobs(engine, batch) -> None:
     eng, loop = engine
@@ -97,12 +107,14 @@ def test_valid_parameters_always_end_every_sample_with_finite_logprobs(engine, b
 # One field out of its documented range (or of the wrong type) at a time; the others stay valid.
 BAD = {
     "max_tokens": st.integers(max_value=0) | st.sampled_from([1.0, "4", None, True]),
-    "temperature": st.floats(max_value=-1e-300) | st.floats(min_value=100.0, exclude_min=True)
+    "temperature": st.floats(max_value=-1e-300)
+    | st.floats(min_value=100.0, exclude_min=True)
     | st.sampled_from([math.nan, math.inf, -math.inf, "1", None, True]),
     "top_k": st.integers(max_value=-1) | st.sampled_from([1.5, "3", None]),
     "top_p": st.floats(max_value=0.0) | st.floats(min_value=1.0, exclude_min=True) | st.sampled_from([math.nan, None]),
     "min_p": st.floats(max_value=-1e-300) | st.floats(min_value=1.0, exclude_min=True) | st.just(math.nan),
-    "repetition_penalty": st.floats(max_value=0.01, exclude_max=True) | st.floats(min_value=10.0, exclude_min=True)
+    "repetition_penalty": st.floats(max_value=0.01, exclude_max=True)
+    | st.floats(min_value=10.0, exclude_min=True)
     | st.sampled_from([5e-324, math.inf]),
     "presence_penalty": st.floats(max_value=-2.0, exclude_max=True) | st.floats(min_value=2.0, exclude_min=True),
     "frequency_penalty": st.floats(max_value=-2.0, exclude_max=True) | st.floats(min_value=2.0, exclude_min=True),
@@ -111,18 +123,25 @@ BAD = {
     "seed": st.sampled_from([1.5, "7", math.nan]),
     "stop": st.lists(st.text(min_size=1), min_size=17, max_size=20) | st.sampled_from([[""], "stop", [1], None]),
     "stop_token_ids": st.lists(st.integers(VOCAB, 2**63) | st.integers(max_value=-1), min_size=1, max_size=3)
-    | st.lists(st.integers(0, VOCAB - 1), min_size=65, max_size=70) | st.sampled_from([None, 7, "2", [1.5], [True]]),
+    | st.lists(st.integers(0, VOCAB - 1), min_size=65, max_size=70)
+    | st.sampled_from([None, 7, "2", [1.5], [True]]),
     "logit_bias": st.dictionaries(st.integers(VOCAB, 2**63) | st.integers(max_value=-1), st.just(1.0), min_size=1)
-    | st.dictionaries(st.integers(0, VOCAB - 1), st.floats(min_value=100.0, exclude_min=True) | st.just(math.nan),
-                      min_size=1) | st.sampled_from([[], {"1": 1.0}, None]),
+    | st.dictionaries(
+        st.integers(0, VOCAB - 1), st.floats(min_value=100.0, exclude_min=True) | st.just(math.nan), min_size=1
+    )
+    | st.sampled_from([[], {"1": 1.0}, None]),
     "speculative": st.text().filter(lambda v: v not in ("off", "ngram")),
     "response_format": st.sampled_from([ResponseFormat("xml"), "json_object", {"type": "json_object"}]),
 }
 
 
 @seed(19)
-@settings(max_examples=300, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data(), field=st.sampled_from(sorted(BAD)))
 def test_invalid_parameters_raise_invalid_request_naming_the_field(engine, data, field) -> None:
     eng, loop = engine
@@ -140,11 +159,11 @@ def test_invalid_parameters_raise_invalid_request_naming_the_field(engine, data,
 
 
 @seed(19)
-@settings(max_examples=100, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 16), max_tokens=st.integers(1, 2**63), prompt=st.integers(1, 2000))
-def test_counts_at_their_bounds_are_checked_against_the_kv_budget_before_anything_is_sized(engine, n, max_tokens,
-                                                                                           prompt) -> None:
+def test_counts_at_their_bounds_are_checked_against_the_kv_budget_before_anything_is_sized(
+    engine, n, max_tokens, prompt
+) -> None:
     eng, _ = engine
     req = GenerationRequest([1] * prompt, SamplingParams(max_tokens=max_tokens, n=n))
     try:

@@ -1,5 +1,6 @@
 """N-gram speculative decoding on the real default model: greedy output identical to decoding
 without it, counters that move, sampled distributions kept, and the features it must live with."""
+
 from __future__ import annotations
 
 import collections
@@ -7,11 +8,11 @@ import json
 import re
 
 import pytest
+from engine_helpers import chat_prompt, collect, greedy, make_core, run_all
 from scipy.stats import chi2_contingency
 
 from engine.speculative import SpecConfig
 from engine.types import GenerationRequest, ResponseFormat, SamplingParams
-from engine_helpers import chat_prompt, collect, greedy, make_core, run_all
 
 CODE = '''def area(width, height):
     result = width * height
@@ -26,7 +27,9 @@ def perimeter(width, height):
 
 def spec_core(default_model, mode: str, max_rows: int = 32):
     """Rows priced as free (`row_cost=0`): every sequence with a track drafts, whatever this machine's timing."""
-    return make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(mode=mode, max_rows=max_rows, row_cost=0.0))
+    return make_core(
+        default_model, kv_memory=64 << 20, speculative=SpecConfig(mode=mode, max_rows=max_rows, row_cost=0.0)
+    )
 
 
 def rewrite_prompt(core) -> list[int]:
@@ -65,7 +68,7 @@ def test_rewrite_task_identical_counters_move_and_the_prefix_cache_stays_clean(d
     assert "def area(width, height):" in on.text  # the model did copy: drafts had something to match
     assert 0 < stats["spec_accepted_tokens"] < stats["spec_drafted_tokens"]  # accepted and rejected drafts
     assert stats["steps"] - on_before["steps"] < off_after["steps"] - off_before["steps"]
-    assert 1.0 < stats["spec_mean_accepted_length"] and 0 < stats["spec_acceptance_rate"] < 1
+    assert stats["spec_mean_accepted_length"] > 1.0 and 0 < stats["spec_acceptance_rate"] < 1
     assert core.blocks.num_free == core.blocks.num_blocks  # rejected slots and finished blocks all came back
     # Every cached block holds a block of what the sequence really became: no rejected draft token.
     seen, bs = prompt + on.token_ids, core.blocks.block_size
@@ -88,8 +91,9 @@ def test_structured_and_speculative_together_stay_identical(default_model):
     prompt = chat_prompt(core, [{"role": "user", "content": f"Return this JSON unchanged: {payload}"}])
     outputs = {}
     for mode in ("off", "ngram"):
-        params = SamplingParams(max_tokens=40, temperature=0.0, response_format=ResponseFormat("json_object"),
-                                speculative=mode)
+        params = SamplingParams(
+            max_tokens=40, temperature=0.0, response_format=ResponseFormat("json_object"), speculative=mode
+        )
         outputs[mode] = next(iter(run_all(core, [GenerationRequest(prompt, params)]).values()))
     off, on = outputs["off"], outputs["ngram"]
     assert on.token_ids == off.token_ids and on.final.finish_reason == "stop"
@@ -108,12 +112,26 @@ def test_sampling_keeps_the_distribution_and_seeds_reproduce(default_model):
     # and 16 without from the first seeds again.
     for mode, seed0, n_req in (("ngram", 0, 8), ("off", 10_000, 8), ("off", 0, 1)):
         core = spec_core(default_model, mode, max_rows=256)
-        prompt = chat_prompt(core, [{"role": "user", "content": (
-            "Flip a coin six times; write a for heads and b for tails, e.g. abbaba or aababb or babbab.")}])
+        prompt = chat_prompt(
+            core,
+            [
+                {
+                    "role": "user",
+                    "content": (
+                        "Flip a coin six times; write a for heads and b for tails, e.g. abbaba or aababb or babbab."
+                    ),
+                }
+            ],
+        )
         results: dict = {}
         for i in range(n_req):
-            core.add_request(GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed0 + i,
-                                                                      n=n, response_format=fmt), request_id=str(i)))
+            core.add_request(
+                GenerationRequest(
+                    prompt,
+                    SamplingParams(max_tokens=8, temperature=1.0, seed=seed0 + i, n=n, response_format=fmt),
+                    request_id=str(i),
+                )
+            )
         while core.has_work():
             collect(core.step(), results)
         out = [results[(str(i), j)].text for i in range(n_req) for j in range(n)]
@@ -146,8 +164,11 @@ def test_preemption_with_drafts_matches_the_solo_run(default_model):
     prompt = rewrite_prompt(probe)
     solo = next(iter(run_all(probe, [greedy(prompt, 24, ignore_eos=True)]).values())).token_ids
     per_block = probe.runner.kv_caches[0][0][0].nbytes * 2 * len(probe.runner.kv_caches)
-    core = make_core(default_model, kv_memory=per_block * (2 * -(-(len(prompt) + 24) // 16) - 1),
-                     speculative=SpecConfig(row_cost=0.0))
+    core = make_core(
+        default_model,
+        kv_memory=per_block * (2 * -(-(len(prompt) + 24) // 16) - 1),
+        speculative=SpecConfig(row_cost=0.0),
+    )
     reqs = [greedy(prompt, 24, ignore_eos=True) for _ in range(2)]
     reqs[1].prompt_token_ids = prompt[:-1] + [prompt[-1]]  # same tokens, its own request
     results = run_all(core, reqs)

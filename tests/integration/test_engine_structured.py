@@ -1,5 +1,6 @@
 """Structured output on the real default model: JSON schemas, regexes and Lark grammars hold on
 sampled replies; what cannot be enforced is refused up front."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,10 @@ import re
 
 import jsonschema
 import pytest
-
-from engine.types import GenerationRequest, InvalidRequest, ResponseFormat, SamplingParams
 from engine_helpers import chat_prompt, collect, make_core, run_all
 from structured_cases import PROMPT, SCHEMAS
+
+from engine.types import GenerationRequest, InvalidRequest, ResponseFormat, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +59,21 @@ def test_six_schemas_five_seeds_at_temperature_one_all_validate(core):
 def test_json_object_regex_and_lark_hold_on_sampled_replies(core):
     number_list = ResponseFormat("grammar", 'start: num ("," " "? num){0,3}\nnum: /-?[0-9]{1,3}/')
     cases = {  # any JSON object is unbounded: greedy, so that it ends
-        "object": (ResponseFormat("json_object"), "Describe a cat as JSON with two fields.",
-                   lambda t: isinstance(json.loads(t), dict)),
-        "regex": (ResponseFormat("regex", r"(yes|no), because [a-z ]{3,20}\."), "Is the sky blue? Answer yes or no.",
-                  lambda t: re.fullmatch(r"(yes|no), because [a-z ]{3,20}\.", t) is not None),
-        "lark": (number_list, "List a few small numbers.",
-                 lambda t: re.fullmatch(r"-?\d{1,3}(, ?-?\d{1,3}){0,3}", t) is not None),
+        "object": (
+            ResponseFormat("json_object"),
+            "Describe a cat as JSON with two fields.",
+            lambda t: isinstance(json.loads(t), dict),
+        ),
+        "regex": (
+            ResponseFormat("regex", r"(yes|no), because [a-z ]{3,20}\."),
+            "Is the sky blue? Answer yes or no.",
+            lambda t: re.fullmatch(r"(yes|no), because [a-z ]{3,20}\.", t) is not None,
+        ),
+        "lark": (
+            number_list,
+            "List a few small numbers.",
+            lambda t: re.fullmatch(r"-?\d{1,3}(, ?-?\d{1,3}){0,3}", t) is not None,
+        ),
     }
     reqs = []
     for name, (fmt, text, _) in cases.items():
@@ -81,22 +91,27 @@ def test_json_object_regex_and_lark_hold_on_sampled_replies(core):
 
 def test_max_tokens_cuts_a_constrained_reply_with_length(core):
     fmt = ResponseFormat("regex", "[a-z]{40}")
-    r = next(iter(run_all(core, [constrained(chat(core, "Write letters."), fmt, max_tokens=3, temperature=0.0)]).values()))
+    r = next(
+        iter(run_all(core, [constrained(chat(core, "Write letters."), fmt, max_tokens=3, temperature=0.0)]).values())
+    )
     assert r.final.finish_reason == "length" and len(r.token_ids) == 3
     assert re.fullmatch("[a-z]+", r.text) and len(r.text) < 40
 
 
-@pytest.mark.parametrize(("fmt", "words"), [
-    (ResponseFormat("json_schema", '{"type": "object", "properties": '), "not valid JSON"),
-    (ResponseFormat("json_schema", '{"type": "array", "uniqueItems": true}'), "uniqueItems"),
-    (ResponseFormat("json_schema", '{"not": {"type": "string"}}'), "not"),
-    (ResponseFormat("json_schema", '{"type": "strin"}'), "strin"),
-    (ResponseFormat("json_schema", '[1, 2]'), "JSON object"),
-    (ResponseFormat("regex", "a(b"), "unclosed group"),
-    (ResponseFormat("grammar", "start: foo"), "foo"),
-    (ResponseFormat("grammar", "start: /[/"), "regex"),
-    (ResponseFormat("yaml", "a: 1"), "response_format"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "words"),
+    [
+        (ResponseFormat("json_schema", '{"type": "object", "properties": '), "not valid JSON"),
+        (ResponseFormat("json_schema", '{"type": "array", "uniqueItems": true}'), "uniqueItems"),
+        (ResponseFormat("json_schema", '{"not": {"type": "string"}}'), "not"),
+        (ResponseFormat("json_schema", '{"type": "strin"}'), "strin"),
+        (ResponseFormat("json_schema", '[1, 2]'), "JSON object"),
+        (ResponseFormat("regex", "a(b"), "unclosed group"),
+        (ResponseFormat("grammar", "start: foo"), "foo"),
+        (ResponseFormat("grammar", "start: /[/"), "regex"),
+        (ResponseFormat("yaml", "a: 1"), "response_format"),
+    ],
+)
 def test_what_cannot_be_enforced_is_refused_up_front(core, fmt, words):
     with pytest.raises(InvalidRequest) as err:
         core.add_request(constrained([1, 2, 3], fmt))

@@ -1,5 +1,6 @@
 """The tool-call grammar on the default model's tokenizer: what each tool_choice lets through, and what not; and
 a template's own tool format through the engine."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ from engine.tool_calls import (
 from engine.tool_parser import split_reply
 from tests.unit.test_tool_render import HERMES_TEMPLATE
 
-WEATHER = Tool("get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
-                                          "required": ["city"]}))
+WEATHER = Tool(
+    "get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+)
 TIME = Tool("get_time")
 PARIS = GENERIC.render_call("get_weather", '{"city": "Paris"}')
 NOW = GENERIC.render_call("get_time", "{}")
@@ -64,7 +66,7 @@ def test_auto_allows_text_or_text_then_enforced_calls(grammars):
     assert accepts(grammars, auto, "Hello! a < b, <tool and </tool_call> are text.")
     assert accepts(grammars, auto, "Let me check.\n" + PARIS + "\n" + NOW)
     assert not accepts(grammars, auto, "Let me check.\n<tool_call>\nnot json\n</tool_call>")
-    assert not accepts(grammars, auto, "Check <tool_call>" + PARIS[len("<tool_call>"):] + " and text after")
+    assert not accepts(grammars, auto, "Check <tool_call>" + PARIS[len("<tool_call>") :] + " and text after")
     assert not accepts(grammars, auto, 'Text <tool_call>{"name": "get_weather"}</tool_call>')  # no call as text
 
 
@@ -83,8 +85,12 @@ def test_none_is_no_constraint():
 
 
 def test_closing_objects_leaves_declared_choices_alone():
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}},
-              "allOf": [{"properties": {"c": {}}}], "$defs": {"d": {"properties": {}, "additionalProperties": True}}}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {}}}},
+        "allOf": [{"properties": {"c": {}}}],
+        "$defs": {"d": {"properties": {}, "additionalProperties": True}},
+    }
     closed = closed_objects(schema)
     assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
     assert "additionalProperties" not in closed["allOf"][0]
@@ -103,8 +109,11 @@ async def test_a_hermes_template_renders_its_own_tools_and_the_reply_parses(defa
         text = eng.tokenizer.decode(prompt, skip_special=False)
         assert '{"type": "function", "function": {"name": "get_weather"' in text
         assert prompt.count(eng.tokenizer.encode_chat("<|im_end|>")[0]) == 2  # the content's one stays text
-        params = SamplingParams(max_tokens=48, temperature=0.0, response_format=tool_grammar(
-            HERMES, [WEATHER], ToolChoice("required"), False))
+        params = SamplingParams(
+            max_tokens=48,
+            temperature=0.0,
+            response_format=tool_grammar(HERMES, [WEATHER], ToolChoice("required"), False),
+        )
         out = []
         async for ev in eng.generate(GenerationRequest(prompt, params)):
             out.append(ev.text)

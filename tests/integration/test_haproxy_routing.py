@@ -5,6 +5,7 @@ follows the header; a replica failing /ready leaves the pool and only its sessio
 
 No model here: the replicas' own behaviour behind the front is tested with the cluster (scripts/cluster.sh).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CHANGE_TIMEOUT_S = 30.0  # health checks every 1 s, two to change a server's state: a few seconds, more if loaded
 
-pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
-                                reason="HAProxy is not installed (Debian's haproxy package; `make test` installs it)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("haproxy") is None,
+    reason="HAProxy is not installed (Debian's haproxy package; `make test` installs it)",
+)
 
 
 @dataclass
@@ -95,7 +98,7 @@ def config(replicas: list[StandIn], stats: Path) -> str:
     text = text.replace("global\n", f"global\n    stats socket {stats} mode 600 level admin\n", 1)
 
     def servers(m: re.Match) -> str:
-        backend = text[:m.start()].rsplit("\nbackend ", 1)[1].split()[0]
+        backend = text[: m.start()].rsplit("\nbackend ", 1)[1].split()[0]
         how = "check" if backend == "forge_sessions" else "track forge_sessions/{name}"
         lines = "".join(f"    server {r.name} 127.0.0.1:{r.port} {how.format(name=r.name)}\n" for r in replicas)
         return m.group(1) + lines + m.group(2)
@@ -115,8 +118,9 @@ class Front:
             s.sendall(b"show stat\n")
             data = b"".join(iter(lambda: s.recv(65536), b"")).decode()
         rows = [r.split(",") for r in data.splitlines() if r and not r.startswith("#")]
-        return {r[1]: r[17].split()[0] for r in rows
-                if r[0] == "forge_sessions" and r[1] not in ("FRONTEND", "BACKEND")}
+        return {
+            r[1]: r[17].split()[0] for r in rows if r[0] == "forge_sessions" and r[1] not in ("FRONTEND", "BACKEND")
+        }
 
     def wait_states(self, expected: dict[str, str]) -> None:
         deadline = time.monotonic() + CHANGE_TIMEOUT_S
@@ -134,8 +138,9 @@ def cluster() -> Iterator[tuple[Front, list[StandIn]]]:
     port = free_port()
     env = dict(os.environ, FORGE_FRONT=f"127.0.0.1:{port}")
     log = open(tmp / "haproxy.log", "wb")
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(tmp / "haproxy.cfg")], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["haproxy", "-db", "-f", str(tmp / "haproxy.cfg")], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     log.close()
     front = Front(f"http://127.0.0.1:{port}", stats)
     try:

@@ -1,11 +1,12 @@
 """The engine against Hugging Face transformers' float32 reference for the default model, on the
 numba backend (quantized weights, compiled kernels) and on the float32 NumPy reference backend."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_helpers import greedy, make_core, run_all
+
 from kernels.attention_meta import build_attention_metadata
 
 

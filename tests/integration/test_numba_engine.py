@@ -1,13 +1,14 @@
 """The numba backend (quantized weights, compiled kernels) against the float32 NumPy reference
 on whole-engine runs, its warm-up, and two engines stepping in two threads of one process."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import pytest
-
 from engine_helpers import greedy, make_core, run_all
+
 from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
 from kernels.numba_backend import NumbaBackend, warm_up
@@ -35,7 +36,7 @@ def assert_same_tokens(got: dict, want: dict) -> None:
 
 def test_batched_and_chunked_runs_agree_with_the_float32_reference(default_model, reference_model, reference):
     """All prompts in one batch, prefills cut into 16-token chunks that share steps with decodes."""
-    reqs = lambda: [greedy(p, TOKENS, ignore_eos=True) for p in prompts(reference)]  # noqa: E731
+    reqs = lambda: [greedy(p, TOKENS, ignore_eos=True) for p in prompts(reference)]
     want = run(reference_model, reqs())
     assert_same_tokens(run(default_model, reqs()), want)
     assert_same_tokens(run(default_model, reqs(), max_batched_tokens=16), want)
@@ -92,7 +93,9 @@ def test_two_engines_step_in_two_threads_of_one_process(loaded_default, referenc
     """Parallel kernels launched from two Python threads at once must neither crash nor mix results."""
     from engine.model.llama import LlamaModel
 
-    models = [(loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2))) for _ in range(2)]
+    models = [
+        (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2))) for _ in range(2)
+    ]
     work = [[greedy(p, TOKENS, ignore_eos=True) for p in prompts(reference)[i::2]] for i in range(2)]
     solo = [run(m, [greedy(r.prompt_token_ids, TOKENS, ignore_eos=True) for r in w]) for m, w in zip(models, work)]
     results: list[dict | BaseException] = [{}, {}]
@@ -138,12 +141,19 @@ def test_the_loaded_model_keeps_no_original_quantized_arrays(monkeypatch):
     quantized = [w for w in weights.values() if isinstance(w, Weight) and w.kind in ("q4", "q8")]
     loaded_bytes = sum(w.nbytes for w in quantized)
     refs = [weakref.ref(w.data) for w in quantized]
-    layer_refs = [[weakref.ref(weights[f"layers.{i}.{name}"].data) for name in ("q", "k", "v", "o", "gate", "up", "down")]
-                  for i in range(config.num_layers)]
+    layer_refs = [
+        [weakref.ref(weights[f"layers.{i}.{name}"].data) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+        for i in range(config.num_layers)
+    ]
     del quantized
     alive_at_trims = []  # per trim: how many of the layers before it still hold a loader array
-    monkeypatch.setattr(llama, "return_freed_memory", lambda: alive_at_trims.append(
-        sum(any(r() is not None for r in layer) for layer in layer_refs[: len(alive_at_trims) + 1])))
+    monkeypatch.setattr(
+        llama,
+        "return_freed_memory",
+        lambda: alive_at_trims.append(
+            sum(any(r() is not None for r in layer) for layer in layer_refs[: len(alive_at_trims) + 1])
+        ),
+    )
     model = llama.LlamaModel(config, weights, NumbaBackend(threads=1), take=True)
     gc.collect()
     assert alive_at_trims == [0] * (config.num_layers + 1)  # one trim a layer, one after the embedding
@@ -175,8 +185,9 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
         table, lo, logits = list(range(-(-len(seq) // bs))), 0, []
         for hi in range(n, len(seq)):  # the prompt in one prefill, then one forced token a step
             meta = build_attention_metadata([hi - lo], [hi], [table], bs, model[1].backend)
-            logits.append(model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, forced,
-                                           np.asarray([hi - lo - 1]))[0])
+            logits.append(
+                model[1].forward(np.asarray(seq[lo:hi]), np.arange(lo, hi), meta, forced, np.asarray([hi - lo - 1]))[0]
+            )
             lo = hi
         logits = np.stack(logits)
         argmax_equal += int((logits.argmax(axis=1) == np.asarray(want)).sum())

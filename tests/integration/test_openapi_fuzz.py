@@ -9,6 +9,7 @@ Plus each client-supplied count at 0, its maximum, maximum + 1, 10^9 and 2^63, s
 naming it, or answered, never sized from before it is checked (issue 19: `"n": 1000000000` grew the server past
 24 GB).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,25 @@ def open_server(tmp_path_factory: pytest.TempPathFactory):
     """No API key (the default `forge serve`); keep-alives slower than the client's read timeout, so a stream
     that hangs is seen as one."""
     tmp = tmp_path_factory.mktemp("openapi-fuzz")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log", api_key=None, admin_token=None,
-                        keepalive_s=120.0, env={"FORGE_DEFAULT_MAX_TOKENS": "2"}).start()
+    srv = ServerProcess(
+        db_path=tmp / "forge.db",
+        log_path=tmp / "server.log",
+        api_key=None,
+        admin_token=None,
+        keepalive_s=120.0,
+        env={"FORGE_DEFAULT_MAX_TOKENS": "2"},
+    ).start()
     yield srv
     srv.stop()
 
 
 def _warm_up(srv: ServerProcess) -> None:
     """Reach the steady state first (numba's compiled shapes, n sequences at once) so RSS growth means a leak."""
-    r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
-        "model": "default", "prompt": "Once upon a time", "max_tokens": 2, "n": ob.MAX_N, "logprobs": 5})
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        timeout=120,
+        json={"model": "default", "prompt": "Once upon a time", "max_tokens": 2, "n": ob.MAX_N, "logprobs": 5},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -67,17 +77,47 @@ def test_schemathesis_finds_nothing(open_server: ServerProcess, tmp_path: Path) 
     _warm_up(srv)
     rss_before = _rss_mb(srv.proc.pid)
     calls = tmp_path / "calls.jsonl"
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.integration.openapi_fuzz_hooks", "FORGE_FUZZ_LOG": str(calls),
-           "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.integration.openapi_fuzz_hooks",
+        "FORGE_FUZZ_LOG": str(calls),
+        "PYTHONPATH": str(REPO),
+        "NO_COLOR": "1",
+    }
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
-    args = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
-            f"{srv.url}/schema/openapi.json",
-            "--checks", "all", "--phases", "coverage,fuzzing,stateful", "--mode", "all",
-            "--max-examples", str(EXAMPLES), "--seed", str(SEED), "--workers", "1",
-            "--request-timeout", str(DEADLINE_S), "--max-response-time", str(DEADLINE_S),
-            "--output-sanitize", "false", "--no-color",
-            "--report", "junit", "--report-dir", str(tmp_path / "report")]
+    args = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(config),
+        "run",
+        f"{srv.url}/schema/openapi.json",
+        "--checks",
+        "all",
+        "--phases",
+        "coverage,fuzzing,stateful",
+        "--mode",
+        "all",
+        "--max-examples",
+        str(EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--request-timeout",
+        str(DEADLINE_S),
+        "--max-response-time",
+        str(DEADLINE_S),
+        "--output-sanitize",
+        "false",
+        "--no-color",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
     run = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = run.stdout[-12000:] + run.stderr[-3000:]
     assert run.returncode == 0, out
@@ -143,17 +183,23 @@ def _counted(field: str) -> bool:
     return field in ("stop", "logit_bias", "messages", "prompt")  # a size: only sizes that can be sent
 
 
-CASES = [(route, field, value, ok) for field, top, where in COUNTS
-         for route in (("chat", "completions") if where == "both" else (where,))
-         for value, ok in [(0, field in ("stop", "logit_bias", "top_logprobs", "logprobs", "top_k")),
-                           (top, None), (top + 1, False)]
-         + ([] if _counted(field) else [(v, False) for v in HUGE])]
+CASES = [
+    (route, field, value, ok)
+    for field, top, where in COUNTS
+    for route in (("chat", "completions") if where == "both" else (where,))
+    for value, ok in [
+        (0, field in ("stop", "logit_bias", "top_logprobs", "logprobs", "top_k")),
+        (top, None),
+        (top + 1, False),
+    ]
+    + ([] if _counted(field) else [(v, False) for v in HUGE])
+]
 
 
-@pytest.mark.parametrize("route, field, value, ok", CASES,
-                         ids=[f"{r}-{f}-{v}" for r, f, v, _ in CASES])
-def test_every_count_is_bounded_before_anything_is_sized_from_it(open_server: ServerProcess, route: str,
-                                                                    field: str, value: int, ok: bool | None) -> None:
+@pytest.mark.parametrize("route, field, value, ok", CASES, ids=[f"{r}-{f}-{v}" for r, f, v, _ in CASES])
+def test_every_count_is_bounded_before_anything_is_sized_from_it(
+    open_server: ServerProcess, route: str, field: str, value: int, ok: bool | None
+) -> None:
     path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
     r = httpx.post(open_server.url + path, json=_body(route, field, value), timeout=120)
     if ok is None:  # the maximum: answered, or refused for what the schema cannot know (context, vocabulary)

@@ -1,6 +1,7 @@
 """Who may use the service, and from where: one key on every surface, sessions owned by the key that made
 them, browser-origin rules, security headers, tokens kept out of the access log (the shared real server,
 which has two API keys and an admin token)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,10 @@ def mine(http: httpx.Client) -> dict:
     return r.json()
 
 
-@pytest.mark.parametrize("method, path", [("GET", "/api/sessions"), ("POST", "/api/sessions"),
-                                          ("GET", "/v1/models"), ("POST", "/v1/chat/completions")])
+@pytest.mark.parametrize(
+    "method, path",
+    [("GET", "/api/sessions"), ("POST", "/api/sessions"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")],
+)
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic " + API_KEY}])
 def test_every_http_surface_needs_a_key(http: httpx.Client, method: str, path: str, headers: dict) -> None:
     r = http.request(method, path, headers=headers, json={})
@@ -64,21 +67,26 @@ async def test_browsers_send_the_key_as_a_subprotocol(server: ServerProcess) -> 
     assert refused.value.response.status_code == 401
 
 
-async def test_sessions_belong_to_the_key_that_made_them(http: httpx.Client, server: ServerProcess,
-                                                         mine: dict) -> None:
+async def test_sessions_belong_to_the_key_that_made_them(http: httpx.Client, server: ServerProcess, mine: dict) -> None:
     sid = mine["id"]
     assert sid not in [s["id"] for s in http.get("/api/sessions", headers=THEIRS).json()["data"]]
     assert sid in [s["id"] for s in http.get("/api/sessions", headers=MINE).json()["data"]]
-    for method, path, body in [("GET", f"/api/sessions/{sid}", None), ("PATCH", f"/api/sessions/{sid}", {"title": "x"}),
-                               ("GET", f"/api/sessions/{sid}/export", None), ("DELETE", f"/api/sessions/{sid}", None),
-                               ("POST", f"/api/sessions/{sid}/messages", {"content": "hi"}),
-                               ("POST", f"/api/sessions/{sid}/cancel", None)]:
+    for method, path, body in [
+        ("GET", f"/api/sessions/{sid}", None),
+        ("PATCH", f"/api/sessions/{sid}", {"title": "x"}),
+        ("GET", f"/api/sessions/{sid}/export", None),
+        ("DELETE", f"/api/sessions/{sid}", None),
+        ("POST", f"/api/sessions/{sid}/messages", {"content": "hi"}),
+        ("POST", f"/api/sessions/{sid}/cancel", None),
+    ]:
         r = http.request(method, path, json=body, headers=THEIRS)
         assert r.status_code == 404 and r.json()["error"]["param"] == "session_id", (method, path)
     async with connect(server.ws_url, additional_headers=THEIRS) as ws:
-        for cmd in ({"type": "session.open", "session_id": sid},
-                    {"type": "message.send", "session_id": sid, "content": "hi"},
-                    {"type": "generation.cancel", "session_id": sid}):
+        for cmd in (
+            {"type": "session.open", "session_id": sid},
+            {"type": "message.send", "session_id": sid, "content": "hi"},
+            {"type": "generation.cancel", "session_id": sid},
+        ):
             await ws.send(json.dumps(cmd))
             ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
             assert (ev["type"], ev["code"]) == ("error", "not_found"), cmd
@@ -133,8 +141,13 @@ def test_security_headers_and_no_tokens_in_the_access_log(http: httpx.Client, se
 
 def test_the_schema_documents_every_route(http: httpx.Client) -> None:
     paths = http.get("/schema/openapi.json").json()["paths"]
-    assert {"/api/sessions", "/api/sessions/{session_id}/messages", "/v1/chat/completions", "/v1/completions",
-            "/v1/models"} <= set(paths)
+    assert {
+        "/api/sessions",
+        "/api/sessions/{session_id}/messages",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+    } <= set(paths)
     body = paths["/v1/chat/completions"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"]
     assert http.get("/schema").status_code == 200
@@ -142,6 +155,11 @@ def test_the_schema_documents_every_route(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("flags", [["--api-key", ""], ["--api-key", "k", "--api-key", " "], ["--admin-token", ""]])
 def test_an_empty_key_is_refused_at_start_up(flags: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-m", "app.server", "--port", "0", *flags], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.server", "--port", "0", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and "empty" in done.stderr

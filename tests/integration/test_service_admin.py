@@ -1,4 +1,5 @@
 """/health, /ready, /metrics (Prometheus text) and the admin feed, against the real server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -90,8 +91,9 @@ async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: Ser
         sid = json.loads(await asyncio.wait_for(ws.recv(), 60))["session"]["id"]
         stats = server.stats()
         assert stats["websocket_connections"] >= 1
-        assert {"id": sid, "title": "watched", "status": "open"}.items() <= \
-            next(s for s in stats["active_sessions"] if s["id"] == sid).items()
+        assert {"id": sid, "title": "watched", "status": "open"}.items() <= next(
+            s for s in stats["active_sessions"] if s["id"] == sid
+        ).items()
     assert scrape(http)["forge_websocket_connections_total"] == before + 1
     for _ in range(200):  # the server notices the close asynchronously
         stats = server.stats()

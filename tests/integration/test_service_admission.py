@@ -3,6 +3,7 @@ old per-key cap allowed and all of them finish (the shared server); past capacit
 keep-alives, and only a full queue (429) or a passed deadline (503, the WebSocket `error` with
 `retry_after_s`) refuses, with `Retry-After` — on an anonymous server whose per-key cap of 1 makes one
 running generation fill it (the queue's fairness is tested on the class, tests/unit/test_admission.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,12 @@ async def test_one_key_runs_many_generations_at_once_and_all_finish(server: Serv
 
     async def one(i: int) -> tuple[str, str | None]:
         stream = await client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": f"Say a word about the number {i}."}],
-            max_tokens=4, temperature=0, stream=True)
+            model="default",
+            messages=[{"role": "user", "content": f"Say a word about the number {i}."}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+        )
         text, reason = [], None
         async for chunk in stream:
             if chunk.choices:
@@ -45,9 +50,16 @@ async def test_one_key_runs_many_generations_at_once_and_all_finish(server: Serv
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("admission")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log", api_key=None,
-                        env={"FORGE_MAX_CONCURRENT_PER_KEY": "1", "FORGE_QUEUE_SIZE": "3",
-                             "FORGE_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S)}).start()
+    srv = ServerProcess(
+        db_path=tmp / "forge.db",
+        log_path=tmp / "server.log",
+        api_key=None,
+        env={
+            "FORGE_MAX_CONCURRENT_PER_KEY": "1",
+            "FORGE_QUEUE_SIZE": "3",
+            "FORGE_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
+        },
+    ).start()
     yield srv
     srv.stop()
 
@@ -69,8 +81,13 @@ async def until_depth(srv: ServerProcess, depth: int) -> None:
 
 
 def chat_body(stream: bool, **extra) -> dict:
-    return {"model": "default", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 4,
-            "stream": stream, **extra}
+    return {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 4,
+        "stream": stream,
+        **extra,
+    }
 
 
 async def sse_lines(response: httpx.Response):  # type: ignore[no-untyped-def]
@@ -82,8 +99,9 @@ async def sse_lines(response: httpx.Response):  # type: ignore[no-untyped-def]
 async def test_past_capacity_requests_wait_and_only_a_full_queue_or_the_deadline_refuses(capped) -> None:
     srv = capped
     http = httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT)
-    holder_cm = http.stream("POST", "/v1/chat/completions",
-                            json=chat_body(True, max_tokens=8000, logit_bias=NO_EOS, temperature=0))
+    holder_cm = http.stream(
+        "POST", "/v1/chat/completions", json=chat_body(True, max_tokens=8000, logit_bias=NO_EOS, temperature=0)
+    )
     holder = await holder_cm.__aenter__()
     assert holder.status_code == 200
     holder_lines = sse_lines(holder)
@@ -122,8 +140,9 @@ async def test_past_capacity_requests_wait_and_only_a_full_queue_or_the_deadline
         async def socket() -> tuple[dict, list]:
             sid = (await http.post("/api/sessions", json={})).json()["id"]
             async with connect(srv.ws_url) as ws:
-                await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "Hello",
-                                          "client_id": "c1"}))
+                await ws.send(
+                    json.dumps({"type": "message.send", "session_id": sid, "content": "Hello", "client_id": "c1"})
+                )
                 event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
             return event, (await http.get(f"/api/sessions/{sid}")).json()["messages"]
 
@@ -159,16 +178,18 @@ async def test_past_capacity_requests_wait_and_only_a_full_queue_or_the_deadline
 async def test_a_turn_stopped_while_queued_leaves_the_queue_and_stores_nothing(capped) -> None:
     srv = capped
     http = httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT)
-    holder_cm = http.stream("POST", "/v1/chat/completions",
-                            json=chat_body(True, max_tokens=8000, logit_bias=NO_EOS, temperature=0))
+    holder_cm = http.stream(
+        "POST", "/v1/chat/completions", json=chat_body(True, max_tokens=8000, logit_bias=NO_EOS, temperature=0)
+    )
     holder = await holder_cm.__aenter__()
     try:
         holder_lines = sse_lines(holder)  # kept: a collected generator would close the stream
         assert (await anext(holder_lines)).startswith("data: ")  # the key's one place is taken
         sid = (await http.post("/api/sessions", json={})).json()["id"]
         async with connect(srv.ws_url) as ws:
-            await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "Hello",
-                                      "client_id": "c1"}))
+            await ws.send(
+                json.dumps({"type": "message.send", "session_id": sid, "content": "Hello", "client_id": "c1"})
+            )
             await until_depth(srv, 1)
             await ws.send(json.dumps({"type": "generation.cancel", "session_id": sid, "client_id": "c2"}))
             event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))

@@ -1,5 +1,6 @@
 """ChatService in-process with the real model: the paths a shared server can't reach on demand (a full
 engine queue, a database write that fails), each through a real seam."""
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,9 @@ async def run_turn(chat: ChatService, sid: str, content: str, **kw) -> list:
     return events
 
 
-async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(tight_engine: Engine,
-                                                                              store: Store) -> None:
+async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(
+    tight_engine: Engine, store: Store
+) -> None:
     chat = ChatService(tight_engine, store, Metrics())
     sid = (await store.create_session(ME, "New chat", None, GREEDY))["id"]
     events = await run_turn(chat, sid, "Hello there")
@@ -58,9 +60,11 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(ti
     await anext(running)  # the only running slot
     waiting = tight_engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=300, temperature=0)))
     try:
-        for start in (lambda sink: chat.send(sid, ME, "Another question", sink=sink),
-                      lambda sink: chat.edit(sid, ME, before[1][0]["id"], "An edited question", sink=sink),
-                      lambda sink: chat.regenerate(sid, ME, sink=sink)):
+        for start in (
+            lambda sink: chat.send(sid, ME, "Another question", sink=sink),
+            lambda sink: chat.edit(sid, ME, before[1][0]["id"], "An edited question", sink=sink),
+            lambda sink: chat.regenerate(sid, ME, sink=sink),
+        ):
             events = []
             with pytest.raises(ServiceError) as refused:
                 await start(events.append)
@@ -84,7 +88,8 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(ti
 
 @pytest.mark.parametrize("failures", [1, 99])
 async def test_a_failed_final_save_is_told_and_stored_when_the_store_raises(
-        tight_engine: Engine, store: Store, monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    tight_engine: Engine, store: Store, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
     real = store.finish_reply
     calls = []
 

@@ -1,5 +1,6 @@
 """n = 16 streamed through the official `openai` client on /v1/completions and /v1/chat/completions against the
 real server: every choice arrives and ends with a finish_reason (a lost sibling used to leave the stream open)."""
+
 from __future__ import annotations
 
 import openai
@@ -24,22 +25,38 @@ def finish_reasons(stream) -> dict[int, str]:  # type: ignore[no-untyped-def]
 
 
 def test_sixteen_streamed_completions_each_finish(client: openai.OpenAI) -> None:
-    stream = client.completions.create(model="default", prompt="Once upon a time", max_tokens=4, n=16,
-                                       temperature=0.9, seed=19, stop=["."], stream=True)
+    stream = client.completions.create(
+        model="default",
+        prompt="Once upon a time",
+        max_tokens=4,
+        n=16,
+        temperature=0.9,
+        seed=19,
+        stop=["."],
+        stream=True,
+    )
     ends = finish_reasons(stream)
     assert sorted(ends) == list(range(16)) and set(ends.values()) <= {"stop", "length"}, ends
 
 
 def test_sixteen_streamed_chat_choices_each_finish(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Say hi."}],
-                                            max_tokens=4, n=16, temperature=0.9, seed=19, stream=True)
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Say hi."}],
+        max_tokens=4,
+        n=16,
+        temperature=0.9,
+        seed=19,
+        stream=True,
+    )
     ends = finish_reasons(stream)
     assert sorted(ends) == list(range(16)) and set(ends.values()) <= {"stop", "length"}, ends
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_samples_that_could_never_fit_the_kv_cache_are_a_400_naming_the_parameter(client: openai.OpenAI,
-                                                                                  stream: bool) -> None:
+def test_samples_that_could_never_fit_the_kv_cache_are_a_400_naming_the_parameter(
+    client: openai.OpenAI, stream: bool
+) -> None:
     # 16 samples of up to 4000 tokens: far past the KV budget, though each alone fits the context.
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="default", prompt="Once upon a time", max_tokens=4000, n=16, stream=stream)

@@ -1,6 +1,7 @@
 """`POST /v1/embeddings` from outside: the official `openai` client against the shared real server (uvicorn,
 default model): shapes, unit norms, batch invariance, base64 equal to float, token-id inputs, usage, refusals
 as OpenAI-style 4xx bodies, and many requests at once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,12 @@ import pytest
 
 from tests.integration.conftest import ServerProcess
 
-TEXTS = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell sharply today.",
-         "Rain is expected tomorrow afternoon."]
+TEXTS = [
+    "The cat sat on the mat.",
+    "A kitten rested on the rug.",
+    "Stock markets fell sharply today.",
+    "Rain is expected tomorrow afternoon.",
+]
 HIDDEN = 576  # SmolLM2-135M's hidden size
 
 
@@ -36,8 +41,9 @@ def test_shapes_norms_usage_and_batch_invariance(client, loaded_default) -> None
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     tokens = [loaded_default.tokenizer.encode(t, add_special=True) for t in TEXTS]
     assert batch.usage.prompt_tokens == batch.usage.total_tokens == sum(map(len, tokens))
-    alone = np.array([vectors(client.embeddings.create(model="default", input=t, encoding_format="float"))[0]
-                      for t in TEXTS])
+    alone = np.array(
+        [vectors(client.embeddings.create(model="default", input=t, encoding_format="float"))[0] for t in TEXTS]
+    )
     assert np.abs(alone - got).max() < 1e-5
     # token ids: one input as a list of ids, several as lists of lists; the same vectors as the text
     one = client.embeddings.create(model="default", input=tokens[2], encoding_format="float")
@@ -57,21 +63,24 @@ def test_base64_is_the_same_float32_vector(client) -> None:
     assert np.array_equal(default, floats)
 
 
-@pytest.mark.parametrize("body,status,param", [
-    ({"input": ""}, 400, "input"),
-    ({"input": []}, 400, "input"),
-    ({"input": [[]]}, 400, "input[0]"),
-    ({"input": ["a", 5]}, 400, "input"),
-    ({"input": [[1, 2], "a"]}, 400, "input"),
-    ({"input": [-1]}, 400, "input[0]"),
-    ({"input": [49152]}, 400, "input"),  # one past the vocabulary
-    ({"input": ["x"] * 2049}, 400, "input"),
-    ({"input": "hi", "dimensions": 64}, 400, "dimensions"),
-    ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
-    ({"input": "hi", "pooling": "max"}, 400, "pooling"),
-    ({"input": "hi", "model": "gpt-4"}, 404, "model"),
-    ({"input": list(range(1, 9000))}, 400, "input"),  # past the 8192-token context, no truncation asked
-])
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": [[]]}, 400, "input[0]"),
+        ({"input": ["a", 5]}, 400, "input"),
+        ({"input": [[1, 2], "a"]}, 400, "input"),
+        ({"input": [-1]}, 400, "input[0]"),
+        ({"input": [49152]}, 400, "input"),  # one past the vocabulary
+        ({"input": ["x"] * 2049}, 400, "input"),
+        ({"input": "hi", "dimensions": 64}, 400, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"input": "hi", "pooling": "max"}, 400, "pooling"),
+        ({"input": "hi", "model": "gpt-4"}, 404, "model"),
+        ({"input": list(range(1, 9000))}, 400, "input"),  # past the 8192-token context, no truncation asked
+    ],
+)
 def test_bad_input_is_a_4xx_naming_the_field(server: ServerProcess, body, status, param) -> None:
     r = httpx.post(server.url + "/v1/embeddings", json={"model": "default", **body}, headers=server.auth, timeout=60)
     assert r.status_code == status, r.text
@@ -89,10 +98,16 @@ def test_the_models_own_size_is_accepted_as_dimensions(client) -> None:
 async def test_many_concurrent_requests_each_get_their_own_vectors(server: ServerProcess) -> None:
     aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.api_key, max_retries=0, timeout=120)
     try:
-        alone = [vectors(await aclient.embeddings.create(model="default", input=t, encoding_format="float"))[0]
-                 for t in TEXTS]
-        calls = [aclient.embeddings.create(model="default", input=[TEXTS[i % 4], TEXTS[(i + 1) % 4]],
-                                           encoding_format="float") for i in range(24)]
+        alone = [
+            vectors(await aclient.embeddings.create(model="default", input=t, encoding_format="float"))[0]
+            for t in TEXTS
+        ]
+        calls = [
+            aclient.embeddings.create(
+                model="default", input=[TEXTS[i % 4], TEXTS[(i + 1) % 4]], encoding_format="float"
+            )
+            for i in range(24)
+        ]
         for i, resp in enumerate(await asyncio.gather(*calls)):
             got = vectors(resp)
             assert np.abs(got[0] - alone[i % 4]).max() < 1e-5 and np.abs(got[1] - alone[(i + 1) % 4]).max() < 1e-5

@@ -1,6 +1,7 @@
 """Failures the real server can't be made to show on demand, in-process: the app (create_app) on the real
 default model with one fault injected per test: a model step that raises, an engine that reports a full
 queue, a request body cut short. Plus the conversation rendering around failed replies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,15 +43,19 @@ def failing_model(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def sse_data(text: str) -> list[Any]:
-    return [json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
-            for line in text.splitlines() if line.startswith("data: ")]
+    return [
+        json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
 
 
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
 
 async def test_engine_failure_details_stay_in_the_log_when_a_model_step_raises(
-        client: AsyncTestClient, failing_model: None, caplog: pytest.LogCaptureFixture) -> None:
+    client: AsyncTestClient, failing_model: None, caplog: pytest.LogCaptureFixture
+) -> None:
     sid = (await client.post("/api/sessions", json={})).json()["id"]
     r = await client.post(f"/api/sessions/{sid}/messages", json={"content": "Hello"})
     events = sse_data(r.text)
@@ -67,11 +72,17 @@ async def test_engine_failure_details_stay_in_the_log_when_a_model_step_raises(
     assert any(SECRET in rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR)
 
 
-@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {**CHAT, "stream": True}),
-                                        ("/v1/completions", {"model": "default", "prompt": "Hi", "stream": True}),
-                                        ("/v1/chat/completions", CHAT)])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/completions", {"model": "default", "prompt": "Hi", "stream": True}),
+        ("/v1/chat/completions", CHAT),
+    ],
+)
 async def test_a_full_queue_is_a_503_before_any_stream_when_the_engine_refuses_admission(
-        client: AsyncTestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict) -> None:
+    client: AsyncTestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict
+) -> None:
     def full(request: Any) -> Any:
         raise EngineOverloaded("4 requests are already waiting")
 
@@ -84,8 +95,9 @@ async def test_a_full_queue_is_a_503_before_any_stream_when_the_engine_refuses_a
     assert (await client.get(f"/api/sessions/{sid}")).json()["messages"] == []  # nothing stored
 
 
-async def test_a_body_cut_short_is_not_logged_as_an_error(client: AsyncTestClient,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_body_cut_short_is_not_logged_as_an_error(
+    client: AsyncTestClient, caplog: pytest.LogCaptureFixture
+) -> None:
     messages = [{"type": "http.request", "body": b'{"model": "def', "more_body": True}, {"type": "http.disconnect"}]
 
     async def receive() -> dict[str, Any]:
@@ -94,10 +106,21 @@ async def test_a_body_cut_short_is_not_logged_as_an_error(client: AsyncTestClien
     async def send(_: dict[str, Any]) -> None:
         pass
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")], "server": ("127.0.0.1", 80),
-             "client": ("127.0.0.1", 1), "root_path": "", "state": {}}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")],
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
+        "root_path": "",
+        "state": {},
+    }
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="forge"):
         await client.app(scope, receive, send)
@@ -107,9 +130,17 @@ async def test_a_body_cut_short_is_not_logged_as_an_error(client: AsyncTestClien
 
 def test_a_failed_reply_drops_the_question_it_answered(engine: Engine, client: AsyncTestClient) -> None:
     chat = client.app.state.forge.chat
-    history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "", "status": "error"},
-               {"role": "user", "content": "second"}, {"role": "assistant", "content": "ok", "status": "complete"},
-               {"role": "user", "content": "third"}]
+    history = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "", "status": "error"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "ok", "status": "complete"},
+        {"role": "user", "content": "third"},
+    ]
     assert chat._render({}, history) == engine.render_chat(
-        [{"role": "user", "content": "second"}, {"role": "assistant", "content": "ok"},
-         {"role": "user", "content": "third"}])
+        [
+            {"role": "user", "content": "second"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "third"},
+        ]
+    )

@@ -1,6 +1,7 @@
 """Bounded per client: the command rate and the sessions one socket may watch (shared server), and a
 WebSocket reader that stops reading (its own server with a small outbox): its turn is stopped and
 stored "stopped", its socket closed with 4008, and the server goes on serving everyone else."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,9 +49,11 @@ async def test_one_socket_watches_a_bounded_number_of_sessions(server: ServerPro
 @pytest.fixture(scope="module")
 def small_outbox(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("outbox")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
-                        env={"FORGE_OUTBOX_EVENTS": "16", "FORGE_WS_COMMANDS_PER_S": "100000",
-                             "FORGE_DETACHED_TURN_S": "0"}).start()
+    srv = ServerProcess(
+        db_path=tmp / "forge.db",
+        log_path=tmp / "server.log",
+        env={"FORGE_OUTBOX_EVENTS": "16", "FORGE_WS_COMMANDS_PER_S": "100000", "FORGE_DETACHED_TURN_S": "0"},
+    ).start()
     yield srv
     srv.stop()
 

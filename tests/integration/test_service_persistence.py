@@ -1,5 +1,6 @@
 """Sessions survive restarts; SIGTERM stores in-flight replies as "interrupted"; SIGKILL mid-reply leaves
 the partial reply stored. These tests start (and kill) servers of their own on one SQLite file."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,19 +50,29 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
             before_restart = http.get(f"/api/sessions/{sid}").json()
 
             # A reply whose client dropped goes on without it (--detached-turn-s): SIGTERM interrupts it too.
-            away_sid = http.post("/api/sessions",
-                                 json={"settings": {"temperature": 0, "max_tokens": 2000}}).json()["id"]
+            away_sid = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 2000}}).json()[
+                "id"
+            ]
             endless = {"type": "regex", "pattern": "x{9000}"}  # no end before max_tokens: still running at SIGTERM
-            with http.stream("POST", f"/api/sessions/{away_sid}/messages",
-                             json={"content": "A very long story.", "response_format": endless}) as r:
-                away = [json.loads(line[6:]) for line in itertools.takewhile(
-                    lambda line: line != "event: delta", r.iter_lines()) if line.startswith("data: ")]
+            with http.stream(
+                "POST",
+                f"/api/sessions/{away_sid}/messages",
+                json={"content": "A very long story.", "response_format": endless},
+            ) as r:
+                away = [
+                    json.loads(line[6:])
+                    for line in itertools.takewhile(lambda line: line != "event: delta", r.iter_lines())
+                    if line.startswith("data: ")
+                ]
 
             # SIGTERM mid-reply: the stream ends with the reply stored as "interrupted".
             long_sid = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 400}}).json()["id"]
             events: list[dict[str, Any]] = []
-            with http.stream("POST", f"/api/sessions/{long_sid}/messages",
-                             json={"content": "Write a long story about a lighthouse keeper."}) as r:
+            with http.stream(
+                "POST",
+                f"/api/sessions/{long_sid}/messages",
+                json={"content": "Write a long story about a lighthouse keeper."},
+            ) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         events.append(json.loads(line[6:]))
@@ -92,8 +103,11 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
             assert len(http.get(f"/api/sessions/{sid}").json()["messages"]) == 4
 
             # SIGKILL mid-reply: whatever was stored by then survives.
-            with http.stream("POST", f"/api/sessions/{long_sid}/messages",
-                             json={"content": "Now write another long story, about a baker."}) as r:
+            with http.stream(
+                "POST",
+                f"/api/sessions/{long_sid}/messages",
+                json={"content": "Now write another long story, about a baker."},
+            ) as r:
                 received, reply_id, stored = "", None, None
                 deadline = time.monotonic() + 120
                 for line in r.iter_lines():
@@ -129,8 +143,9 @@ def test_restart_sigterm_and_sigkill(tmp_path: Path) -> None:
 
 
 def test_sigterm_sends_done_to_websockets_before_closing(tmp_path: Path) -> None:
-    srv = ServerProcess(db_path=tmp_path / "forge.db", log_path=tmp_path / "server.log", api_key=None,
-                        admin_token=None).start()
+    srv = ServerProcess(
+        db_path=tmp_path / "forge.db", log_path=tmp_path / "server.log", api_key=None, admin_token=None
+    ).start()
     events: list[dict[str, Any]] = []
     try:
         with ws_connect(srv.ws_url) as ws:

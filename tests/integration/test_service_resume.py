@@ -1,6 +1,7 @@
 """A reply outlives its connection (app/domain/replay.py): dropped WebSocket and SSE clients reattach and get
 exactly the rest of the reply (greedy: byte-identical to an uninterrupted one), two sockets watch one turn, a
 turn nobody watches is stopped after --detached-turn-s, a stop while detached, and a restart while detached."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +34,7 @@ def text_of(events: list[dict[str, Any]], mid: str) -> str:
 @pytest.fixture(scope="module")
 def uninterrupted(server: ServerProcess) -> str:
     """The greedy reply to PROMPT, nobody dropping."""
+
     async def run() -> str:
         async with connect(server.ws_url, additional_headers=server.auth) as ws:
             sid = (await create_session(ws, settings=GREEDY))["id"]
@@ -40,11 +42,13 @@ def uninterrupted(server: ServerProcess) -> str:
             events = await recv_until(ws, "done", sid)
             assert events[-1]["status"] == "complete"
             return text_of(events, events[-1]["message_id"])
+
     return asyncio.run(run())
 
 
 async def test_dropped_socket_reattaches_with_no_gap_and_a_second_watcher_follows(
-        server: ServerProcess, uninterrupted: str) -> None:
+    server: ServerProcess, uninterrupted: str
+) -> None:
     a = await connect(server.ws_url, additional_headers=server.auth)
     sid = (await create_session(a, settings=GREEDY))["id"]
     await a.send(json.dumps({"type": "message.send", "session_id": sid, "content": PROMPT, "client_id": "x"}))
@@ -68,8 +72,17 @@ async def test_dropped_socket_reattaches_with_no_gap_and_a_second_watcher_follow
     assert follow[-1]["status"] == "complete"
     # A third client kept the first's copy: turn.resume after its last event gives the rest of it.
     async with connect(server.ws_url, additional_headers=server.auth) as c:
-        await c.send(json.dumps({"type": "turn.resume", "session_id": sid, "message_id": mid,
-                                 "after_seq": first[-1]["seq"], "client_id": "r"}))
+        await c.send(
+            json.dumps(
+                {
+                    "type": "turn.resume",
+                    "session_id": sid,
+                    "message_id": mid,
+                    "after_seq": first[-1]["seq"],
+                    "client_id": "r",
+                }
+            )
+        )
         ack = await recv(c)
         assert (ack["type"], ack["message_id"], ack["client_id"]) == ("turn.resumed", mid, "r")
         rest = await recv_until(c, "done", sid)
@@ -118,8 +131,12 @@ def test_dropped_sse_stream_resumes_from_last_event_id(server: ServerProcess, un
             again = [e["data"] for e in parse_sse(list(r.iter_lines()))[0]]
         assert again[-1]["type"] == "done" and again[-1]["status"] == "complete"
         assert text_of(again, mid) == uninterrupted or again[0]["message"]["content"] == uninterrupted
-        for params, headers in (({"after": "x"}, {}), ({"after": -1}, {}), ({}, {"Last-Event-ID": "abc"}),
-                                ({"after": 10**9}, {})):
+        for params, headers in (
+            ({"after": "x"}, {}),
+            ({"after": -1}, {}),
+            ({}, {"Last-Event-ID": "abc"}),
+            ({"after": 10**9}, {}),
+        ):
             r = http.get(path, params=params, headers=headers)
             if "done" in r.text:  # the turn's events are no longer kept: an ended turn's answer ignores `after`
                 continue
@@ -130,8 +147,16 @@ def test_dropped_sse_stream_resumes_from_last_event_id(server: ServerProcess, un
 async def test_stop_while_detached(server: ServerProcess) -> None:
     ws = await connect(server.ws_url, additional_headers=server.auth)
     sid = (await create_session(ws, settings=LONG))["id"]
-    await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "Tell me a very long story.",
-                              "response_format": ENDLESS}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "message.send",
+                "session_id": sid,
+                "content": "Tell me a very long story.",
+                "response_format": ENDLESS,
+            }
+        )
+    )
     mid = (await recv_until(ws, "delta", sid))[-1]["message_id"]
     await ws.close()
     async with connect(server.ws_url, additional_headers=server.auth) as b:
@@ -149,8 +174,9 @@ async def test_stop_while_detached(server: ServerProcess) -> None:
 @pytest.fixture(scope="module")
 def short_window(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("detached")
-    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log",
-                        env={"FORGE_DETACHED_TURN_S": "1"}).start()
+    srv = ServerProcess(
+        db_path=tmp / "forge.db", log_path=tmp / "server.log", env={"FORGE_DETACHED_TURN_S": "1"}
+    ).start()
     yield srv
     srv.stop()
 
@@ -159,8 +185,16 @@ async def test_nobody_reattaching_stops_the_reply(short_window: ServerProcess) -
     srv = short_window
     ws = await connect(srv.ws_url, additional_headers=srv.auth)
     sid = (await create_session(ws, settings=LONG))["id"]
-    await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "Tell me a very long story.",
-                              "response_format": ENDLESS}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "message.send",
+                "session_id": sid,
+                "content": "Tell me a very long story.",
+                "response_format": ENDLESS,
+            }
+        )
+    )
     await recv_until(ws, "delta", sid)
     await ws.close()
     deadline = time.monotonic() + 60

@@ -1,6 +1,7 @@
 """Tool calling in chat sessions, against the real server and default model: over /ws with the official
 `websockets` client (session tools, a reply that calls them, its result, the reply after it, the refusals) and
 over REST/SSE with `httpx` (a message's own tools, the result route, the continue stream, export/import)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,15 +19,20 @@ from engine.tool_calls import Tool
 from tests.integration.conftest import ServerProcess
 
 TIMEOUT = 180.0
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                           "parameters": WEATHER}}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The current weather in a city", "parameters": WEATHER},
+    }
+]
 ASK = "What is the weather in Paris?"
 RESULT = '{"city": "Paris", "sky": "clear", "temperature_c": 21, "wind_kmh": 12, "humidity_pct": 40}'
-SETTINGS = {"temperature": 0, "max_tokens": 48, "tools": TOOLS, "tool_choice": "required",
-            "parallel_tool_calls": False}
+SETTINGS = {"temperature": 0, "max_tokens": 48, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
 
 
 async def recv(ws: ClientConnection) -> dict[str, Any]:
@@ -49,8 +55,7 @@ def streamed_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if ev["index"] not in calls:
             assert ev["id"].startswith("call_") and ev["name"], "a call's first event names it"
-            calls[ev["index"]] = {"id": ev["id"], "type": "function",
-                                  "function": {"name": ev["name"], "arguments": ""}}
+            calls[ev["index"]] = {"id": ev["id"], "type": "function", "function": {"name": ev["name"], "arguments": ""}}
         else:
             assert "id" not in ev and "name" not in ev
         calls[ev["index"]]["function"]["arguments"] += ev["arguments"]
@@ -109,25 +114,44 @@ async def test_a_session_calls_its_tools_takes_the_result_and_continues(server: 
         call_id = reply["tool_calls"][0]["id"]
 
         # refusals: an id that is no call of the reply; continuing before the result; bad tools
-        await ws.send(json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": "call_nope",
-                                  "content": "x", "client_id": "r1"}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "tool.result",
+                    "session_id": sid,
+                    "tool_call_id": "call_nope",
+                    "content": "x",
+                    "client_id": "r1",
+                }
+            )
+        )
         err = await recv(ws)
-        assert (err["type"], err["code"], err["param"], err["client_id"]) == \
-            ("error", "invalid_parameter", "tool_call_id", "r1")
+        assert (err["type"], err["code"], err["param"], err["client_id"]) == (
+            "error",
+            "invalid_parameter",
+            "tool_call_id",
+            "r1",
+        )
         await ws.send(json.dumps({"type": "message.continue", "session_id": sid}))
         err = await recv(ws)
         assert (err["type"], err["param"]) == ("error", "session_id"), err
 
         # the result, then the reply after it: its prompt is the conversation with the result rendered
-        await ws.send(json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": call_id,
-                                  "content": RESULT}))
+        await ws.send(
+            json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": call_id, "content": RESULT})
+        )
         created = await recv(ws)
         assert created["type"] == "message.created", created
         result = created["message"]
-        assert (result["role"], result["tool_call_id"], result["content"], result["parent_id"]) == \
-            ("tool", call_id, RESULT, reply["id"])
-        await ws.send(json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": call_id,
-                                  "content": RESULT}))
+        assert (result["role"], result["tool_call_id"], result["content"], result["parent_id"]) == (
+            "tool",
+            call_id,
+            RESULT,
+            reply["id"],
+        )
+        await ws.send(
+            json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": call_id, "content": RESULT})
+        )
         err = await recv(ws)
         assert (err["type"], err["param"]) == ("error", "tool_call_id") and "already" in err["message"], err
 
@@ -146,21 +170,23 @@ async def test_bad_tools_are_error_events_naming_the_field(server: ServerProcess
         bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
         await ws.send(json.dumps({"type": "session.create", "settings": {"tools": bad}, "client_id": "c"}))
         err = await recv(ws)
-        assert (err["type"], err["code"], err["param"]) == \
-            ("error", "invalid_parameter", "settings.tools[0].function.parameters"), err
+        assert (err["type"], err["code"], err["param"]) == (
+            "error",
+            "invalid_parameter",
+            "settings.tools[0].function.parameters",
+        ), err
         await ws.send(json.dumps({"type": "session.create"}))
         sid = (await recv(ws))["session"]["id"]
-        for extra, param in [({"tools": bad}, "tools[0].function.parameters"),
-                             ({"tool_choice": "required"}, "tool_choice"),
-                             ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-                              "tool_choice"),
-                             ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
-                              "tools[0].function.name")]:
+        for extra, param in [
+            ({"tools": bad}, "tools[0].function.parameters"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+            ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+        ]:
             await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": "hi", **extra}))
             err = await recv(ws)
             assert (err["type"], err["param"]) == ("error", param), (extra, err)
-        await ws.send(json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": "call_x",
-                                  "content": "x"}))
+        await ws.send(json.dumps({"type": "tool.result", "session_id": sid, "tool_call_id": "call_x", "content": "x"}))
         err = await recv(ws)
         assert (err["type"], err["param"]) == ("error", "tool_call_id"), err
         await ws.send(json.dumps({"type": "session.open", "session_id": sid}))
@@ -183,9 +209,11 @@ def test_rest_a_message_brings_its_own_tools_and_the_result_route_continues(serv
     with httpx.Client(base_url=server.url, timeout=TIMEOUT, headers=server.auth) as http:
         sid = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 96}}).json()["id"]
         weather = {"type": "function", "function": {"name": "get_weather"}}
-        with http.stream("POST", f"/api/sessions/{sid}/messages",
-                         json={"content": ASK, "tools": TOOLS, "tool_choice": weather,
-                               "parallel_tool_calls": False}) as r:
+        with http.stream(
+            "POST",
+            f"/api/sessions/{sid}/messages",
+            json={"content": ASK, "tools": TOOLS, "tool_choice": weather, "parallel_tool_calls": False},
+        ) as r:
             events = sse_events(r)
         done = events[-1]
         assert (done["type"], done["finish_reason"]) == ("done", "tool_calls"), done
@@ -213,10 +241,13 @@ def test_rest_a_message_brings_its_own_tools_and_the_result_route_continues(serv
         copy = http.post("/api/sessions/import", json=exported)
         assert copy.status_code == 201, copy.text
         branch = http.get(f"/api/sessions/{copy.json()['id']}").json()["messages"]
-        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in branch] == \
-            [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in exported["messages"]]
-        broken = {**exported, "messages": [{**m, "tool_call_id": None} if m["role"] == "tool" else m
-                                           for m in exported["messages"]]}
+        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in branch] == [
+            (m["role"], m["tool_calls"], m["tool_call_id"]) for m in exported["messages"]
+        ]
+        broken = {
+            **exported,
+            "messages": [{**m, "tool_call_id": None} if m["role"] == "tool" else m for m in exported["messages"]],
+        }
         r = http.post("/api/sessions/import", json=broken)
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages[2].tool_call_id", r.text
 

@@ -1,4 +1,5 @@
 """Sessions REST and the SSE stream of a turn, with `httpx`, against the real server and model."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,10 @@ def test_turn_events_arrive_in_order_with_ids(http: httpx.Client) -> None:
     session = http.get(f"/api/sessions/{sid}").json()
     assert session["title"] == "Hello! Who are you?"  # named after its first message
     stored = session["messages"]
-    assert [(m["id"], m["content"], m["status"]) for m in stored] == \
-        [(user["id"], "Hello! Who are you?", "complete"), (reply["id"], text, "complete")]
+    assert [(m["id"], m["content"], m["status"]) for m in stored] == [
+        (user["id"], "Hello! Who are you?", "complete"),
+        (reply["id"], text, "complete"),
+    ]
     assert stored[1]["prompt_tokens"] == done["usage"]["prompt_tokens"]
     assert stored[1]["ttft_ms"] == done["timings"]["ttft_ms"]
 
@@ -86,8 +89,9 @@ def test_keepalive_comments_during_a_long_prefill(http: httpx.Client) -> None:
 def test_disconnect_leaves_the_generation_running_until_stopped(server: ServerProcess, http: httpx.Client) -> None:
     before = wait_idle(server)["engine"]["kv_blocks_used"]
     sid = new_session(http, settings={"temperature": 0, "max_tokens": 400})["id"]
-    with http.stream("POST", f"/api/sessions/{sid}/messages",
-                     json={"content": "Write a very long poem about mountains."}) as r:
+    with http.stream(
+        "POST", f"/api/sessions/{sid}/messages", json={"content": "Write a very long poem about mountains."}
+    ) as r:
         deltas = 0
         lines = r.iter_lines()  # kept referenced: a closed line iterator closes the response too
         for line in lines:
@@ -126,8 +130,9 @@ def stored_reply(http: httpx.Client, session_id: str) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def test_client_gone_before_the_stream_starts_leaves_the_turn_running(server: ServerProcess,
-                                                                      http: httpx.Client) -> None:
+def test_client_gone_before_the_stream_starts_leaves_the_turn_running(
+    server: ServerProcess, http: httpx.Client
+) -> None:
     sid = new_session(http, settings={"temperature": 0, "max_tokens": 300})["id"]
     # Hold the database's write lock so the server, having read the request, waits in storing the user
     # message; the client leaves meanwhile: the turn starts with its client already gone.
@@ -151,8 +156,9 @@ def test_client_gone_before_the_stream_starts_leaves_the_turn_running(server: Se
 
 
 def test_session_operations(http: httpx.Client) -> None:
-    a = new_session(http, title="first", system_prompt="You answer in one word.",
-                    settings={"temperature": 0, "max_tokens": 6})
+    a = new_session(
+        http, title="first", system_prompt="You answer in one word.", settings={"temperature": 0, "max_tokens": 6}
+    )
     b = new_session(http)
     assert b["title"] == "New chat" and b["settings"] == {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
     ids = [s["id"] for s in http.get("/api/sessions").json()["data"]]
@@ -172,12 +178,15 @@ def test_session_operations(http: httpx.Client) -> None:
     assert events[0]["event"] == "history" and events[-1]["data"]["status"] == "complete"
     assert "".join(e["data"]["text"] for e in events if e["event"] == "delta") == first_reply
 
-    events, _ = parse_sse(stream_lines(http, f"/api/sessions/{a['id']}/messages/{user_id}/edit",
-                                       {"content": "Grass colour?"}))
+    events, _ = parse_sse(
+        stream_lines(http, f"/api/sessions/{a['id']}/messages/{user_id}/edit", {"content": "Grass colour?"})
+    )
     edited_reply = "".join(e["data"]["text"] for e in events if e["event"] == "delta")
     session = http.get(f"/api/sessions/{a['id']}").json()
-    assert [(m["role"], m["content"]) for m in session["messages"]] == [("user", "Grass colour?"),
-                                                                      ("assistant", edited_reply)]
+    assert [(m["role"], m["content"]) for m in session["messages"]] == [
+        ("user", "Grass colour?"),
+        ("assistant", edited_reply),
+    ]
     assert session["messages"][0]["siblings"] == [user_id, session["messages"][0]["id"]]
 
     # back to the first question's branch, with its two replies
@@ -194,13 +203,15 @@ def test_session_operations(http: httpx.Client) -> None:
     copy = http.get(f"/api/sessions/{r.json()['id']}").json()
     assert copy["id"] != a["id"] and copy["title"] == "renamed" and copy["system_prompt"] == "You answer in one word."
     original = http.get(f"/api/sessions/{a['id']}").json()["messages"]
-    assert [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in copy["messages"]] == \
-        [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in original]
+    assert [(m["role"], m["content"], m["status"], len(m["siblings"])) for m in copy["messages"]] == [
+        (m["role"], m["content"], m["status"], len(m["siblings"])) for m in original
+    ]
     # a file exported before branches (version 1: one conversation, in order) imports as one branch
     r = http.post("/api/sessions/import", json={"forge_export": 1, "session": export["session"], "messages": original})
     old = http.get(f"/api/sessions/{r.json()['id']}").json()["messages"]
-    assert [(m["role"], m["content"], m["siblings"] == [m["id"]]) for m in old] == \
-        [(m["role"], m["content"], True) for m in original]
+    assert [(m["role"], m["content"], m["siblings"] == [m["id"]]) for m in old] == [
+        (m["role"], m["content"], True) for m in original
+    ]
 
     assert http.delete(f"/api/sessions/{a['id']}").status_code == 204
     assert http.get(f"/api/sessions/{a['id']}").status_code == 404

@@ -1,5 +1,6 @@
 """Persistence layer against a real SQLite file and a real PostgreSQL database, migrated by Alembic (no model
 needed): every store test runs on both (tests/postgres.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ from sqlalchemy import text
 
 from app.api.bodies import Export, SessionFields, decode
 from app.api.errors import ServiceError
-from app.domain.defaults import DEFAULT_SETTINGS
 from app.config import Settings
+from app.domain.defaults import DEFAULT_SETTINGS
 from app.store import Store
 from app.store.migrate import head_revision, upgrade
 
@@ -64,8 +65,11 @@ async def test_upgrade_on_postgresql_creates_schema_and_search_indexes_and_is_id
         assert await scalar(store, "SELECT version_num FROM alembic_version") == head_revision()
         tables = await scalar(store, "SELECT array_agg(tablename::text) FROM pg_tables WHERE schemaname = 'public'")
         assert {"sessions", "messages", "replicas", "session_leases", "alembic_version"} <= set(tables)
-        indexes = await scalar(store, "SELECT array_agg(indexname::text) FROM pg_indexes WHERE schemaname = 'public' "
-                              "AND indexdef LIKE '%USING gin%'")
+        indexes = await scalar(
+            store,
+            "SELECT array_agg(indexname::text) FROM pg_indexes WHERE schemaname = 'public' "
+            "AND indexdef LIKE '%USING gin%'",
+        )
         assert set(indexes) == {"ix_sessions_search", "ix_messages_search"}
         folded = await scalar(store, "SELECT to_tsvector('forge_search', 'Crème BRÛLÉE')::text")
         assert folded == "'brulee':2 'creme':1"
@@ -83,8 +87,10 @@ async def test_workers_migrating_at_once_all_succeed(tmp_path: Path, database_ur
         f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
         f"upgrade({database_url!r})\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], cwd=REPO, stderr=subprocess.PIPE)
-             for i in range(workers)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(i)], cwd=REPO, stderr=subprocess.PIPE)
+        for i in range(workers)
+    ]
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("ready-*"))) < workers and time.monotonic() < deadline:
         time.sleep(0.01)  # every worker has imported; now they race
@@ -131,9 +137,17 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
     _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == ("partial", 3, "streaming")
 
-    done = await store.finish_reply(r1["id"], content="partial reply", status="complete", finish_reason="stop",
-                                    prompt_tokens=10, cached_tokens=4, completion_tokens=5, ttft_ms=12.5,
-                                    tokens_per_s=30.0)
+    done = await store.finish_reply(
+        r1["id"],
+        content="partial reply",
+        status="complete",
+        finish_reason="stop",
+        prompt_tokens=10,
+        cached_tokens=4,
+        completion_tokens=5,
+        ttft_ms=12.5,
+        tokens_per_s=30.0,
+    )
     assert done is not None and (done["status"], done["cached_tokens"], done["ttft_ms"]) == ("complete", 4, 12.5)
     _, (*_, u2, r2) = await store.start_reply(s["id"], ME, parent_id=r1["id"], user_content="two")  # type: ignore[misc]
     assert (u2["position"], r2["position"]) == (2, 3)
@@ -160,8 +174,20 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
         await store.start_reply(s["id"], ME, parent_id="missing")
 
     assert await store.start_reply("missing", ME, parent_id=None, user_content="x") is None
-    assert await store.finish_reply("missing", content="", status="stopped", finish_reason="abort", prompt_tokens=None,
-                                    cached_tokens=None, completion_tokens=None, ttft_ms=None, tokens_per_s=None) is None
+    assert (
+        await store.finish_reply(
+            "missing",
+            content="",
+            status="stopped",
+            finish_reason="abort",
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            ttft_ms=None,
+            tokens_per_s=None,
+        )
+        is None
+    )
 
 
 async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> None:
@@ -178,14 +204,26 @@ async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> 
 async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: Store) -> None:
     s = await store.create_session(ME, "trip", "sys", {"temperature": 0.0, "top_p": 1.0, "max_tokens": 7})
     _, (u, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="hi")  # type: ignore[misc]
-    await store.finish_reply(r["id"], content="hello", status="complete", finish_reason="stop", prompt_tokens=3,
-                             cached_tokens=0, completion_tokens=1, ttft_ms=1.0, tokens_per_s=None)
+    await store.finish_reply(
+        r["id"],
+        content="hello",
+        status="complete",
+        finish_reason="stop",
+        prompt_tokens=3,
+        cached_tokens=0,
+        completion_tokens=1,
+        ttft_ms=1.0,
+        tokens_per_s=None,
+    )
     await store.start_reply(s["id"], ME, parent_id=u["id"])  # a second reply, left streaming
     await store.select(s["id"], ME, r["id"])
     exported = await store.export_session(s["id"], ME)
     assert exported is not None and exported["forge_export"] == 2
     assert [(m["role"], m["content"], m["active"]) for m in exported["messages"]] == [
-        ("user", "hi", True), ("assistant", "hello", True), ("assistant", "", False)]
+        ("user", "hi", True),
+        ("assistant", "hello", True),
+        ("assistant", "", False),
+    ]
 
     body = decode(json.dumps(exported), Export)
     imported = await store.import_session(OTHER, exported["session"], body.tree())
@@ -193,28 +231,46 @@ async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: S
     assert (imported["title"], imported["system_prompt"], imported["settings"]) == ("trip", "sys", s["settings"])
     assert await store.get_history(imported["id"], ME) is None  # it belongs to the importer
     _, msgs = await store.get_history(imported["id"], OTHER)  # type: ignore[misc]
-    assert [(m["role"], m["content"], len(m["siblings"])) for m in msgs] == [("user", "hi", 1), ("assistant", "hello", 2)]
+    assert [(m["role"], m["content"], len(m["siblings"])) for m in msgs] == [
+        ("user", "hi", 1),
+        ("assistant", "hello", 2),
+    ]
     copy = await store.export_session(imported["id"], OTHER)
     assert [m["status"] for m in copy["messages"]] == ["complete", "complete", "interrupted"]  # type: ignore[index]
     assert {m["id"] for m in copy["messages"]}.isdisjoint({m["id"] for m in exported["messages"]})  # type: ignore[index]
 
 
 def test_export_files_of_both_versions_become_one_tree() -> None:
-    v1 = {"forge_export": 1, "session": {}, "messages": [{"role": "user", "content": "a", "id": "x"},
-                                                         {"role": "assistant", "content": "b", "id": "x"}]}
+    v1 = {
+        "forge_export": 1,
+        "session": {},
+        "messages": [{"role": "user", "content": "a", "id": "x"}, {"role": "assistant", "content": "b", "id": "x"}],
+    }
     assert [(m["parent"], m["active"]) for m in decode(json.dumps(v1), Export).tree()] == [(None, True), (0, True)]
-    v2 = {"forge_export": 2, "session": {}, "messages": [
-        {"id": "u", "parent_id": None, "role": "user", "content": "q", "active": False},
-        {"id": "a1", "parent_id": "u", "role": "assistant", "content": "1", "active": True},
-        {"id": "a2", "parent_id": "u", "role": "assistant", "content": "2", "active": True},  # the last marked wins
-        {"id": "u2", "parent_id": None, "role": "user", "content": "q2", "active": False},  # none marked: the last
-        {"id": "u3", "parent_id": None, "role": "user", "content": "q3", "active": False},
-        {"role": "assistant", "content": "no parent_id: after the message before it"}]}
+    v2 = {
+        "forge_export": 2,
+        "session": {},
+        "messages": [
+            {"id": "u", "parent_id": None, "role": "user", "content": "q", "active": False},
+            {"id": "a1", "parent_id": "u", "role": "assistant", "content": "1", "active": True},
+            {"id": "a2", "parent_id": "u", "role": "assistant", "content": "2", "active": True},  # the last marked wins
+            {"id": "u2", "parent_id": None, "role": "user", "content": "q2", "active": False},  # none marked: the last
+            {"id": "u3", "parent_id": None, "role": "user", "content": "q3", "active": False},
+            {"role": "assistant", "content": "no parent_id: after the message before it"},
+        ],
+    }
     assert [(m["parent"], m["active"]) for m in decode(json.dumps(v2), Export).tree()] == [
-        (None, False), (0, False), (0, True), (None, False), (None, True), (4, True)]
-    for messages, param in [([{"id": "a", "parent_id": "b", "role": "user", "content": "x"}], "messages[0].parent_id"),
-                            ([{"id": "a", "role": "user", "content": "x"}, {"id": "a", "role": "user", "content": "y"}],
-                             "messages[1].id")]:
+        (None, False),
+        (0, False),
+        (0, True),
+        (None, False),
+        (None, True),
+        (4, True),
+    ]
+    for messages, param in [
+        ([{"id": "a", "parent_id": "b", "role": "user", "content": "x"}], "messages[0].parent_id"),
+        ([{"id": "a", "role": "user", "content": "x"}, {"id": "a", "role": "user", "content": "y"}], "messages[1].id"),
+    ]:
         with pytest.raises(ServiceError) as exc:
             decode(json.dumps({"forge_export": 2, "session": {}, "messages": messages}), Export).tree()
         assert (exc.value.code, exc.value.param) == ("invalid_parameter", param)
@@ -241,14 +297,28 @@ async def test_concurrent_settings_updates_all_land(store: Store) -> None:
 
 
 def test_settings_from_env_and_overrides() -> None:
-    env = {"FORGE_PORT": "9001", "FORGE_DATABASE_URL": "sqlite+aiosqlite:///x.db", "FORGE_API_KEY": "k",
-           "FORGE_THREADS": "2", "FORGE_MODEL": "/m.gguf"}
+    env = {
+        "FORGE_PORT": "9001",
+        "FORGE_DATABASE_URL": "sqlite+aiosqlite:///x.db",
+        "FORGE_API_KEY": "k",
+        "FORGE_THREADS": "2",
+        "FORGE_MODEL": "/m.gguf",
+    }
     s = Settings.from_env(env, port=None, model="default")
-    assert (s.port, s.database_url, s.api_keys, s.threads, s.model) == (9001, "sqlite+aiosqlite:///x.db", ("k",), 2,
-                                                                        "default")
+    assert (s.port, s.database_url, s.api_keys, s.threads, s.model) == (
+        9001,
+        "sqlite+aiosqlite:///x.db",
+        ("k",),
+        2,
+        "default",
+    )
     assert Settings.from_env({"FORGE_API_KEY": "a, b"}).api_keys == ("a", "b")
-    for env, flags in [({"FORGE_API_KEY": ""}, {}), ({"FORGE_API_KEY": "a,,b"}, {}), ({}, {"api_keys": [""]}),
-                       ({"FORGE_ADMIN_TOKEN": ""}, {})]:
+    for env, flags in [
+        ({"FORGE_API_KEY": ""}, {}),
+        ({"FORGE_API_KEY": "a,,b"}, {}),
+        ({}, {"api_keys": [""]}),
+        ({"FORGE_ADMIN_TOKEN": ""}, {}),
+    ]:
         with pytest.raises(ValueError, match="empty"):  # an empty key never turns auth off
             Settings.from_env(env, **flags)
     assert Settings.from_env({}).database_url == "sqlite+aiosqlite:///./data/forge.db"
@@ -265,20 +335,33 @@ def test_settings_from_env_and_overrides() -> None:
 def test_replica_settings() -> None:
     assert Settings.from_env({}, host="10.0.0.5", port=8002).replica == "10.0.0.5:8002"  # the default name
     assert Settings.from_env({"FORGE_REPLICA_NAME": "r1", "FORGE_LEASE_TTL_S": "2.5"}).replica == "r1"
-    for flags, refused in [({"replica_name": ""}, "replica_name"), ({"replica_name": "a\nb"}, "replica_name"),
-                           ({"replica_name": "r" * 201}, "replica_name"), ({"lease_ttl_s": "nan"}, "lease_ttl_s"),
-                           ({"lease_ttl_s": "0"}, "lease_ttl_s"), ({"lease_ttl_s": "inf"}, "lease_ttl_s")]:
+    for flags, refused in [
+        ({"replica_name": ""}, "replica_name"),
+        ({"replica_name": "a\nb"}, "replica_name"),
+        ({"replica_name": "r" * 201}, "replica_name"),
+        ({"lease_ttl_s": "nan"}, "lease_ttl_s"),
+        ({"lease_ttl_s": "0"}, "lease_ttl_s"),
+        ({"lease_ttl_s": "inf"}, "lease_ttl_s"),
+    ]:
         with pytest.raises(ValueError, match=refused):
             Settings.from_env({}, **flags)
 
 
 def test_session_fields_name_the_field_they_refuse() -> None:
-    assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session(DEFAULT_SETTINGS)["settings"] == \
-        dict(DEFAULT_SETTINGS, temperature=0.0)
-    cases = [({"temperature": 2.5}, "settings.temperature"), ({"temperature": "hot"}, "settings.temperature"),
-             ({"top_p": 0}, "settings.top_p"), ({"max_tokens": -3}, "settings.max_tokens"),
-             ({"max_tokens": 1.5}, "settings.max_tokens"), ({"max_tokens": True}, "settings.max_tokens"),
-             ({"max_tokens": 10 ** 400}, "settings.max_tokens"), ({"seed": 1}, "settings.seed"), ([], "settings")]
+    assert decode(b'{"settings": {"temperature": 0}}', SessionFields).new_session(DEFAULT_SETTINGS)["settings"] == dict(
+        DEFAULT_SETTINGS, temperature=0.0
+    )
+    cases = [
+        ({"temperature": 2.5}, "settings.temperature"),
+        ({"temperature": "hot"}, "settings.temperature"),
+        ({"top_p": 0}, "settings.top_p"),
+        ({"max_tokens": -3}, "settings.max_tokens"),
+        ({"max_tokens": 1.5}, "settings.max_tokens"),
+        ({"max_tokens": True}, "settings.max_tokens"),
+        ({"max_tokens": 10**400}, "settings.max_tokens"),
+        ({"seed": 1}, "settings.seed"),
+        ([], "settings"),
+    ]
     for value, param in cases:
         with pytest.raises(ServiceError) as exc:
             decode(json.dumps({"settings": value}), SessionFields)

@@ -1,5 +1,6 @@
 """Tool calling through the official `openai` client against the real server and default model: every tool_choice,
 parallel calls, streamed deltas reassembled, n, seeds, logprobs, speculation, and the refusals."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,12 +13,16 @@ import pytest
 
 from tests.integration.conftest import API_KEY, ServerProcess
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                      "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The current weather in a city", "parameters": WEATHER},
+    },
     {"type": "function", "function": {"name": "get_time", "description": "The time now, anywhere"}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
@@ -56,8 +61,15 @@ def reassemble(stream) -> dict[int, dict]:
 
 
 def test_required_is_one_valid_call_from_the_first_token(client):
-    r = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="required",
-                                       parallel_tool_calls=False, temperature=0, max_tokens=64)
+    r = client.chat.completions.create(
+        model="default",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert len(choice.message.tool_calls) == 1
@@ -65,9 +77,15 @@ def test_required_is_one_valid_call_from_the_first_token(client):
 
 
 def test_a_named_function_is_the_one_called(client):
-    r = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, parallel_tool_calls=False,
-                                       tool_choice={"type": "function", "function": {"name": "get_time"}},
-                                       temperature=0, max_tokens=32)
+    r = client.chat.completions.create(
+        model="default",
+        messages=ASK,
+        tools=TOOLS,
+        parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+        max_tokens=32,
+    )
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_time"]
     assert json.loads(calls[0].function.arguments) == {}
@@ -75,8 +93,9 @@ def test_a_named_function_is_the_one_called(client):
 
 def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
     for content in ["hello", "What is the weather in Paris? Call get_weather."]:
-        r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}],
-                                           tools=TOOLS, temperature=0, max_tokens=48)
+        r = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": content}], tools=TOOLS, temperature=0, max_tokens=48
+        )
         m = r.choices[0].message
         if m.tool_calls:
             assert r.choices[0].finish_reason == "tool_calls"
@@ -84,8 +103,9 @@ def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
         else:
             assert m.content and "<tool_call>" not in m.content
     with_tools = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, max_tokens=1)
-    none = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="none",
-                                          temperature=0, max_tokens=24)
+    none = client.chat.completions.create(
+        model="default", messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=24
+    )
     plain = client.chat.completions.create(model="default", messages=ASK, temperature=0, max_tokens=24)
     assert none.choices[0].message.tool_calls is None and none.choices[0].message.content
     assert none.usage.prompt_tokens < with_tools.usage.prompt_tokens
@@ -93,8 +113,15 @@ def test_auto_is_text_or_valid_calls_and_none_lists_no_tools(client):
 
 
 def test_streamed_deltas_reassemble_to_the_whole_reply(client, server: ServerProcess):
-    kw = {"model": "default", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
-          "max_tokens": 64, "parallel_tool_calls": False}
+    kw = {
+        "model": "default",
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 64,
+        "parallel_tool_calls": False,
+    }
     whole = client.chat.completions.create(**kw).choices[0]
     for extra in ({"speculative": "off"}, {"speculative": "ngram"}):
         accepted = server.stats()["engine"]["spec_accepted_tokens"]
@@ -103,15 +130,21 @@ def test_streamed_deltas_reassemble_to_the_whole_reply(client, server: ServerPro
             assert server.stats()["engine"]["spec_accepted_tokens"] > accepted
         assert got["finish"] == whole.finish_reason == "tool_calls"
         assert got["content"] == ""
-        assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == \
-               [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == [
+            (c.function.name, c.function.arguments) for c in whole.message.tool_calls
+        ]
 
 
 def test_parallel_calls_have_distinct_indexes_and_ids(client):
     stream = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "What time is it in Paris, Tokyo and Lima?"}],
-        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0,
-        max_tokens=90, stream=True)
+        model="default",
+        messages=[{"role": "user", "content": "What time is it in Paris, Tokyo and Lima?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+        max_tokens=90,
+        stream=True,
+    )
     got = reassemble(stream)[0]
     calls = got["calls"]
     assert len(calls) >= 2, got
@@ -126,8 +159,16 @@ async def test_sampled_calls_all_validate_with_n_and_seeds(server: ServerProcess
 
     async def one(seed: int):
         return await aclient.chat.completions.create(
-            model="default", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-            temperature=1.0, seed=seed, n=3, max_tokens=64)
+            model="default",
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=1.0,
+            seed=seed,
+            n=3,
+            max_tokens=64,
+        )
 
     replies = await asyncio.gather(*(one(seed) for seed in range(4)))  # 12 seeded streams (seed, index)
     await aclient.close()
@@ -143,9 +184,17 @@ async def test_sampled_calls_all_validate_with_n_and_seeds(server: ServerProcess
 
 
 def test_logprobs_come_with_the_calls(client):
-    r = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice=WEATHER_ONLY,
-                                       parallel_tool_calls=False, temperature=0, max_tokens=64, logprobs=True,
-                                       top_logprobs=2)
+    r = client.chat.completions.create(
+        model="default",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=WEATHER_ONLY,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+        logprobs=True,
+        top_logprobs=2,
+    )
     choice = r.choices[0]
     assert choice.message.tool_calls and choice.logprobs.content
     text = "".join(t.token for t in choice.logprobs.content)
@@ -153,11 +202,21 @@ def test_logprobs_come_with_the_calls(client):
 
 
 def test_a_round_trip_with_a_tool_result(client):
-    call = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice=WEATHER_ONLY,
-                                          parallel_tool_calls=False, temperature=0, max_tokens=64)
+    call = client.chat.completions.create(
+        model="default",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=WEATHER_ONLY,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
     msg = call.choices[0].message
-    history = [*ASK, msg.model_dump(),  # as the SDK dumps it: nulls included
-               {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 21, "sky": "clear"}'}]
+    history = [
+        *ASK,
+        msg.model_dump(),  # as the SDK dumps it: nulls included
+        {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"temperature": 21, "sky": "clear"}'},
+    ]
     r = client.chat.completions.create(model="default", messages=history, tools=TOOLS, temperature=0, max_tokens=48)
     assert r.usage.prompt_tokens > call.usage.prompt_tokens + 30  # the call and its result are in the prompt
     assert r.usage.prompt_tokens_details.cached_tokens >= 128  # the tools' system prompt is reused
@@ -171,11 +230,27 @@ def test_the_model_card_names_its_tool_format(client):
 
 
 REFUSALS = [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "tools[0].function.parameters"),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"a": {"type": "string", "not": {"const": "x"}}},
+                        },
+                    },
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters",
+    ),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),

@@ -1,4 +1,5 @@
 """The WebSocket protocol (/ws) with the `websockets` client against the real server and model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -79,8 +80,10 @@ async def test_three_turns_reuse_the_cache_and_match_a_cold_run(server: ServerPr
             await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": question}))
             events = await recv_until(ws, "done", sid)
             created = [e for e in events if e["type"] == "message.created"]
-            assert [(e["message"]["role"], e["message"]["status"]) for e in created] == \
-                [("user", "complete"), ("assistant", "streaming")]
+            assert [(e["message"]["role"], e["message"]["status"]) for e in created] == [
+                ("user", "complete"),
+                ("assistant", "streaming"),
+            ]
             assert created[0]["message"]["content"] == question
             reply_id = created[1]["message"]["id"]
             assert all(e["session_id"] == sid for e in events if e["type"] != "session")
@@ -105,8 +108,15 @@ async def test_three_turns_reuse_the_cache_and_match_a_cold_run(server: ServerPr
 async def test_cancel_mid_reply_stores_a_stopped_partial(server: ServerProcess) -> None:
     async with connect(server.ws_url, additional_headers=server.auth) as ws:
         sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 400}))["id"]
-        await ws.send(json.dumps({"type": "message.send", "session_id": sid,
-                                  "content": "Write a very long story about a dragon who learns to cook."}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "message.send",
+                    "session_id": sid,
+                    "content": "Write a very long story about a dragon who learns to cook.",
+                }
+            )
+        )
         events = []
         while sum(e["type"] == "delta" for e in events) < 3:
             events.append(await recv(ws))
@@ -131,8 +141,11 @@ async def test_malformed_messages_get_errors_and_the_socket_keeps_working(server
             (json.dumps({"type": "launch.rocket"}), "bad_request", "type"),
             (json.dumps({"type": "message.send", "session_id": 42, "content": "x"}), "bad_request", "session_id"),
             (json.dumps({"type": "message.send", "session_id": "0" * 32, "content": "x"}), "not_found", "session_id"),
-            (json.dumps({"type": "session.create", "settings": {"temperature": 9}}), "invalid_parameter",
-             "settings.temperature"),
+            (
+                json.dumps({"type": "session.create", "settings": {"temperature": 9}}),
+                "invalid_parameter",
+                "settings.temperature",
+            ),
             (json.dumps({"type": "session.open", "session_id": "nope", "extra": 1}), "bad_request", "extra"),
         ]
         for raw, code, param in bad:
@@ -166,10 +179,12 @@ async def test_one_socket_drives_two_sessions_and_busy_is_refused(server: Server
     async with connect(server.ws_url, additional_headers=server.auth) as ws:
         a = (await create_session(ws, settings={"temperature": 0, "max_tokens": 6}))["id"]
         b = (await create_session(ws, settings={"temperature": 0, "max_tokens": 6}))["id"]
-        await ws.send(json.dumps({"type": "message.send", "session_id": a, "content": "Name a colour.",
-                                  "client_id": "A"}))
-        await ws.send(json.dumps({"type": "message.send", "session_id": b, "content": "Name a fruit.",
-                                  "client_id": "B"}))
+        await ws.send(
+            json.dumps({"type": "message.send", "session_id": a, "content": "Name a colour.", "client_id": "A"})
+        )
+        await ws.send(
+            json.dumps({"type": "message.send", "session_id": b, "content": "Name a fruit.", "client_id": "B"})
+        )
         await ws.send(json.dumps({"type": "message.send", "session_id": a, "content": "again", "client_id": "A2"}))
         events, done = [], set()
         while len(done) < 2:
@@ -189,8 +204,9 @@ async def test_one_socket_drives_two_sessions_and_busy_is_refused(server: Server
         assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["status"] == "complete"
 
 
-async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_prompt(server: ServerProcess,
-                                                                                  cold_engine: Engine) -> None:
+async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_prompt(
+    server: ServerProcess, cold_engine: Engine
+) -> None:
     settings = {"temperature": 0, "max_tokens": 8}
     async with connect(server.ws_url, additional_headers=server.auth) as ws:
         sid = (await create_session(ws, settings=settings))["id"]
@@ -207,14 +223,18 @@ async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_promp
         assert (r2["parent_id"], r2["siblings"]) == (user_id, [r1, r2["id"]])  # the old reply is kept
         assert deltas_text(regen, r2["id"]) == first_text  # greedy: the same reply again
 
-        await ws.send(json.dumps({"type": "message.edit", "session_id": sid, "message_id": user_id,
-                                  "content": "What is 3 + 3?"}))
+        await ws.send(
+            json.dumps({"type": "message.edit", "session_id": sid, "message_id": user_id, "content": "What is 3 + 3?"})
+        )
         edit = await recv_until(ws, "done", sid)
         (edited,) = edit[0]["messages"]
         assert edit[0]["type"] == "history" and edited["content"] == "What is 3 + 3?"
         assert edited["siblings"] == [user_id, edited["id"]]  # the old question is kept too
-        await ws.send(json.dumps({"type": "message.edit", "session_id": sid, "message_id": edit[-1]["message_id"],
-                                  "content": "x"}))
+        await ws.send(
+            json.dumps(
+                {"type": "message.edit", "session_id": sid, "message_id": edit[-1]["message_id"], "content": "x"}
+            )
+        )
         err = await recv(ws)
         assert (err["type"], err["code"], err["param"]) == ("error", "invalid_parameter", "message_id")
 
@@ -223,7 +243,9 @@ async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_promp
         chosen = await recv(ws)
         assert (chosen["type"], chosen["client_id"]) == ("history", "b")
         assert [(m["id"], m["siblings"]) for m in chosen["messages"]] == [
-            (user_id, [user_id, edited["id"]]), (r2["id"], [r1, r2["id"]])]
+            (user_id, [user_id, edited["id"]]),
+            (r2["id"], [r1, r2["id"]]),
+        ]
         async with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {OTHER_KEY}"}) as theirs:
             await theirs.send(json.dumps({"type": "branch.select", "session_id": sid, "message_id": edited["id"]}))
             assert (await recv(theirs))["code"] == "not_found"
@@ -235,9 +257,15 @@ async def test_regenerate_and_edit_keep_branches_and_the_chosen_one_is_the_promp
         follow = await recv_until(ws, "done", sid)
         assert [e["code"] for e in follow if e["type"] == "error"] == ["busy"]  # no switching while it streams
         reply = follow[-1]
-        expected, prompt_len = await cold_reply(cold_engine, [
-            {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": first_text},
-            {"role": "user", "content": "And 2 + 3?"}], settings["max_tokens"])
+        expected, prompt_len = await cold_reply(
+            cold_engine,
+            [
+                {"role": "user", "content": "What is 2 + 2?"},
+                {"role": "assistant", "content": first_text},
+                {"role": "user", "content": "And 2 + 3?"},
+            ],
+            settings["max_tokens"],
+        )
         assert (deltas_text(follow, reply["message_id"]), reply["usage"]["prompt_tokens"]) == (expected, prompt_len)
     msgs = stored(server, sid)
     assert [m["id"] for m in msgs[:2]] == [user_id, r2["id"]] and [m["role"] for m in msgs[2:]] == ["user", "assistant"]
@@ -249,8 +277,9 @@ async def test_closing_the_socket_leaves_the_reply_running_until_stopped(server:
     before = wait_idle(server)["engine"]["kv_blocks_used"]
     ws = await connect(server.ws_url, additional_headers=server.auth)
     sid = (await create_session(ws, settings={"temperature": 0, "max_tokens": 400}))["id"]
-    await ws.send(json.dumps({"type": "message.send", "session_id": sid,
-                              "content": "Tell me a very long story about the sea."}))
+    await ws.send(
+        json.dumps({"type": "message.send", "session_id": sid, "content": "Tell me a very long story about the sea."})
+    )
     while (await recv(ws))["type"] != "delta":
         pass
     assert server.stats()["engine"]["running"] == 1
@@ -271,15 +300,24 @@ async def test_closing_the_socket_leaves_the_reply_running_until_stopped(server:
 
 
 async def test_cancel_from_another_socket_is_acknowledged(server: ServerProcess) -> None:
-    async with connect(server.ws_url, additional_headers=server.auth) as owner, \
-            connect(server.ws_url, additional_headers=server.auth) as other:
+    async with (
+        connect(server.ws_url, additional_headers=server.auth) as owner,
+        connect(server.ws_url, additional_headers=server.auth) as other,
+    ):
         sid = (await create_session(owner, settings={"temperature": 0, "max_tokens": 400}))["id"]
-        await owner.send(json.dumps({"type": "message.send", "session_id": sid,
-                                     "content": "Write a very long story about a lighthouse."}))
+        await owner.send(
+            json.dumps(
+                {"type": "message.send", "session_id": sid, "content": "Write a very long story about a lighthouse."}
+            )
+        )
         started = await recv_until(owner, "delta", sid)
         reply_id = started[1]["message"]["id"]
         await other.send(json.dumps({"type": "generation.cancel", "session_id": sid, "client_id": "k"}))
-        assert await recv(other) == {"type": "generation.cancelled", "session_id": sid, "message_id": reply_id,
-                                     "client_id": "k"}
+        assert await recv(other) == {
+            "type": "generation.cancelled",
+            "session_id": sid,
+            "message_id": reply_id,
+            "client_id": "k",
+        }
         done = (await recv_until(owner, "done", sid))[-1]
     assert (done["message_id"], done["status"]) == (reply_id, "stopped")

@@ -5,11 +5,12 @@ a process's membership (app.store.membership): heartbeat, periodic sweep, rejoin
 Each replica is its own Store (its own engine and connections, as in its own process). Nothing here waits on
 a short lease while a live one must keep up: a live replica's lease lasts an hour, a dead one's 50 ms.
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import text
@@ -79,8 +80,11 @@ async def test_concurrent_takes_from_many_replicas_give_exactly_one_turn(replica
     stores = [replicas() for _ in range(6)]
     sid = (await stores[0].create_session(ME, "t", None, {}))["id"]
     for _ in range(3):  # a few rounds: each has one winner, who releases for the next
-        won = [x for x in await asyncio.gather(*(s.leases.take(sid, f"r{i}") for i, s in enumerate(stores)))
-               if x is not None]
+        won = [
+            x
+            for x in await asyncio.gather(*(s.leases.take(sid, f"r{i}") for i, s in enumerate(stores)))
+            if x is not None
+        ]
         assert len(won) == 1, won
         assert await stores[0].leases.holder(sid) == won[0].replica
         assert await stores[1].leases.release(won[0])
@@ -119,10 +123,11 @@ async def test_heartbeat_renews_the_replicas_session_leases(replicas: Callable[.
     await asyncio.sleep(0.01)
     assert await store.leases.heartbeat(me) is True
     async with store.engine.connect() as conn:
-        renewed = (await conn.execute(text("SELECT expires_at FROM session_leases WHERE session_id = :s"),
-                                      {"s": sid})).scalar_one()
+        renewed = (
+            await conn.execute(text("SELECT expires_at FROM session_leases WHERE session_id = :s"), {"s": sid})
+        ).scalar_one()
     if isinstance(renewed, str):  # SQLite keeps datetimes as text
-        renewed = datetime.fromisoformat(renewed).replace(tzinfo=timezone.utc)
+        renewed = datetime.fromisoformat(renewed).replace(tzinfo=UTC)
     assert renewed > lease.expires_at
 
 
@@ -174,21 +179,22 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s:
         await asyncio.sleep(0.02)
 
 
-async def test_membership_beats_sweeps_rejoins_after_losing_its_name_and_leaves(
-        replicas: Callable[..., Store]) -> None:
+async def test_membership_beats_sweeps_rejoins_after_losing_its_name_and_leaves(replicas: Callable[..., Store]) -> None:
     beating, dead, usurper = replicas(LONG_S), replicas(SHORT_S), replicas(LONG_S)
     await dead.leases.join("dead")
     before = await reply(dead, "dead")  # left by a replica that died before this one started
     await asyncio.sleep(SHORT_S * 4)
     lost: list[bool] = []
-    member = Membership(beating.leases, "r1", "127.0.0.1:1", sweep_s=0.1, on_lost=lambda: lost.append(True),
-                        beat_s=0.05)
+    member = Membership(
+        beating.leases, "r1", "127.0.0.1:1", sweep_s=0.1, on_lost=lambda: lost.append(True), beat_s=0.05
+    )
     first = await member.start()
     try:
         assert member.swept == 1 and await statuses(beating, [before[0]]) == [("interrupted", "half a rep")]
 
         async def renewed() -> bool:
             return next(r for r in await beating.leases.replicas() if r["name"] == "r1")["heartbeat_at"] != beat0
+
         beat0 = next(r for r in await beating.leases.replicas() if r["name"] == "r1")["heartbeat_at"]
         await eventually(renewed, "a heartbeat")
 
@@ -197,12 +203,14 @@ async def test_membership_beats_sweeps_rejoins_after_losing_its_name_and_leaves(
 
         async def swept() -> bool:
             return await statuses(beating, [later[0]]) == [("interrupted", "half a rep")]
+
         await eventually(swept, "the periodic sweep")
 
         await usurper.leases.join("r1")  # another process takes the name: the next beat finds the lease lost
 
         async def rejoined() -> bool:
             return bool(lost) and member.member is not None and member.member.incarnation != first.incarnation
+
         await eventually(rejoined, "losing the lease and joining again")
     finally:
         await member.stop()

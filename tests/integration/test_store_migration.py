@@ -1,6 +1,7 @@
 """Migrations 0003 (reply branches, search), 0004 (replicas, leases, PostgreSQL search) and 0005 (tool calls) on a
 database made by the schema before them: created by Alembic at 0002, filled through plain SQL as that schema's code
 wrote it, then upgraded; on SQLite and on PostgreSQL."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -15,13 +16,24 @@ from app.store.migrate import alembic_config, head_revision, upgrade
 
 ME, OTHER = "owner-a", "owner-b"
 LEGACY = [
-    ("s" * 32, ME, "Capitals", [("user", "What is the capital of France?", "complete", None, None),
-                                ("assistant", "Paris is the capital of France.", "complete", "stop", 8),
-                                ("user", "And of Germany?", "complete", None, None),
-                                ("assistant", "Berlin", "stopped", "abort", 2),
-                                ("user", "Thanks, café owner!", "complete", None, None)]),
-    ("t" * 32, OTHER, "Someone else's capitals", [("user", "The capital of Spain?", "complete", None, None),
-                                                  ("assistant", "Madrid", "interrupted", "abort", 1)]),
+    (
+        "s" * 32,
+        ME,
+        "Capitals",
+        [
+            ("user", "What is the capital of France?", "complete", None, None),
+            ("assistant", "Paris is the capital of France.", "complete", "stop", 8),
+            ("user", "And of Germany?", "complete", None, None),
+            ("assistant", "Berlin", "stopped", "abort", 2),
+            ("user", "Thanks, café owner!", "complete", None, None),
+        ],
+    ),
+    (
+        "t" * 32,
+        OTHER,
+        "Someone else's capitals",
+        [("user", "The capital of Spain?", "complete", None, None), ("assistant", "Madrid", "interrupted", "abort", 1)],
+    ),
     ("u" * 32, ME, "Empty", []),
 ]
 
@@ -36,8 +48,11 @@ async def query(url: str, sql: str) -> list[tuple]:
 
 
 async def rows(url: str) -> list[tuple]:
-    return await query(url, "SELECT id, session_id, position, role, content, status, finish_reason, "
-                            "completion_tokens FROM messages ORDER BY session_id, position")
+    return await query(
+        url,
+        "SELECT id, session_id, position, role, content, status, finish_reason, "
+        "completion_tokens FROM messages ORDER BY session_id, position",
+    )
 
 
 async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_url: str) -> None:
@@ -60,7 +75,7 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_ur
             session, branch = await store.get_history(sid, owner)  # type: ignore[misc]
             assert session["title"] == title
             assert [(m["role"], m["content"], m["status"]) for m in branch] == [m[:3] for m in messages]
-            assert [m["parent_id"] for m in branch] == [None, *(m["id"] for m in branch)][:len(branch)]
+            assert [m["parent_id"] for m in branch] == [None, *(m["id"] for m in branch)][: len(branch)]
             assert all(m["siblings"] == [m["id"]] for m in branch)
 
         # the search index holds the old rows (accents folded), for their owner only
@@ -73,9 +88,17 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_ur
         sid = "s" * 32
         _, branch = await store.start_reply(sid, ME, parent_id=message_id(sid, 2))  # type: ignore[misc]
         assert branch[-1]["siblings"] == [message_id(sid, 3), branch[-1]["id"]]
-        await store.finish_reply(branch[-1]["id"], content="Berlin, of course.", status="complete",
-                                 finish_reason="stop", prompt_tokens=9, cached_tokens=0, completion_tokens=5,
-                                 ttft_ms=None, tokens_per_s=None)
+        await store.finish_reply(
+            branch[-1]["id"],
+            content="Berlin, of course.",
+            status="complete",
+            finish_reason="stop",
+            prompt_tokens=9,
+            cached_tokens=0,
+            completion_tokens=5,
+            ttft_ms=None,
+            tokens_per_s=None,
+        )
         assert [h["message"]["id"] for h in await store.search(ME, "course", 10)] == [branch[-1]["id"]]
     finally:
         await store.close()
@@ -122,7 +145,6 @@ async def test_0004_down_and_up_again_keeps_messages_and_search(database_url: st
         await store.close()
 
 
-
 async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: str) -> None:
     """0005's columns hold a reply's calls and a result's call id; rows made at 0004 keep everything (nulls in the
     new columns), SQLite's FTS5 triggers keep indexing, and the downgrade takes the results away with the columns."""
@@ -132,34 +154,62 @@ async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: 
     try:  # the messages as 0004's code wrote them (today's model has the new columns)
         s = await store.create_session(ME, "Tools", None, {})
         async with store.engine.begin() as conn:
-            for i, (mid, role, content, status) in enumerate([("m" * 32, "user", "weather in Lisbon?", "complete"),
-                                                              ("r" * 32, "assistant", "", "streaming")]):
-                await conn.execute(text(
-                    "INSERT INTO messages (id, session_id, parent_id, ordinal, position, active, role, content, status,"
-                    " created_at, updated_at) VALUES (:id, :sid, :parent, :i, :i, :active, :role, :content, :status,"
-                    " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"),
-                    {"id": mid, "sid": s["id"], "parent": "m" * 32 if i else None, "i": i, "active": True,
-                     "role": role, "content": content, "status": status})
+            for i, (mid, role, content, status) in enumerate(
+                [("m" * 32, "user", "weather in Lisbon?", "complete"), ("r" * 32, "assistant", "", "streaming")]
+            ):
+                await conn.execute(
+                    text(
+                        "INSERT INTO messages (id, session_id, parent_id, ordinal, position, active, role, content,"
+                        " status, created_at, updated_at) VALUES (:id, :sid, :parent, :i, :i, :active, :role,"
+                        " :content, :status, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    ),
+                    {
+                        "id": mid,
+                        "sid": s["id"],
+                        "parent": "m" * 32 if i else None,
+                        "i": i,
+                        "active": True,
+                        "role": role,
+                        "content": content,
+                        "status": status,
+                    },
+                )
     finally:
         await store.close()
     branch = [{"id": "m" * 32}, {"id": "r" * 32}]
     upgrade(url)
     store = Store(url)
-    calls = [{"id": "call_1", "type": "function",
-              "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}]
+    calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}
+    ]
     try:
         _, before = await store.get_history(s["id"], ME)  # type: ignore[misc]
-        assert [(m["content"], m["tool_calls"], m["tool_call_id"]) for m in before] == \
-            [("weather in Lisbon?", None, None), ("", None, None)]
-        await store.finish_reply(branch[-1]["id"], content="", status="complete", finish_reason="tool_calls",
-                                 prompt_tokens=9, cached_tokens=0, completion_tokens=12, ttft_ms=None,
-                                 tokens_per_s=None, tool_calls=calls)
-        added = await store.add_tool_result(s["id"], ME, parent_id=branch[-1]["id"], tool_call_id="call_1",
-                                            content="sunny and breezy")
+        assert [(m["content"], m["tool_calls"], m["tool_call_id"]) for m in before] == [
+            ("weather in Lisbon?", None, None),
+            ("", None, None),
+        ]
+        await store.finish_reply(
+            branch[-1]["id"],
+            content="",
+            status="complete",
+            finish_reason="tool_calls",
+            prompt_tokens=9,
+            cached_tokens=0,
+            completion_tokens=12,
+            ttft_ms=None,
+            tokens_per_s=None,
+            tool_calls=calls,
+        )
+        added = await store.add_tool_result(
+            s["id"], ME, parent_id=branch[-1]["id"], tool_call_id="call_1", content="sunny and breezy"
+        )
         assert added is not None and added[1]["parent_id"] == branch[-1]["id"]
         _, after = await store.get_history(s["id"], ME)  # type: ignore[misc]
-        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in after] == \
-            [("user", None, None), ("assistant", calls, None), ("tool", None, "call_1")]
+        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in after] == [
+            ("user", None, None),
+            ("assistant", calls, None),
+            ("tool", None, "call_1"),
+        ]
         assert [h["message"]["role"] for h in await store.search(ME, "breezy", 10)] == ["tool"]
         exported = await store.export_session(s["id"], ME)
         assert [m["tool_call_id"] for m in exported["messages"]] == [None, None, "call_1"]  # type: ignore[index]

@@ -1,5 +1,6 @@
 """The conformance cases (tests/fixtures/tool_cases.json, adapted from BFCL) through the shared server: every
 complete call is valid against its tool's schema. Accuracy is printed by scripts/tool_conformance.py, not asserted."""
+
 from __future__ import annotations
 
 import openai

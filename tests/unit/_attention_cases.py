@@ -2,6 +2,7 @@
 
 Each case keeps dense K/V per sequence next to the same data scattered into a paged cache
 through shuffled (non-contiguous) block tables."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

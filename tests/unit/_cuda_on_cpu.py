@@ -4,6 +4,7 @@ arrays: the kernels' own source, run without a GPU. Used by the CuPy stand-in (_
 Each source gets a launcher per extern "C" kernel, generated from its signature; the shared library is
 built once per source text (cached under the temp directory) with -O1.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -50,14 +51,14 @@ def _launchers(code: str) -> str:
         out.append(
             f"struct args_{kernel} {{ {fields} }};\n"
             f"static void body_{kernel}(void* p) {{ auto* a = (args_{kernel}*)p; {kernel}({call}); }}\n"
-            f'extern "C" void emu_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, void** argv) {{\n'
+            f'extern "C" void emu_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, void** argv) {{\n'  # noqa: E501
             f"    args_{kernel} args{{{unpack}}};\n"
             f"    emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{kernel}, &args);\n}}\n"
         )
     return "\n".join(out)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _library(code: str) -> ctypes.CDLL:
     shim = "".join(p.read_text() for p in sorted(SHIM.iterdir()))
     key = hashlib.sha256((shim + code).encode()).hexdigest()[:16]
@@ -69,9 +70,25 @@ def _library(code: str) -> ctypes.CDLL:
         src.write_text(code + "\n" + _launchers(code))
         tmp = build / f"kernels.{id(code)}.so"
         subprocess.run(
-            ["g++", "-std=c++17", "-O1", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-w", "-include", str(SHIM / "cuda_on_cpu.h"),
-             f"-I{SHIM}", f"-I{CUDA_DIR}", "-o", str(tmp), str(src)],
-            check=True, capture_output=True, text=True,
+            [
+                "g++",
+                "-std=c++17",
+                "-O1",
+                "-U_FORTIFY_SOURCE",
+                "-shared",
+                "-fPIC",
+                "-w",
+                "-include",
+                str(SHIM / "cuda_on_cpu.h"),
+                f"-I{SHIM}",
+                f"-I{CUDA_DIR}",
+                "-o",
+                str(tmp),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         )
         tmp.rename(lib)  # atomic: a concurrent build never loads half a file
     return ctypes.CDLL(str(lib))
@@ -88,7 +105,9 @@ class Kernel:
         keep = []
         for (ctype, pointer, _), arg in zip(self.params, args):
             if pointer:
-                assert arg is None or (isinstance(arg, np.ndarray) and arg.flags.c_contiguous or arg.strides[-1] == arg.itemsize)
+                assert arg is None or (
+                    isinstance(arg, np.ndarray) and arg.flags.c_contiguous or arg.strides[-1] == arg.itemsize
+                )
                 keep.append(ctypes.c_void_p(None if arg is None else arg.ctypes.data))
             else:
                 keep.append(SCALARS[ctype](arg))

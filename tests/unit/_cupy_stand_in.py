@@ -14,6 +14,7 @@ weakly, a capture notes every allocation made before it that its work touches (k
 own work: indexing, ufuncs, astype, cuBLAS pointers), and replaying a graph after one of those was freed
 raises, where a GPU would silently read or write memory that may belong to something else by then.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,17 +25,30 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import _cuda_on_cpu
 import numpy as np
 
-import _cuda_on_cpu
-
-POINTEE = {"float": np.float32, "double": np.float64, "__half": np.float16, "int": np.int32, "long long": np.int64,
-           "unsigned char": np.uint8, "signed char": np.int8}
+POINTEE = {
+    "float": np.float32,
+    "double": np.float64,
+    "__half": np.float16,
+    "int": np.int32,
+    "long long": np.int64,
+    "unsigned char": np.uint8,
+    "signed char": np.int8,
+}
 SCALAR = {"int": np.int32, "long long": np.int64, "float": np.float32}
 # (kernel, pointer parameter) -> the alignment in bytes its vector loads need (uint4 / float4: 16, __half2: 4).
-ALIGNED = {("gemv_q4", "x"): 16, ("gemv_q4", "data"): 16, ("gemv_q8", "x"): 16, ("gemv_q8", "data"): 16,
-           ("paged_attention_decode_f16", "k_cache"): 16, ("paged_attention_decode_f16", "v_cache"): 4,
-           ("paged_attention_prefill_f16", "k_cache"): 16, ("paged_attention_prefill_f16", "v_cache"): 4}
+ALIGNED = {
+    ("gemv_q4", "x"): 16,
+    ("gemv_q4", "data"): 16,
+    ("gemv_q8", "x"): 16,
+    ("gemv_q8", "data"): 16,
+    ("paged_attention_decode_f16", "k_cache"): 16,
+    ("paged_attention_decode_f16", "v_cache"): 4,
+    ("paged_attention_prefill_f16", "k_cache"): 16,
+    ("paged_attention_prefill_f16", "v_cache"): 4,
+}
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -76,13 +90,13 @@ class StandInArray(np.ndarray):
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         out = kwargs.get("out", ())
         _STATE.use(inputs, out)
-        plain = lambda a: a.view(np.ndarray) if isinstance(a, StandInArray) else a  # noqa: E731
+        plain = lambda a: a.view(np.ndarray) if isinstance(a, StandInArray) else a
         if out:
             kwargs["out"] = tuple(plain(o) for o in out)
         result = getattr(ufunc, method)(*(plain(a) for a in inputs), **kwargs)
         if out:
             return out[0] if len(out) == 1 else out
-        wrap = lambda r: r.view(StandInArray) if isinstance(r, np.ndarray) else r  # noqa: E731
+        wrap = lambda r: r.view(StandInArray) if isinstance(r, np.ndarray) else r
         return tuple(wrap(r) for r in result) if isinstance(result, tuple) else wrap(result)
 
 
@@ -145,18 +159,22 @@ def _device(a: np.ndarray) -> StandInArray:
 
 def _fresh(fill: Any) -> Any:
     """np.empty-like allocation: poisoned when kernels execute, else zeros."""
+
     def alloc(*a: Any, **k: Any) -> StandInArray:
         out = fill(*a, **k)
         if _STATE.execute:
             out.view(np.uint8).fill(0xFF)
         return _device(out)
+
     return alloc
 
 
 class Kernel:
     def __init__(self, code: str, name: str) -> None:
         self.name, self.params = name, _cuda_on_cpu.signatures(code)[name]
-        assert {p for k, p in ALIGNED if k == name} <= {p for _, _, p in self.params}, f"{name}: ALIGNED names no parameter"
+        assert {p for k, p in ALIGNED if k == name} <= {p for _, _, p in self.params}, (
+            f"{name}: ALIGNED names no parameter"
+        )
         self.run = _cuda_on_cpu.Kernel(code, name) if _STATE.execute else None
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
@@ -164,7 +182,9 @@ class Kernel:
         for (ctype, pointer, pname), arg in zip(self.params, args):
             where = f"{self.name}({pname})"
             if pointer:
-                assert arg is None or isinstance(arg, StandInArray), f"{where}: a device array or None, got {type(arg).__name__}"
+                assert arg is None or isinstance(arg, StandInArray), (
+                    f"{where}: a device array or None, got {type(arg).__name__}"
+                )
                 assert arg is None or arg.dtype == POINTEE[ctype], f"{where}: {ctype}* given {arg.dtype}"
                 align = ALIGNED.get((self.name, pname), 1)
                 assert arg is None or arg.ctypes.data % align == 0, f"{where}: vector loads need {align}-byte alignment"
@@ -175,8 +195,12 @@ class Kernel:
         threads = int(np.prod(block))
         assert 32 <= threads <= 1024 and threads % 32 == 0, f"{self.name}: block {block} (whole warps, at most 1024)"
         # Recorded with weak references to the arrays: a launch (or a graph) keeps no memory alive on a GPU.
-        launch = Launch(self.name, tuple(grid), tuple(block),
-                        tuple(weakref.proxy(a) if isinstance(a, np.ndarray) else a for a in args))
+        launch = Launch(
+            self.name,
+            tuple(grid),
+            tuple(block),
+            tuple(weakref.proxy(a) if isinstance(a, np.ndarray) else a for a in args),
+        )
         _STATE.launches.append(launch)
         if _STATE.capturing is not None:
             _STATE.use(args)
@@ -201,8 +225,10 @@ class Graph:
     def launch(self, stream: Any = None) -> None:
         freed = [what for ref, what in self.uses if ref() is None]
         if freed:
-            raise RuntimeError(f"replaying a CUDA graph whose buffers were freed after capture: {', '.join(freed)} "
-                               "(a graph holds their addresses, not the arrays: keep them alive as long as the graph)")
+            raise RuntimeError(
+                f"replaying a CUDA graph whose buffers were freed after capture: {', '.join(freed)} "
+                "(a graph holds their addresses, not the arrays: keep them alive as long as the graph)"
+            )
         _STATE.launches.extend(self.launches)
 
 
@@ -210,7 +236,7 @@ class Stream:
     def __init__(self, non_blocking: bool = False) -> None:
         pass
 
-    def use(self) -> "Stream":
+    def use(self) -> Stream:
         return self
 
     def synchronize(self) -> None:
@@ -228,7 +254,7 @@ class Stream:
         _STATE.capturing, _STATE.external = None, {}
         return graph
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -250,13 +276,32 @@ def _column_major(ptr: int, dtype: Any, rows: int, cols: int, ld: int) -> np.nda
     return np.lib.stride_tricks.as_strided(flat, (rows, cols), (item, ld * item))
 
 
-def gemm_ex(handle: Any, transa: int, transb: int, m: int, n: int, k: int, alpha: int, A: int, a_type: int, lda: int,
-            B: int, b_type: int, ldb: int, beta: int, C: int, c_type: int, ldc: int, compute: int, algo: int) -> None:
+def gemm_ex(
+    handle: Any,
+    transa: int,
+    transb: int,
+    m: int,
+    n: int,
+    k: int,
+    alpha: int,
+    A: int,
+    a_type: int,
+    lda: int,
+    B: int,
+    b_type: int,
+    ldb: int,
+    beta: int,
+    C: int,
+    c_type: int,
+    ldc: int,
+    compute: int,
+    algo: int,
+) -> None:
     """cublasGemmEx in numpy: C [m, n] = alpha op(A) op(B) + beta C, column-major, float32 arithmetic."""
     assert compute == 68  # CUBLAS_COMPUTE_32F
     if _STATE.capturing is not None:  # captured work only runs at replay, which the stand-in does not model
         return
-    scalar = lambda p: float(ctypes.c_float.from_address(p).value)  # noqa: E731
+    scalar = lambda p: float(ctypes.c_float.from_address(p).value)
     op_a = _column_major(A, _CUDA_TYPES[a_type], *((k, m) if transa else (m, k)), lda)
     op_b = _column_major(B, _CUDA_TYPES[b_type], *((n, k) if transb else (k, n)), ldb)
     op_a, op_b = (op_a.T if transa else op_a), (op_b.T if transb else op_b)
@@ -299,15 +344,26 @@ def module(execute: bool = False) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.RawModule, cp.asarray, cp.ascontiguousarray, cp.asnumpy = RawModule, asarray, ascontiguousarray, asnumpy
     cp.empty, cp.empty_like = _fresh(np.zeros), _fresh(np.zeros_like)
-    for name, fn in (("zeros", np.zeros), ("full", np.full), ("take", np.take), ("matmul", np.matmul), ("argmax", np.argmax)):
+    for name, fn in (
+        ("zeros", np.zeros),
+        ("full", np.full),
+        ("take", np.take),
+        ("matmul", np.matmul),
+        ("argmax", np.argmax),
+    ):
         setattr(cp, name, lambda *a, _fn=fn, **k: _STATE.use(a, tuple(k.values())) or _device(np.asarray(_fn(*a, **k))))
     device = types.SimpleNamespace(id=0)
     cp.cuda = types.SimpleNamespace(
-        Device=lambda: device, Stream=Stream, MemoryPool=MemoryPool, using_allocator=using_allocator,
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"CuPy stand-in (no GPU)"},
-                                      CUDA_R_16F=2, CUDA_R_32F=0),
-        cublas=types.SimpleNamespace(gemmEx=gemm_ex, CUBLAS_OP_N=0, CUBLAS_OP_T=1, CUBLAS_COMPUTE_32F=68,
-                                     CUBLAS_GEMM_DEFAULT_TENSOR_OP=99),
+        Device=lambda: device,
+        Stream=Stream,
+        MemoryPool=MemoryPool,
+        using_allocator=using_allocator,
+        runtime=types.SimpleNamespace(
+            getDeviceProperties=lambda i: {"name": b"CuPy stand-in (no GPU)"}, CUDA_R_16F=2, CUDA_R_32F=0
+        ),
+        cublas=types.SimpleNamespace(
+            gemmEx=gemm_ex, CUBLAS_OP_N=0, CUBLAS_OP_T=1, CUBLAS_COMPUTE_32F=68, CUBLAS_GEMM_DEFAULT_TENSOR_OP=99
+        ),
         get_cublas_handle=lambda: 1,
     )
     cp.launches = _STATE.launches

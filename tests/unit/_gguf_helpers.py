@@ -4,6 +4,7 @@ both as a HF safetensors directory and as a GGUF file (the way llama.cpp's conve
 Independent of engine/loader on purpose: the Q/K permutation, the BF16 rounding and the
 safetensors writer are re-implemented here so that loader bugs cannot cancel out.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"  # noqa: E501
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 _CORPUS = [
@@ -62,7 +63,10 @@ def tiny_tokenizer_json() -> str:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=320,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tk.train_from_iterator(_CORPUS, trainer=trainer)
     return tk.to_str()
@@ -115,7 +119,11 @@ def hf_weights(spec: TinySpec, vocab: int, seed: int = 0, dtype: str = "F32") ->
             p + "mlp.down_proj.weight": r(d, f),
         }
         if spec.bias:
-            w |= {p + "self_attn.q_proj.bias": r(q), p + "self_attn.k_proj.bias": r(kv), p + "self_attn.v_proj.bias": r(kv)}
+            w |= {
+                p + "self_attn.q_proj.bias": r(q),
+                p + "self_attn.k_proj.bias": r(kv),
+                p + "self_attn.v_proj.bias": r(kv),
+            }
     return w
 
 
@@ -137,7 +145,9 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) ->
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(chunks))
 
 
-def write_hf_dir(out: Path, spec: TinySpec, weights: dict[str, np.ndarray], dtype: str = "F32", shards: int = 2) -> Path:
+def write_hf_dir(
+    out: Path, spec: TinySpec, weights: dict[str, np.ndarray], dtype: str = "F32", shards: int = 2
+) -> Path:
     """config.json, generation_config.json, tokenizer files and `shards` safetensors files (+ index)."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = weights["model.embed_tokens.weight"].shape[0]
@@ -164,7 +174,9 @@ def write_hf_dir(out: Path, spec: TinySpec, weights: dict[str, np.ndarray], dtyp
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     (out / "tokenizer.json").write_text(tiny_tokenizer_json())
     (out / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML, "add_bos_token": False})
+        json.dumps(
+            {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHATML, "add_bos_token": False}
+        )
     )
     names = list(weights)
     parts = [names[i::shards] for i in range(shards)]
@@ -172,7 +184,7 @@ def write_hf_dir(out: Path, spec: TinySpec, weights: dict[str, np.ndarray], dtyp
     for k, part in enumerate(parts):
         fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
         write_safetensors(out / fname, {n: weights[n] for n in part}, dtype)
-        weight_map |= {n: fname for n in part}
+        weight_map |= dict.fromkeys(part, fname)
     if shards > 1:
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return out

@@ -1,6 +1,7 @@
 """Weights for the kernel tests of every backend: a random weight of each GGML block type beside gguf-py's
 dequantization of it, and float weights. Imported by the numba and the CuPy tests alike, so it imports
 neither backend (a GPU machine's numba may not match the pins)."""
+
 from __future__ import annotations
 
 import gguf
@@ -28,6 +29,8 @@ def float_weight(kind: str, rows: int, cols: int, rng: np.random.Generator) -> t
     """A random [rows, cols] F32, F16 or BF16 weight as the loader makes it, and its float32 values."""
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     type_id = {"f32": 0, "f16": 1, "bf16": 30}[kind]
-    raw = x.astype(np.float16) if kind == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16) if kind == "bf16" else x
+    raw = (
+        x.astype(np.float16) if kind == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16) if kind == "bf16" else x
+    )
     w = gguf_weight(raw.view(np.uint8), type_id, (rows, cols))
     return w, w.dequantize()

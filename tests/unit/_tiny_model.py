@@ -1,4 +1,5 @@
 """Tiny random Llama models over `Weight`s of every kind, built in memory (no file, no loader)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,17 +29,37 @@ def random_weight(kind: str, rows: int, cols: int, rng: np.random.Generator) -> 
 def tiny_config(vocab: int = 100, tied: bool = True) -> ModelConfig:
     """2 layers, hidden 64, 4 heads of 16 over 2 kv heads, FFN 96: K a multiple of 32, N often not of 4."""
     return ModelConfig(
-        arch="llama", vocab_size=vocab, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, rms_eps=1e-5, rope_theta=10000.0, rope_scaling=None, max_position=512,
-        tie_word_embeddings=tied, attention_bias=False, bos_token_id=1, eos_token_ids=[2],
+        arch="llama",
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position=512,
+        tie_word_embeddings=tied,
+        attention_bias=False,
+        bos_token_id=1,
+        eos_token_ids=[2],
     )
 
 
 def tiny_weights(config: ModelConfig, kinds: list[str], rng: np.random.Generator) -> dict[str, Weight | np.ndarray]:
     """Canonical names -> weights, the matrices' kinds taken from `kinds` in turn."""
     c, d = config, config.hidden_size
-    shapes = {"q": c.num_heads * c.head_dim, "k": c.num_kv_heads * c.head_dim, "v": c.num_kv_heads * c.head_dim,
-              "o": d, "gate": c.intermediate_size, "up": c.intermediate_size, "down": d}
+    shapes = {
+        "q": c.num_heads * c.head_dim,
+        "k": c.num_kv_heads * c.head_dim,
+        "v": c.num_kv_heads * c.head_dim,
+        "o": d,
+        "gate": c.intermediate_size,
+        "up": c.intermediate_size,
+        "down": d,
+    }
     turn = iter(kinds * 100)
     weights: dict[str, Weight | np.ndarray] = {"embed": random_weight(next(turn), c.vocab_size, d, rng)}
     for i in range(c.num_layers):

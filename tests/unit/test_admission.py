@@ -1,5 +1,6 @@
 """The admission queue (app/domain/admission.py) on its own: grants in order of a round-robin across owners,
 bounded, with deadlines on a fake clock, and waiters that leave. No timing: grants happen on release."""
+
 from __future__ import annotations
 
 import asyncio
@@ -159,7 +160,11 @@ async def test_a_request_with_several_samples_costs_several_places() -> None:
 
 
 def test_settings_are_checked() -> None:
-    for bad in ({"capacity": 0}, {"capacity": 1, "queue_size": -1}, {"capacity": 1, "timeout_s": 0},
-                {"capacity": 1, "per_owner": 0}):
+    for bad in (
+        {"capacity": 0},
+        {"capacity": 1, "queue_size": -1},
+        {"capacity": 1, "timeout_s": 0},
+        {"capacity": 1, "per_owner": 0},
+    ):
         with pytest.raises(ValueError):
             Admission(**bad)

@@ -1,4 +1,5 @@
 """engine/chat_template.py: the default model's template, the sandbox, the ChatML fallback, errors."""
+
 from __future__ import annotations
 
 import re
@@ -64,7 +65,9 @@ def test_hf_environment_features():
 
 
 def test_raise_exception_becomes_chat_template_error():
-    tpl = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+    tpl = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+    )
     assert render_chat(tpl, [{"role": "user", "content": "x"}]) == "ok"
     with pytest.raises(ChatTemplateError, match="Conversation must start with user"):
         render_chat(tpl, [{"role": "assistant", "content": "x"}])
@@ -107,7 +110,10 @@ def test_broken_template_is_a_clear_error():
         ("hello", "messages must be a list"),
         (["hello"], r"messages\[0\] must be a dict"),
         ([{"content": "x"}], r"messages\[0\]\.role must be a non-empty string"),
-        ([{"role": "user", "content": "x"}, {"role": "user", "content": 3}], r"messages\[1\]\.content must be a string, got int"),
+        (
+            [{"role": "user", "content": "x"}, {"role": "user", "content": 3}],
+            r"messages\[1\]\.content must be a string, got int",
+        ),
         ([{"role": "user"}], r"messages\[0\]\.content must be a string, got NoneType"),
     ],
 )

@@ -3,17 +3,18 @@ fiber-based CUDA shim (_cuda_on_cpu.py), driven by the CuPy backend on the NumPy
 through the parity tests a GPU runs (test_kernels_cupy_parity.py). This checks the kernels' indexing,
 arithmetic and synchronisation; it is not a GPU: no memory model, timing or FMA contraction, and no
 CUDA graphs."""
-from __future__ import annotations
 
-import numpy as np
-import pytest
+from __future__ import annotations
 
 import _cuda_on_cpu
 import _cupy_stand_in
+import numpy as np
+import pytest
 from _attention_cases import make_case
-from kernels.numpy_backend import NumpyBackend
-from test_kernels_cupy_parity import RTOL_SUM, _attention_pair, _close
 from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CPU build of the kernels)
+    RTOL_SUM,
+    _attention_pair,
+    _close,
     test_add_rms_norm_updates_the_residual_in_place,
     test_apply_token_bitmask,
     test_argmax_takes_the_first_maximum,
@@ -34,6 +35,8 @@ from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CP
     test_tiny_model_logits_match_numpy,
     test_write_kv_float16,
 )
+
+from kernels.numpy_backend import NumpyBackend
 
 _REASON = _cuda_on_cpu.unavailable_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
@@ -67,22 +70,27 @@ def rng() -> np.random.Generator:
 def test_paged_attention_many_tiles_and_odd_shapes(gpu, cpu, rng, head_dim):
     """test_paged_attention_long_context_and_odd_shapes at a size the CPU build runs in about a second: several
     key tiles per warp, a ragged last row tile and warps without rows, block size 32, strided q."""
-    case = make_case(rng, [(1, 300), (40, 130), (1, 3), (17, 17)], heads=4, kv_heads=2, head_dim=head_dim, block_size=32)
+    case = make_case(
+        rng, [(1, 300), (40, 130), (1, 3), (17, 17)], heads=4, kv_heads=2, head_dim=head_dim, block_size=32
+    )
     got, want = _attention_pair(gpu, cpu, case, head_dim**-0.5, q_view=True)
     _close(gpu, got, want, RTOL_SUM, RTOL_SUM)
 
 
 @pytest.mark.parametrize("arch,dtype,quantize", [("llama", "F16", None), ("qwen2", "BF16", "q8_0")])
-def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(gpu, tmp_path, caplog, arch, dtype, quantize):
+def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(
+    gpu, tmp_path, caplog, arch, dtype, quantize
+):
     """Tiny GGUF models (float16 weights; q/k/v biases and Q8_0 at load) through the engine: chunked prefills
     beside decodes, float16 KV. Float16 products move logits by ~1e-3, so ids may differ only where the
     reference's two best logits are closer than 0.01. CUDA graphs cannot be captured here, so decode steps
     fall back to eager."""
     from _gguf_helpers import write_tiny_pair
+    from engine_helpers import greedy, greedy_divergence, run_all
+
     from engine.llm_engine import EngineConfig, LLMEngine
     from engine.loader import load_model
     from engine.model.llama import LlamaModel
-    from engine_helpers import greedy, greedy_divergence, run_all
 
     loaded = load_model(write_tiny_pair(tmp_path, arch, dtype=dtype)[1], quantize=quantize)
     prompts = [[5, 17, 42, 8, 99, 23, 61, 7, 150, 3, 77], [9, 8, 7], list(range(30, 54))]
@@ -105,27 +113,43 @@ def test_the_engine_samples_on_the_device_what_the_host_path_samples(gpu, tmp_pa
     and they equal what the same engine samples on the host from copied logits (is_single_draw forced off), so
     each sequence's rng is used the same way."""
     from _gguf_helpers import write_tiny_pair
+    from engine_helpers import run_all
+
     from engine import sampler as llm_engine
     from engine.llm_engine import EngineConfig, LLMEngine
     from engine.loader import load_model
     from engine.model.llama import LlamaModel
     from engine.types import GenerationRequest, SamplingParams
-    from engine_helpers import run_all
 
     loaded = load_model(write_tiny_pair(tmp_path, "llama", dtype="F16")[1])
     model = LlamaModel(loaded.config, loaded.weights, gpu)
-    settings = [dict(temperature=1.3), dict(temperature=0.8, top_k=20, logprobs=3), dict(temperature=1.0, top_p=0.9),
-                dict(temperature=1.7, top_k=40, top_p=0.8, min_p=0.05), dict(temperature=0.0, logprobs=0)]
+    settings = [
+        dict(temperature=1.3),
+        dict(temperature=0.8, top_k=20, logprobs=3),
+        dict(temperature=1.0, top_p=0.9),
+        dict(temperature=1.7, top_k=40, top_p=0.8, min_p=0.05),
+        dict(temperature=0.0, logprobs=0),
+    ]
     copied = []
 
     def run() -> list:
-        reqs = [GenerationRequest([5, 17, 42 + i, 8], SamplingParams(max_tokens=6, seed=100 + i, ignore_eos=True,
-                                                                     speculative="off", **s),
-                                  request_id=f"r{i}") for i, s in enumerate(settings)]
+        reqs = [
+            GenerationRequest(
+                [5, 17, 42 + i, 8],
+                SamplingParams(max_tokens=6, seed=100 + i, ignore_eos=True, speculative="off", **s),
+                request_id=f"r{i}",
+            )
+            for i, s in enumerate(settings)
+        ]
         core = LLMEngine(loaded, model, EngineConfig(kv_memory=1 << 20, cuda_graphs=False))
         out = run_all(core, reqs)
-        return [(out[f"r{i}"].token_ids, [(lp.token_id, lp.logprob, [t for t, _ in lp.top]) for lp in out[f"r{i}"].logprobs])
-                for i in range(len(settings))]
+        return [
+            (
+                out[f"r{i}"].token_ids,
+                [(lp.token_id, lp.logprob, [t for t, _ in lp.top]) for lp in out[f"r{i}"].logprobs],
+            )
+            for i in range(len(settings))
+        ]
 
     real_to_numpy = gpu.to_numpy
     monkeypatch.setattr(gpu, "to_numpy", lambda a: copied.append(a.shape) or real_to_numpy(a))

@@ -1,13 +1,14 @@
 """Host-side planning for the CUDA kernels (no GPU involved): launch geometry, attention work plans,
 weight panels, and the device layout of every weight kind."""
+
 from __future__ import annotations
 
 import re
 
 import numpy as np
 import pytest
-
 from _tiny_model import random_weight
+
 from kernels import cuda_launch
 from kernels.cuda_launch import attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads
 from kernels.device_weight import F16_MAX, device_layout
@@ -16,9 +17,14 @@ from kernels.row_sampling import TABLE
 from kernels.weight import Weight
 
 
-@pytest.mark.parametrize("file,names", [("gemv.cu", ["GEMV_WARPS", "GEMV_ROWS"]),
-                                        ("paged_attention.cu", ["PA_WARPS", "PA_ROWS", "PA_MAX_DH"]),
-                                        ("sample.cu", ["SAMPLE_THREADS"])])
+@pytest.mark.parametrize(
+    "file,names",
+    [
+        ("gemv.cu", ["GEMV_WARPS", "GEMV_ROWS"]),
+        ("paged_attention.cu", ["PA_WARPS", "PA_ROWS", "PA_MAX_DH"]),
+        ("sample.cu", ["SAMPLE_THREADS"]),
+    ],
+)
 def test_host_constants_match_the_kernel_sources(file, names):
     defines = dict(re.findall(r"^#define (\w+) (\d+)", (CUDA_DIR / file).read_text(), re.M))
     for name in names:
@@ -103,6 +109,8 @@ def test_bf16_beyond_float16_range_stays_float32():
 
 def test_device_layout_rejects_shapes_the_kernels_cannot_take():
     with pytest.raises(ValueError, match="multiple of 32"):
-        device_layout(Weight("q4", np.zeros((2, 24), np.uint8), np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32), 32))
+        device_layout(
+            Weight("q4", np.zeros((2, 24), np.uint8), np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32), 32)
+        )
     with pytest.raises(ValueError, match="multiple of 16"):
         device_layout(Weight("q8", np.zeros((2, 24), np.int8), np.ones((2, 3), np.float32), None, 8))

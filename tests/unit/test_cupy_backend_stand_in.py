@@ -2,22 +2,23 @@
 launch matches its C signature and the launch limits, every op launches the kernels it should with a
 grid that covers its work, and CUDA-graph capture makes no host <-> device copy. The kernels themselves
 do not run here (see test_kernels_cupy_parity.py on a GPU)."""
+
 from __future__ import annotations
 
 import gc
 
+import _cupy_stand_in
 import numpy as np
 import pytest
-
-import _cupy_stand_in
 from _attention_cases import make_case
 from _tiny_model import random_weight, tiny_config, tiny_weights
+from test_kernels_cupy_parity import _assert_same_samples
+
 from engine.decode_graphs import DecodeGraphs
 from engine.model.llama import LlamaModel
 from kernels import cuda_launch, cupy_backend
 from kernels.cupy_backend import KERNELS, CupyBackend
 from kernels.numpy_backend import NumpyBackend
-from test_kernels_cupy_parity import _assert_same_samples
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def launched(cp, since: int = 0) -> list[str]:
 
 def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
     T, H, Hkv, Dh = 5, 4, 2, 16
-    f32 = lambda *shape: gpu.asarray(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    f32 = lambda *shape: gpu.asarray(rng.standard_normal(shape).astype(np.float32))
     for kind in ("q4", "q8", "f16", "bf16", "f32"):
         w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
         assert w.kind == ("f16" if kind == "bf16" else kind)
@@ -125,7 +126,9 @@ def test_attention_rejects_what_the_kernels_cannot_do(gpu, rng):
         gpu.paged_attention(gpu.asarray(case.q), kc, vc, case.meta(gpu), 1.0)
     case = make_case(rng, [(1, 5)], heads=2, kv_heads=1, head_dim=16)
     with pytest.raises(ValueError, match="float16"):
-        gpu.paged_attention(gpu.asarray(case.q), gpu.asarray(case.k_cache), gpu.asarray(case.v_cache), case.meta(gpu), 1.0)
+        gpu.paged_attention(
+            gpu.asarray(case.q), gpu.asarray(case.k_cache), gpu.asarray(case.v_cache), case.meta(gpu), 1.0
+        )
 
 
 def tiny_model(gpu, rng, kinds=("q4", "q8", "f16")) -> tuple[LlamaModel, list]:
@@ -209,8 +212,11 @@ def test_gemv_reads_x_from_an_aligned_copy_of_a_misaligned_contiguous_view(cp, g
     assert gpu.linear(x, w).shape == (2, 70)  # the stand-in checks the alignment of every launch
     grid, block = cuda_launch.gemv_geometry(70, 2)
     with pytest.raises(AssertionError, match="16-byte alignment"):
-        gpu._kernel("gemv_q4")(grid, block, (gpu.xp.empty((2, 70), np.float32), x, w.data, w.scale, w.min,
-                                             np.int32(2), np.int32(70), np.int32(64)))
+        gpu._kernel("gemv_q4")(
+            grid,
+            block,
+            (gpu.xp.empty((2, 70), np.float32), x, w.data, w.scale, w.min, np.int32(2), np.int32(70), np.int32(64)),
+        )
 
 
 def test_a_failed_capture_leaves_that_bucket_eager(cp, gpu, rng):

@@ -1,14 +1,15 @@
 """Decode graphs' host side on real parts: batch buckets, the packed step inputs, and the padded decode
 step a graph captures, run eagerly on the NumPy backend against the ordinary forward; which steps the
 model runner offers to its graphs."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from _tiny_model import tiny_config, tiny_weights
+
 from engine.decode_graphs import PackedInputs, bucket_for, graph_buckets
 from engine.model.llama import LlamaModel
 from engine.model_runner import ModelRunner, SeqInput
@@ -16,8 +17,16 @@ from kernels.attention_meta import build_attention_metadata
 from kernels.numpy_backend import NumpyBackend
 
 
-@pytest.mark.parametrize("max_batch,want", [(1, [1]), (3, [1, 2, 4]), (8, [1, 2, 4, 8]),
-                                            (20, [1, 2, 4, 8, 16, 24]), (64, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64])])
+@pytest.mark.parametrize(
+    "max_batch,want",
+    [
+        (1, [1]),
+        (3, [1, 2, 4]),
+        (8, [1, 2, 4, 8]),
+        (20, [1, 2, 4, 8, 16, 24]),
+        (64, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]),
+    ],
+)
 def test_buckets(max_batch, want):
     assert graph_buckets(max_batch) == want
 
@@ -45,10 +54,14 @@ def test_a_padded_decode_step_gives_the_ordinary_logits_and_writes_only_the_pad_
     config = tiny_config()
     model = LlamaModel(config, tiny_weights(config, ["q4", "q8", "f16"], rng), be)
     bs, pad = 4, 9
-    caches = [(be.empty_kv_cache(pad + 1, bs, 2, 16), be.empty_kv_cache(pad + 1, bs, 2, 16)) for _ in range(config.num_layers)]
+    caches = [
+        (be.empty_kv_cache(pad + 1, bs, 2, 16), be.empty_kv_cache(pad + 1, bs, 2, 16)) for _ in range(config.num_layers)
+    ]
     prompts, tables = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]], [[3, 0], [5], [1]]
     meta = build_attention_metadata([6, 1, 3], [6, 1, 3], tables, bs, be)
-    model.forward(np.concatenate(prompts), np.concatenate([np.arange(len(p)) for p in prompts]), meta, caches, np.array([5]))
+    model.forward(
+        np.concatenate(prompts), np.concatenate([np.arange(len(p)) for p in prompts]), meta, caches, np.array([5])
+    )
 
     tokens, positions = [20, 21, 22], [6, 1, 3]
     meta = build_attention_metadata([1, 1, 1], [7, 2, 4], tables, bs, be)
@@ -60,7 +73,9 @@ def test_a_padded_decode_step_gives_the_ordinary_logits_and_writes_only_the_pad_
     d = packed.d
     got = model.forward_device(d["token_ids"], d["positions"], packed.metadata(bs), caches, np.arange(8))
     np.testing.assert_allclose(got[:3], want, rtol=1e-5, atol=1e-5)
-    for (k0, v0), (k1, v1) in zip(before, caches):  # the real rows rewrote their own K/V; padding wrote only block `pad`
+    for (k0, v0), (k1, v1) in zip(
+        before, caches
+    ):  # the real rows rewrote their own K/V; padding wrote only block `pad`
         np.testing.assert_allclose(k1[:pad], k0[:pad], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(v1[:pad], v0[:pad], rtol=1e-5, atol=1e-5)
         assert np.abs(k1[pad, 0]).max() > 0

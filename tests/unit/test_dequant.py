@@ -1,4 +1,5 @@
 """engine/loader/quant.py's NumPy dequantizers against llama.cpp's gguf-py reference."""
+
 from __future__ import annotations
 
 import gguf
@@ -32,7 +33,9 @@ def random_blocks(type_id: int, rows: int, blocks_per_row: int, rng: np.random.G
     (random scale bytes can be NaN/inf halves: keep most finite so values are compared, not NaNs)."""
     t = GGML_TYPES[type_id]
     raw = rng.integers(0, 256, size=(rows, blocks_per_row * t.type_size), dtype=np.uint8)
-    f16_at = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208]}[type_id]
+    f16_at = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 10: [80, 82], 11: [108], 12: [0, 2], 13: [0, 2], 14: [208]}[
+        type_id
+    ]
     blocks = raw.reshape(rows * blocks_per_row, t.type_size)
     for at in f16_at:
         blocks[:-1, at : at + 2] = rng.standard_normal(len(blocks) - 1).astype(np.float16).view(np.uint8).reshape(-1, 2)

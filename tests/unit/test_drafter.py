@@ -1,5 +1,6 @@
 """The n-gram drafter's track: which earlier occurrence it follows, how it keeps and loses it, and what
 it scores (engine/speculative.py)."""
+
 from __future__ import annotations
 
 from engine.spec_policy import PRIOR, Acceptance

@@ -1,4 +1,5 @@
 """Error codes: the domain names them (app/domain/errors.py), the HTTP layer gives each a status (app/api/errors.py)."""
+
 from __future__ import annotations
 
 from app.api import errors as api
@@ -9,13 +10,22 @@ def test_every_code_has_one_status_and_its_body_names_the_openai_type_of_that_st
     assert set(api.STATUS) == CODES
     for code in CODES:
         body = ServiceError(code, "why", param="p").body()["error"]
-        assert body == {"message": "why", "type": api._TYPES.get(api.STATUS[code], "invalid_request_error"),
-                        "param": "p", "code": code}
+        assert body == {
+            "message": "why",
+            "type": api._TYPES.get(api.STATUS[code], "invalid_request_error"),
+            "param": "p",
+            "code": code,
+        }
 
 
 def test_the_http_layers_error_is_the_domains_with_a_status() -> None:
     err = api.ServiceError("queue_full", "busy", retry_after_s=3)
     assert isinstance(err, ServiceError) and err.status == 429 == api.status_of(err)
     assert api.status_of(ServiceError("unavailable", "loading")) == 503
-    assert err.event(session_id="s") == {"type": "error", "code": "queue_full", "message": "busy", "retry_after_s": 3,
-                                         "session_id": "s"}
+    assert err.event(session_id="s") == {
+        "type": "error",
+        "code": "queue_full",
+        "message": "busy",
+        "retry_after_s": 3,
+        "session_id": "s",
+    }

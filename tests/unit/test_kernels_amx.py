@@ -1,4 +1,5 @@
 """The AMX product (kernels/numba_amx.py): its exact bf16 splits everywhere, its tiles where the CPU has them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,11 @@ from kernels.numba_amx import GROUP, PARTS, ROWS, TILE
 from kernels.numba_backend import AMX_MIN_ROWS, NumbaBackend
 from kernels.weight import Weight, pack_q4, unpack_q4
 
-needs_amx = pytest.mark.skipif(not numba_amx.available(), reason="no AMX tiles here: the CPU lacks AMX-BF16 "
-                               "(Intel Sapphire Rapids or newer) or Linux did not grant the tile state")
+needs_amx = pytest.mark.skipif(
+    not numba_amx.available(),
+    reason="no AMX tiles here: the CPU lacks AMX-BF16 "
+    "(Intel Sapphire Rapids or newer) or Linux did not grant the tile state",
+)
 
 
 def bf16_values(bits: np.ndarray) -> np.ndarray:
@@ -25,8 +29,13 @@ def half_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     g = k // GROUP
     if kind == "q4":
-        return Weight("q4", pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)), half_values(rng, (n, g)),
-                      half_values(rng, (n, g)), GROUP)
+        return Weight(
+            "q4",
+            pack_q4(rng.integers(0, 16, (n, k), dtype=np.uint8)),
+            half_values(rng, (n, g)),
+            half_values(rng, (n, g)),
+            GROUP,
+        )
     return Weight("q8", rng.integers(-128, 128, (n, k), dtype=np.int8), half_values(rng, (n, g)), None, GROUP)
 
 
@@ -48,7 +57,7 @@ def test_activation_split_is_exact_and_laid_out_as_b_tiles(T):
     assert not whole[T:].any()
     sums = x.reshape(T, ng, GROUP).sum(axis=2, dtype=np.float64)
     got = xsum.reshape(TB, ng, ROWS).transpose(0, 2, 1).reshape(TB * ROWS, ng)
-    bound = GROUP * 2.0 ** -24 * np.abs(x).reshape(T, ng, GROUP).sum(axis=2, dtype=np.float64)
+    bound = GROUP * 2.0**-24 * np.abs(x).reshape(T, ng, GROUP).sum(axis=2, dtype=np.float64)
     assert (np.abs(got[:T] - sums) <= bound).all()  # float32 sums of each group
     assert not got[T:].any()
 
@@ -66,8 +75,8 @@ def test_weight_tiles_are_the_integers_exactly(kind):
             numba_amx._q_tile(b.data, kind == "q4", 24, k // GROUP, nb, g, a)
             got = bf16_values(a).reshape(ROWS, GROUP)
             rows = range(nb * ROWS, min(n, nb * ROWS + ROWS))
-            np.testing.assert_array_equal(got[: len(rows)], q[rows.start:rows.stop, g * GROUP:(g + 1) * GROUP])
-            assert not got[len(rows):].any()  # padding rows of the layout and rows past it
+            np.testing.assert_array_equal(got[: len(rows)], q[rows.start : rows.stop, g * GROUP : (g + 1) * GROUP])
+            assert not got[len(rows) :].any()  # padding rows of the layout and rows past it
 
 
 @needs_amx
@@ -95,8 +104,11 @@ def test_backend_routes_many_rows_of_float16_scaled_weights_to_amx(monkeypatch):
     real = numba_amx.matmul_amx
     monkeypatch.setattr(numba_amx, "matmul_amx", lambda *a: calls.append(a[5].shape[0]) or real(*a))
     half = be.prepare_linear(weight("q4", 40, 64, rng))
-    wide = be.prepare_linear(Weight("q8", rng.integers(-128, 128, (40, 64), dtype=np.int8),
-                                    rng.random((40, 2), dtype=np.float32), None, GROUP))  # float32 scales
+    wide = be.prepare_linear(
+        Weight(
+            "q8", rng.integers(-128, 128, (40, 64), dtype=np.int8), rng.random((40, 2), dtype=np.float32), None, GROUP
+        )
+    )  # float32 scales
     assert wide.blocked.scale.dtype == np.float32
     for lin in (half, wide):
         for T in (AMX_MIN_ROWS - 1, AMX_MIN_ROWS, numba_backend.MATVEC_MAX_ROWS + 1):

@@ -1,6 +1,7 @@
 """The backends' shared face: every backend class offers the whole Backend protocol (warm_up
 included), the CPU backends compose kernels/host_ops.py instead of inheriting one another, and the
 numba backend's process-wide settings are made by get_backend, not by importing it."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ from kernels.numpy_backend import NumpyBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_METHODS = sorted(
-    name for name, value in vars(kernels.Backend).items() if callable(value) and not name.startswith("_"))
+    name for name, value in vars(kernels.Backend).items() if callable(value) and not name.startswith("_")
+)
 
 
 def test_the_protocol_names_warm_up():
@@ -77,8 +79,9 @@ print(json.dumps([[layer0, spin0], after_import, after_get, blas_after_import, b
 
 def test_importing_the_numba_backend_changes_no_process_setting_and_get_backend_makes_them():
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "2", "HOME": str(Path.home())}
-    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     before, after_import, after_get, blas_import, blas_get = json.loads(done.stdout.strip().splitlines()[-1])
     assert before[1] is None  # the probe starts clean

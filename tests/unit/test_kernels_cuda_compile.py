@@ -1,5 +1,6 @@
 """Every CUDA source under kernels/cuda compiles under NVRTC for the GPUs Forge targets (sm_80, sm_90),
 with no register spills, and defines exactly the kernels the CuPy backend launches. No GPU needed."""
+
 from __future__ import annotations
 
 import re
@@ -42,7 +43,7 @@ def test_broken_source_fails_with_the_log(tmp_path):
 
 def test_too_much_shared_memory_fails_on_a_real_architecture():
     # ptxas runs for sm_XX targets: resource limits are checked, not just syntax.
-    src = 'extern "C" __global__ void f(float* x) { __shared__ float s[16384]; s[threadIdx.x] = 1; x[0] = s[(int)x[1]]; }\n'
+    src = 'extern "C" __global__ void f(float* x) { __shared__ float s[16384]; s[threadIdx.x] = 1; x[0] = s[(int)x[1]]; }\n'  # noqa: E501
     with pytest.raises(nvrtc.CompileError, match="shared data"):
         nvrtc.compile_source(src, "big.cu", "sm_80")
 

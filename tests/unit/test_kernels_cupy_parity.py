@@ -13,17 +13,18 @@ quantized rows bit-equal to gguf-py; sampled ids exact except within a margin of
 Run on a GPU box in a pytest process of its own (`pip install -e '.[gpu-cuda13,dev]'`, or `.[gpu,dev]`
 for CUDA 12), or through scripts/gpu_check.sh (docs/gpu.md).
 """
+
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
-
-import kernels
 from _attention_cases import ATTENTION_CASES, AttnCase, make_case
 from _kernel_cases import NAMES, QUANTIZED, float_weight, quantized
 from _tiny_model import tiny_config, tiny_weights
+
+import kernels
 from engine.decode_graphs import DecodeGraphs
 from engine.loader.quant import GGML_TYPES
 from engine.model.llama import LlamaModel
@@ -95,6 +96,7 @@ def test_auto_picks_cupy_here():
 
 # ---- row ops ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("D", [64, 100, 576, 2048])
 def test_rms_norm(gpu, cpu, rng, D):
     x = rng.standard_normal((9, D)).astype(np.float32) * 2
@@ -114,8 +116,13 @@ def test_add_rms_norm_updates_the_residual_in_place(gpu, cpu, rng):
 
 
 def test_rope_cos_sin_with_llama3_scaling(gpu, cpu, rng):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     inv_freq = rope_inv_freq(128, 500000.0, scaling)
     positions = np.concatenate([rng.integers(0, 130000, 37), [0, 1, 8191]])
     got = gpu.rope_cos_sin(gpu.asarray(inv_freq), gpu.asarray(positions))
@@ -241,11 +248,15 @@ def _assert_same_samples(cpu, logits: np.ndarray, table: np.ndarray, got: np.nda
     for r in np.flatnonzero(got != want):
         t, k, p, m, u = table[r]
         d = SAMPLE_MARGIN
-        near = {int(cpu.sample_rows(logits[r : r + 1], np.array([[t, k, p2, m2, u2]]))[0])
-                for u2 in (u, max(u - d, 0.0), min(u + d, float(np.nextafter(1.0, 0.0))))
-                for p2 in ((p, p - d, min(p + d, 1.0)) if p < 1.0 else (p,))
-                for m2 in ((m, m * (1 - d), m * (1 + d)) if m > 0.0 else (m,))}
-        assert got[r] in near, f"row {r} {table[r].tolist()}: device {got[r]}, host {want[r]}, host near the margins {sorted(near)}"
+        near = {
+            int(cpu.sample_rows(logits[r : r + 1], np.array([[t, k, p2, m2, u2]]))[0])
+            for u2 in (u, max(u - d, 0.0), min(u + d, float(np.nextafter(1.0, 0.0))))
+            for p2 in ((p, p - d, min(p + d, 1.0)) if p < 1.0 else (p,))
+            for m2 in ((m, m * (1 - d), m * (1 + d)) if m > 0.0 else (m,))
+        }
+        assert got[r] in near, (
+            f"row {r} {table[r].tolist()}: device {got[r]}, host {want[r]}, host near the margins {sorted(near)}"
+        )
 
 
 @pytest.mark.parametrize("V", [1000, 4099])  # 2 and 9 values a thread, the last chunk ragged
@@ -288,6 +299,7 @@ def test_logprob_rows_match_the_host(gpu, cpu, rng, n):
 
 # ---- weights: embedding and linear -----------------------------------------------------
 
+
 @pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
 def test_embedding_rows_are_bit_equal_to_gguf_py(gpu, rng, type_id):
     w, want = quantized(type_id, 37, 2 * GGML_TYPES[type_id].block_size, rng)
@@ -319,7 +331,12 @@ def test_linear_over_every_block_type(gpu, rng, type_id, rows):
 def test_linear_over_float_weights(gpu, rng, kind, rows):
     w, dense = float_weight(kind, 45, 40, rng)
     x = rng.standard_normal((rows, 40)).astype(np.float32)
-    _rel(gpu, gpu.linear(gpu.asarray(x), gpu.prepare_linear(w)), x.astype(np.float64) @ dense.T, 1e-5 if kind == "f32" else F16_REL)
+    _rel(
+        gpu,
+        gpu.linear(gpu.asarray(x), gpu.prepare_linear(w)),
+        x.astype(np.float64) @ dense.T,
+        1e-5 if kind == "f32" else F16_REL,
+    )
 
 
 def test_panels_cover_a_weight_larger_than_one(rng, monkeypatch):
@@ -332,6 +349,7 @@ def test_panels_cover_a_weight_larger_than_one(rng, monkeypatch):
 
 
 # ---- KV cache and attention ----------------------------------------------------------
+
 
 def test_write_kv_float16(gpu, cpu, rng):
     kc, vc = cpu.empty_kv_cache(8, 16, 3, 64), cpu.empty_kv_cache(8, 16, 3, 64)
@@ -378,12 +396,15 @@ def test_paged_attention(gpu, cpu, rng, name, seqs, heads, kv_heads, head_dim):
 def test_paged_attention_long_context_and_odd_shapes(gpu, cpu, rng, head_dim):
     # Many tiles per warp, a 100-row prefill over a prefix (tiles of 16 rows, the last one ragged),
     # block size 32, head_dim not a multiple of 64, strided q.
-    case = make_case(rng, [(1, 1500), (100, 900), (1, 3), (17, 17)], heads=6, kv_heads=2, head_dim=head_dim, block_size=32)
+    case = make_case(
+        rng, [(1, 1500), (100, 900), (1, 3), (17, 17)], heads=6, kv_heads=2, head_dim=head_dim, block_size=32
+    )
     got, want = _attention_pair(gpu, cpu, case, head_dim**-0.5, q_view=True)
     _close(gpu, got, want, RTOL_SUM, ATOL_SUM)
 
 
 # ---- the model and its decode graphs ------------------------------------------------------
+
 
 def _tiny(backend, kinds):
     config = tiny_config()
@@ -400,7 +421,9 @@ def test_tiny_model_logits_match_numpy(gpu, cpu, kinds):
         meta = build_attention_metadata([36], [36], [[2, 0, 3]], bs, be)  # prefill, then one decode token
         first = model.forward(np.array(prompt[:36]), np.arange(36), meta, caches, np.arange(36))
         meta = build_attention_metadata([1], [37], [[2, 0, 3]], bs, be)
-        out.append(np.concatenate([first, model.forward(np.array(prompt[36:]), np.array([36]), meta, caches, np.array([0]))]))
+        out.append(
+            np.concatenate([first, model.forward(np.array(prompt[36:]), np.array([36]), meta, caches, np.array([0]))])
+        )
     err = np.linalg.norm(out[0] - out[1]) / np.linalg.norm(out[1])
     assert err < F16_REL, f"relative error {err:.2e}"
 

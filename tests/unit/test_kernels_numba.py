@@ -3,6 +3,7 @@
 Shapes include row counts that are not multiples of the 4-row blocks or the 32-row work chunks,
 and every GGML type the loader keeps: block types as q4/q8 weights, F16/BF16/F32 as they are.
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,9 +33,13 @@ from kernels.simd import target_has
 from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0, unpack_q4
 
 __all__ = [  # re-exported tests (keeps linters from calling the imports unused)
-    "test_add_rms_norm_returns_sum_and_its_norm", "test_paged_attention_decode_flag_and_mixed_agree",
-    "test_paged_attention_matches_dense_causal", "test_paged_attention_rejects_mismatched_metadata",
-    "test_paged_attention_tiled_long_prefill", "test_rms_norm_matches_formula", "test_silu_mul_matches_formula",
+    "test_add_rms_norm_returns_sum_and_its_norm",
+    "test_paged_attention_decode_flag_and_mixed_agree",
+    "test_paged_attention_matches_dense_causal",
+    "test_paged_attention_rejects_mismatched_metadata",
+    "test_paged_attention_tiled_long_prefill",
+    "test_rms_norm_matches_formula",
+    "test_silu_mul_matches_formula",
 ]
 
 
@@ -75,7 +80,9 @@ def test_linear_over_every_block_type(be, rng, type_id, rows):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("type_id", [t for t in QUANTIZED if NAMES[t] in ("Q4_1", "Q8_0", "Q4_K", "Q6_K")], ids=NAMES.get)
+@pytest.mark.parametrize(
+    "type_id", [t for t in QUANTIZED if NAMES[t] in ("Q4_1", "Q8_0", "Q4_K", "Q6_K")], ids=NAMES.get
+)
 def test_wide_tiles_over_long_rows_match_a_float64_product(be, rng, type_id):
     # 1536 columns: a tile of 8 rows takes its activations in two L1-sized spans of groups
     # (numba_linear.L1_TILE_BYTES), whose partial sums add up in `out`; up to MATVEC_MAX_ROWS rows.
@@ -85,8 +92,9 @@ def test_wide_tiles_over_long_rows_match_a_float64_product(be, rng, type_id):
     x = rng.standard_normal((MATVEC_MAX_ROWS, k)).astype(np.float32)
     want = x.astype(np.float64) @ dense.T.astype(np.float64)
     for rows in (7, 8, 13, MATVEC_MAX_ROWS):
-        np.testing.assert_allclose(be.linear(x[:rows], lin), want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(),
-                                   err_msg=f"{rows} rows")
+        np.testing.assert_allclose(
+            be.linear(x[:rows], lin), want[:rows], rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{rows} rows"
+        )
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
@@ -103,7 +111,9 @@ def test_linear_matches_the_numpy_backend_on_model_shapes(be, rng):
     w, _ = quantized(3, 96, 576, rng)  # Q4_1, the default model's matrices
     x = rng.standard_normal((3, 576)).astype(np.float32)
     ref = NumpyBackend()
-    np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), ref.linear(x, ref.prepare_linear(w)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        be.linear(x, be.prepare_linear(w)), ref.linear(x, ref.prepare_linear(w)), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch):
@@ -212,8 +222,14 @@ def test_long_prefills_take_blas_tiles_beside_the_kernel(be, rng):
     from test_kernels_numpy import naive_attention
 
     long = numba_backend.BLAS_ATTENTION_ROWS
-    case = make_case(rng, [(1, 40), (long + 5, long + 30), (7, 7), (2 * long + 3, 2 * long + 3)],
-                     heads=6, kv_heads=2, head_dim=16, block_size=8)
+    case = make_case(
+        rng,
+        [(1, 40), (long + 5, long + 30), (7, 7), (2 * long + 3, 2 * long + 3)],
+        heads=6,
+        kv_heads=2,
+        head_dim=16,
+        block_size=8,
+    )
     meta = case.meta()
     be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
     got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.25)
@@ -222,8 +238,12 @@ def test_long_prefills_take_blas_tiles_beside_the_kernel(be, rng):
     only_long = make_case(rng, [(long, long)], heads=6, kv_heads=2, head_dim=16, block_size=8)  # nothing for the kernel
     meta = only_long.meta()
     be.write_kv(only_long.k_cache, only_long.v_cache, only_long.k_new, only_long.v_new, meta.slot_mapping)
-    np.testing.assert_allclose(be.paged_attention(only_long.q, only_long.k_cache, only_long.v_cache, meta, 0.25),
-                               naive_attention(only_long, 0.25), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        be.paged_attention(only_long.q, only_long.k_cache, only_long.v_cache, meta, 0.25),
+        naive_attention(only_long, 0.25),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("serial_below", [0, 1 << 30], ids=["parallel", "serial"])
@@ -252,6 +272,7 @@ def blocked_case(case: str, n: int, k: int, rng: np.random.Generator, scales: st
     `scales="f16"`: scales and mins that are float16 values (as in GGUF Q4_0/Q4_1/Q8_0), which the
     backend stores as float16."""
     g = 16 if "g16" in case else 32
+
     def as_scales(a: np.ndarray) -> np.ndarray:
         return (a.astype(np.float16) if scales == "f16" else a).astype(np.float32)
 
@@ -266,8 +287,12 @@ def blocked_case(case: str, n: int, k: int, rng: np.random.Generator, scales: st
 
 BLOCKED_CASES = ["q4", "q4 min", "q8 g32", "q8 g32 min", "q8 g16", "q8 g16 min"]
 # The blocked layout's two scale dtypes; float16 needs the CPU's F16C conversion.
-SCALES = ["f32", pytest.param("f16", marks=pytest.mark.skipif(not target_has("f16c"),
-                                                               reason="the CPU lacks F16C: scales stay float32"))]
+SCALES = [
+    "f32",
+    pytest.param(
+        "f16", marks=pytest.mark.skipif(not target_has("f16c"), reason="the CPU lacks F16C: scales stay float32")
+    ),
+]
 SCALE_DTYPES = {"f32": np.float32, "f16": np.uint16}
 
 
@@ -395,7 +420,6 @@ def test_a_tied_embedding_and_lm_head_share_one_repacked_copy(be, rng):
     assert be.prepare_linear(blocked_case("q4 min", 9, 64, rng)) is not emb
 
 
-
 @pytest.mark.skipif(not target_has("f16c"), reason="the CPU lacks F16C: every weight keeps float32 scales")
 def test_scales_are_float16_only_where_every_one_round_trips(be, rng):
     # GGUF Q4_0, Q4_1 and Q8_0 store d (and m) as float16: always exact. Q6_K's d * sc products are not.
@@ -454,15 +478,17 @@ def test_q4_0_q4_1_q8_0_weights_hold_exactly_the_files_bytes(be, rng, type_id):
 def test_activation_pieces_rebuild_every_value_to_float32_precision(rng):
     x = random_activations(rng, 3, 160)
     x[1, 32:64] *= np.float32(1e-30)  # a block of tiny values (still above the cut-off)
-    x[2, 64:96] = np.float32(2.0 ** -120)  # a block below it: zeros
+    x[2, 64:96] = np.float32(2.0**-120)  # a block below it: zeros
     xp, xs, xsum = np.empty(3 * 4 * 160, np.int8), np.empty((3, 5), np.float32), np.empty((3, 5), np.float32)
     numba_linear.split_rows(x, xp, xs, xsum)
     p = xp.reshape(3, 5, 4, 32).astype(np.float64)
-    rebuilt = ((p[:, :, 0] * 2**7 + p[:, :, 1] + p[:, :, 2] / 2**7 + p[:, :, 3] / 2**14) * xs[:, :, None]).reshape(3, 160)
+    rebuilt = ((p[:, :, 0] * 2**7 + p[:, :, 1] + p[:, :, 2] / 2**7 + p[:, :, 3] / 2**14) * xs[:, :, None]).reshape(
+        3, 160
+    )
     np.testing.assert_array_equal(rebuilt[2, 64:96], 0)
     rebuilt[2, 64:96] = x[2, 64:96]
     blocks_max = np.abs(x).reshape(3, 5, 32).max(axis=2).repeat(32, axis=1)
-    assert (np.abs(rebuilt - x) <= blocks_max * 2.0 ** -26).all()
+    assert (np.abs(rebuilt - x) <= blocks_max * 2.0**-26).all()
     near_max = np.abs(x) >= blocks_max / 8
     np.testing.assert_array_equal(rebuilt[near_max], x[near_max])  # exact within 2^3 of the block's max
     np.testing.assert_allclose(xsum, x.reshape(3, 5, 32).sum(axis=2), rtol=1e-5, atol=1e-30)
@@ -476,13 +502,20 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-_AVX2 = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
-         "+sse4.2,+ssse3,+xsave")
+_AVX2 = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
+    "+sse4.2,+ssse3,+xsave"
+)
 # path -> (cpu name, features, float lanes, whether vpdpbusd on ymm, the CPU flags it needs to run here)
 NARROWER_CPUS = {
     "avx2": ("haswell", _AVX2, 8, False, {"avx2"}),
-    "vnni-ymm": ("skylake-avx512", _AVX2 + ",+avx512f,+avx512vl,+avx512vnni,+avx512cd,+avx512dq", 16, True,
-                 {"avx512_vnni", "avx512vl"}),  # AVX-512 VNNI without BW: vpdpbusd on ymm, q4 two rows a vector
+    "vnni-ymm": (
+        "skylake-avx512",
+        _AVX2 + ",+avx512f,+avx512vl,+avx512vnni,+avx512cd,+avx512dq",
+        16,
+        True,
+        {"avx512_vnni", "avx512vl"},
+    ),  # AVX-512 VNNI without BW: vpdpbusd on ymm, q4 two rows a vector
     "avx-vnni": ("alderlake", _AVX2 + ",+avxvnni", 8, True, {"avx_vnni"}),  # the VEX encoding
 }
 _NARROW_CHECK = """
@@ -522,6 +555,11 @@ def test_each_narrower_instruction_set_path_matches_the_reference(isa):
         pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}: the {isa} path's instructions would fault here")
     env = dict(os.environ, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features)
     here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run([sys.executable, "-c", _NARROW_CHECK, here, str(lanes), str(vnni256)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", _NARROW_CHECK, here, str(lanes), str(vnni256)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stderr[-3000:])

@@ -1,16 +1,17 @@
 """NumPy backend ops against naive references (loops and explicit formulas, float64)."""
+
 from __future__ import annotations
 
 import logging
 
 import numpy as np
 import pytest
+from _attention_cases import ATTENTION_CASES, AttnCase, make_case
 
 import kernels
 from kernels import numpy_backend
 from kernels.attention_meta import build_attention_metadata
 from kernels.numpy_backend import NumpyBackend
-from _attention_cases import ATTENTION_CASES, AttnCase, make_case
 
 RTOL = ATOL = 1e-5
 
@@ -35,7 +36,9 @@ def naive_attention(case: AttnCase, scale: float) -> np.ndarray:
             pos = c - n + j
             for h in range(H):
                 kvh = h // (H // Hkv)
-                scores = np.array([scale * np.dot(case.q[row + j, h].astype(np.float64), kd[t, kvh]) for t in range(pos + 1)])
+                scores = np.array(
+                    [scale * np.dot(case.q[row + j, h].astype(np.float64), kd[t, kvh]) for t in range(pos + 1)]
+                )
                 w = np.exp(scores - scores.max())
                 w /= w.sum()
                 out[row + j, h] = (w[:, None] * vd[: pos + 1, kvh].astype(np.float64)).sum(axis=0)
@@ -44,6 +47,7 @@ def naive_attention(case: AttnCase, scale: float) -> np.ndarray:
 
 
 # ---- elementwise ops ------------------------------------------------------
+
 
 def test_rms_norm_matches_formula(be, rng):
     x = rng.standard_normal((7, 576)).astype(np.float32) * 3
@@ -141,6 +145,7 @@ def test_argmax_rows_gives_each_row_s_first_maximum_and_its_logit(be, rng):
 
 # ---- KV cache ---------------------------------------------------------------
 
+
 def test_write_kv_puts_each_token_in_its_slot(be, rng):
     k_cache = be.empty_kv_cache(6, 4, 2, 8, np.float32)
     v_cache = be.empty_kv_cache(6, 4, 2, 8, np.float32)
@@ -174,6 +179,7 @@ def test_metadata_slots_follow_block_tables():
 
 
 # ---- paged attention --------------------------------------------------------
+
 
 def _run_case(be, case: AttnCase, scale: float) -> np.ndarray:
     meta = case.meta()
@@ -223,6 +229,7 @@ def test_paged_attention_rejects_mismatched_metadata(be, rng):
 
 
 # ---- backend choice ---------------------------------------------------------
+
 
 def test_get_backend_numpy_and_unknown():
     assert kernels.get_backend("numpy").name == "numpy"

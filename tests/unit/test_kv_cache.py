@@ -1,4 +1,5 @@
 """BlockManager invariants: allocation, sharing, eviction, the hash chain and LRU order."""
+
 from __future__ import annotations
 
 import pytest

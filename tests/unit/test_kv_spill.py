@@ -1,4 +1,5 @@
 """The spill tier without a model: the block file's checks, the writer, the LRU budget, the index rebuilt at start."""
+
 from __future__ import annotations
 
 import os
@@ -154,6 +155,7 @@ def test_the_prefix_walk_reads_evicted_blocks_back_and_shares_those_still_in_mem
 def test_the_model_runner_copies_a_block_out_of_and_back_into_a_gpu_kv_cache(monkeypatch):
     """read_block / write_block on the CuPy backend's host code (a NumPy stand-in for CuPy): float16 blocks."""
     import _cupy_stand_in
+
     from engine.model_runner import ModelRunner
     from kernels.cupy_backend import CupyBackend
 

@@ -1,6 +1,7 @@
 """The layers' arrows, read from the source with ast (every import, also those inside functions and
 TYPE_CHECKING blocks): app -> engine -> kernels; app's domain (app/domain/) under its HTTP layer (app/api/, Litestar);
 no import cycle among app's modules."""
+
 from __future__ import annotations
 
 import ast
@@ -58,8 +59,10 @@ def _reach(graph: dict[str, set[str]], start: str) -> dict[str, str]:
 
 
 def test_the_walker_sees_every_kind_of_import() -> None:
-    source = ("import litestar\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.api import errors\n"
-              "def f():\n    from ..api.state import Services\n    import engine.types as t\n")
+    source = (
+        "import litestar\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.api import errors\n"
+        "def f():\n    from ..api.state import Services\n    import engine.types as t\n"
+    )
     found = imports(source, "app.domain.chat")
     assert {"litestar", "app.api", "app.api.errors", "app.api.state", "app.api.state.Services", "engine.types"} <= found
     assert imports("from . import errors\n", "app.domain", is_package=True) == {"app.domain", "app.domain.errors"}
@@ -73,22 +76,31 @@ def test_the_domain_imports_neither_the_http_layer_nor_litestar() -> None:
     for name in domain:
         # its own imports, and those of the app modules it reaches (app.metrics, app.store, ...)
         reached = {name: ""} | _reach(app, name)
-        for mod, via in reached.items():
-            bad += [f"{name}{' via ' + mod if mod != name else ''}: {imp}" for imp in sorted(app[mod])
-                    if _under(imp, "app.api", "litestar")]
+        for mod in reached:
+            bad += [
+                f"{name}{' via ' + mod if mod != name else ''}: {imp}"
+                for imp in sorted(app[mod])
+                if _under(imp, "app.api", "litestar")
+            ]
     assert not bad, "the domain must not import app.api or litestar:\n" + "\n".join(bad)
 
 
 def test_arrows_point_only_down_app_engine_kernels() -> None:
-    bad = [f"{name}: {imp}" for name, found in _modules("engine").items() for imp in sorted(found)
-           if _under(imp, "app")]
-    bad += [f"{name}: {imp}" for name, found in _modules("kernels").items() for imp in sorted(found)
-            if _under(imp, "engine", "app")]
+    bad = [
+        f"{name}: {imp}" for name, found in _modules("engine").items() for imp in sorted(found) if _under(imp, "app")
+    ]
+    bad += [
+        f"{name}: {imp}"
+        for name, found in _modules("kernels").items()
+        for imp in sorted(found)
+        if _under(imp, "engine", "app")
+    ]
     assert not bad, "engine must not import app, nor kernels engine or app:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle_among_the_apps_modules() -> None:
     app = _modules("app")
-    cycles = sorted(f"{name} reaches {mod}, which imports it" for name in app
-                    for mod in _reach(app, name) if name in app[mod])
+    cycles = sorted(
+        f"{name} reaches {mod}, which imports it" for name in app for mod in _reach(app, name) if name in app[mod]
+    )
     assert not cycles, "import cycles in app/:\n" + "\n".join(cycles)

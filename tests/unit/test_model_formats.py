@@ -1,18 +1,21 @@
 """The Llama forward on tiny random models: HF safetensors and GGUF copies of the same weights
 give the same logits, and both equal an independent dense NumPy transformer."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _gguf_helpers import hf_weights, spec_for, tiny_vocab, write_tiny_pair
+
 from engine.loader import ModelLoadError, load_model
 from engine.model.llama import LlamaModel
 from kernels import get_backend
 from kernels.attention_meta import build_attention_metadata
 
 
-def paged_logits(path, prompt: list[int], chunks: list[int], backend: str = "numpy", quantize: str | None = None) -> np.ndarray:
+def paged_logits(
+    path, prompt: list[int], chunks: list[int], backend: str = "numpy", quantize: str | None = None
+) -> np.ndarray:
     """Logits at every position, feeding the prompt in `chunks` through a paged cache whose
     blocks are deliberately out of order."""
     loaded = load_model(path, quantize=quantize)
@@ -21,11 +24,19 @@ def paged_logits(path, prompt: list[int], chunks: list[int], backend: str = "num
     c, bs = loaded.config, 4
     n_blocks = -(-len(prompt) // bs)
     table = list(reversed(range(n_blocks)))
-    caches = [(be.empty_kv_cache(n_blocks, bs, c.num_kv_heads, c.head_dim), be.empty_kv_cache(n_blocks, bs, c.num_kv_heads, c.head_dim)) for _ in range(c.num_layers)]
+    caches = [
+        (
+            be.empty_kv_cache(n_blocks, bs, c.num_kv_heads, c.head_dim),
+            be.empty_kv_cache(n_blocks, bs, c.num_kv_heads, c.head_dim),
+        )
+        for _ in range(c.num_layers)
+    ]
     out, done = [], 0
     for n in chunks:
         meta = build_attention_metadata([n], [done + n], [table], bs, be)
-        out.append(model.forward(np.asarray(prompt[done : done + n]), np.arange(done, done + n), meta, caches, np.arange(n)))
+        out.append(
+            model.forward(np.asarray(prompt[done : done + n]), np.arange(done, done + n), meta, caches, np.arange(n))
+        )
         done += n
     return np.concatenate(out)
 
@@ -51,7 +62,7 @@ def dense_reference(arch: str, prompt: list[int]) -> np.ndarray:
     for i in range(spec.layers):
         p = f"model.layers.{i}."
         x = norm(h, w[p + "input_layernorm.weight"])
-        proj = lambda n: x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)  # noqa: E731
+        proj = lambda n, x=x, p=p: x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)
         q, k, v = rope(proj("q").reshape(T, H, Dh)), rope(proj("k").reshape(T, Hkv, Dh)), proj("v").reshape(T, Hkv, Dh)
         k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
         s = np.einsum("thd,shd->hts", q, k) / np.sqrt(Dh) + np.triu(np.full((T, T), -np.inf), 1)
@@ -91,7 +102,9 @@ def test_q8_0_at_load_is_close_and_backends_agree(tmp_path):
     prompt = [5, 17, 42, 8, 99, 23, 61, 7]
     exact = paged_logits(hf_dir, prompt, [len(prompt)])
     q8 = paged_logits(hf_dir, prompt, [len(prompt)], "numba", quantize="q8_0")
-    np.testing.assert_allclose(q8, paged_logits(hf_dir, prompt, [len(prompt)], "numpy", quantize="q8_0"), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        q8, paged_logits(hf_dir, prompt, [len(prompt)], "numpy", quantize="q8_0"), atol=1e-4, rtol=0
+    )
     assert 0 < np.abs(q8 - exact).max() < 0.02 * np.abs(exact).max()
     with pytest.raises(ModelLoadError, match="q4_2"):
         load_model(hf_dir, quantize="q4_2")

@@ -1,4 +1,5 @@
 """The per-client outbox: bounded in events and in bytes; a stall drops what waits and ends the stream."""
+
 from __future__ import annotations
 
 import asyncio

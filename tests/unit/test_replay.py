@@ -1,5 +1,6 @@
 """A turn's event log (app/domain/replay.py): numbering, replay after an event with no gap or duplicate, the
 bound, several watchers, the detached window and the grace after the end."""
+
 from __future__ import annotations
 
 import asyncio
@@ -73,7 +74,8 @@ async def test_nobody_watching_for_the_window_stops_the_turn_and_a_reattach_keep
 
 
 async def test_a_zero_window_stops_at_once_and_an_ended_turn_is_forgotten_after_its_grace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     idle: list[str] = []
     r = Replay("s", "k", "m", detached_s=0, on_idle=lambda: idle.append("stop"))
     r.attach(idle.append, 0)

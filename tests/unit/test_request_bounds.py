@@ -1,11 +1,13 @@
 """The request schema's bounds (app/api/openai_bodies.py) against the engine's own (SamplingParams.validate), and
 the OpenAPI document against the Structs it describes: what the decoder refuses, the document says."""
+
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from app.api import bodies, openai_bodies as ob
+from app.api import bodies
+from app.api import openai_bodies as ob
 from app.main import create_app
 from engine.types import InvalidRequest, SamplingParams
 
@@ -20,11 +22,14 @@ def _engine_accepts(**params) -> bool:
         return False
 
 
-@pytest.mark.parametrize("field, top, value", [
-    ("n", ob.MAX_N, lambda k: k),
-    ("logprobs", ob.MAX_TOP_LOGPROBS, lambda k: k),
-    ("stop", ob.MAX_STOP, lambda k: [f"s{i}" for i in range(k)]),
-])
+@pytest.mark.parametrize(
+    "field, top, value",
+    [
+        ("n", ob.MAX_N, lambda k: k),
+        ("logprobs", ob.MAX_TOP_LOGPROBS, lambda k: k),
+        ("stop", ob.MAX_STOP, lambda k: [f"s{i}" for i in range(k)]),
+    ],
+)
 def test_schema_bounds_are_the_engines(field: str, top: int, value) -> None:
     assert _engine_accepts(**{field: value(top)})
     assert not _engine_accepts(**{field: value(top + 1)})
@@ -32,18 +37,35 @@ def test_schema_bounds_are_the_engines(field: str, top: int, value) -> None:
 
 def test_decoder_refuses_past_every_bound_by_name() -> None:
     base = {"model": "m", "prompt": "x"}
-    for field, past in [("n", ob.MAX_N + 1), ("best_of", 10**9), ("max_tokens", 2**63), ("logprobs", 6),
-                        ("top_k", -1), ("stop", ["s"] * (ob.MAX_STOP + 1)),
-                        ("logit_bias", {str(i): 1 for i in range(ob.MAX_LOGIT_BIAS + 1)}),
-                        ("prompt", [1] * (ob.MAX_PROMPT_TOKENS + 1)), ("repetition_penalty", 5e-324)]:
+    for field, past in [
+        ("n", ob.MAX_N + 1),
+        ("best_of", 10**9),
+        ("max_tokens", 2**63),
+        ("logprobs", 6),
+        ("top_k", -1),
+        ("stop", ["s"] * (ob.MAX_STOP + 1)),
+        ("logit_bias", {str(i): 1 for i in range(ob.MAX_LOGIT_BIAS + 1)}),
+        ("prompt", [1] * (ob.MAX_PROMPT_TOKENS + 1)),
+        ("repetition_penalty", 5e-324),
+    ]:
         with pytest.raises(bodies.ServiceError) as e:
             bodies.decode(msgspec.json.encode({**base, field: past}), ob.CompletionRequest, unsupported=True)
         assert e.value.status == 400 and e.value.param == field
 
 
 def _structs() -> list[type]:
-    found, todo = set(), [bodies.SessionFields, bodies.Export, bodies.SendBody, bodies.EditBody, bodies.Empty,
-                          ob.ChatRequest, ob.CompletionRequest]
+    found, todo = (
+        set(),
+        [
+            bodies.SessionFields,
+            bodies.Export,
+            bodies.SendBody,
+            bodies.EditBody,
+            bodies.Empty,
+            ob.ChatRequest,
+            ob.CompletionRequest,
+        ],
+    )
     while todo:
         t = todo.pop()
         if t in found:
@@ -79,4 +101,5 @@ def test_openapi_says_which_bodies_refuse_extra_fields_and_their_bounds() -> Non
             for status, response in op["responses"].items():
                 if status.startswith(("4", "5")) and not (path == "/ready" and status == "503"):
                     assert response["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/ErrorBody"}, (method, path, status)
+                        "$ref": "#/components/schemas/ErrorBody"
+                    }, (method, path, status)

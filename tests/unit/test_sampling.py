@@ -1,4 +1,5 @@
 """Batched sampling: greedy, temperature, top-k/p, min-p, penalties, logit bias, seeds, logprobs."""
+
 from __future__ import annotations
 
 import copy
@@ -75,8 +76,11 @@ def test_greedy_from_argmax_alone_matches_sample_with_drafts():
     gen = np.random.default_rng(2)
     logits = gen.standard_normal((8, 300)).astype(np.float32)
     top = logits.argmax(axis=1)
-    rows = [row(draft=[int(top[0]), int(top[1])], temperature=0.0), row(temperature=0.0),
-            row(draft=[int(top[4]), (int(top[5]) + 1) % 300, 7], temperature=0.0)]
+    rows = [
+        row(draft=[int(top[0]), int(top[1])], temperature=0.0),
+        row(temperature=0.0),
+        row(draft=[int(top[4]), (int(top[5]) + 1) % 300, 7], temperature=0.0),
+    ]
     assert all(sampling.is_plain_greedy(r.params) for r in rows)
     want = sample(logits, rows)
     got = sampling.sample_greedy(top, logits.max(axis=1), rows)
@@ -325,8 +329,12 @@ def test_same_seed_same_tokens_whatever_the_batch():
 
     alone = run(0, [], 0)
     assert len(set(alone[0])) > 1  # really sampling, not stuck on one token
-    mixed = [dict(temperature=0.0), dict(temperature=1.2, top_k=50), dict(temperature=0.0, repetition_penalty=1.2),
-             dict(temperature=0.5, logprobs=0)]
+    mixed = [
+        dict(temperature=0.0),
+        dict(temperature=1.2, top_k=50),
+        dict(temperature=0.0, repetition_penalty=1.2),
+        dict(temperature=0.5, logprobs=0),
+    ]
     assert run(3, mixed, 0) == alone
     assert run(1, mixed[::-1], 50) == alone
     assert run(0, [dict(temperature=1.0)] * 7, 9) == alone
@@ -334,7 +342,10 @@ def test_same_seed_same_tokens_whatever_the_batch():
 
 def test_different_seeds_give_different_samples():
     logits = (np.random.default_rng(16).standard_normal(V) * 0.5).astype(np.float32)
-    assert draw_many(logits, 20, seed=1, temperature=1.0).tolist() != draw_many(logits, 20, seed=2, temperature=1.0).tolist()
+    assert (
+        draw_many(logits, 20, seed=1, temperature=1.0).tolist()
+        != draw_many(logits, 20, seed=2, temperature=1.0).tolist()
+    )
 
 
 def test_mixed_params_in_one_batch_match_each_row_alone():
@@ -426,7 +437,11 @@ def test_bad_logits_give_clear_errors():
         with pytest.raises(ValueError, match="logits row 1"):
             sample(nan, [row(None, temperature=0.0), r])
     banned = np.full((1, 8), -np.inf, dtype=np.float32)
-    for r in (row(None, temperature=0.0), row(make_rng(0), temperature=1.0), row(None, temperature=0.0, logit_bias={1: 5.0})):
+    for r in (
+        row(None, temperature=0.0),
+        row(make_rng(0), temperature=1.0),
+        row(None, temperature=0.0, logit_bias={1: 5.0}),
+    ):
         with pytest.raises(ValueError, match="no usable token"):
             sample(banned, [r])
 

@@ -1,4 +1,5 @@
 """The sampling settings a model's files recommend, and what a request leaving them out gets (app.domain.defaults)."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,16 @@ def _gguf_recommending(path, values: dict) -> str:
 
 
 def test_gguf_sampling_metadata_is_the_recommendation(tmp_path, caplog):
-    path = _gguf_recommending(tmp_path / "rec.gguf", {
-        "general.sampling.temp": 0.25, "general.sampling.top_p": 0.75, "general.sampling.top_k": 40,
-        "general.sampling.penalty_repeat": 1.125, "general.sampling.min_p": 7.0})  # min_p out of range
+    path = _gguf_recommending(
+        tmp_path / "rec.gguf",
+        {
+            "general.sampling.temp": 0.25,
+            "general.sampling.top_p": 0.75,
+            "general.sampling.top_k": 40,
+            "general.sampling.penalty_repeat": 1.125,
+            "general.sampling.min_p": 7.0,
+        },
+    )  # min_p out of range
     assert load_model(path).sampling == {"temperature": 0.25, "top_p": 0.75, "top_k": 40, "repetition_penalty": 1.125}
     assert "ignoring the GGUF metadata recommendation min_p=7.0" in caplog.text
 
@@ -34,8 +42,11 @@ def test_gguf_sampling_metadata_is_the_recommendation(tmp_path, caplog):
 def test_generation_config_is_the_recommendation(tmp_path):
     hf_dir, _ = write_tiny_pair(tmp_path)
     assert load_model(hf_dir).sampling == {}  # only token ids in it
-    (hf_dir / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "min_p": 0.05, "top_k": "many", "eos_token_id": 2}))
+    (hf_dir / "generation_config.json").write_text(
+        json.dumps(
+            {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "min_p": 0.05, "top_k": "many", "eos_token_id": 2}
+        )
+    )
     assert load_model(hf_dir).sampling == {"temperature": 0.6, "top_p": 0.9, "min_p": 0.05}
     (hf_dir / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.6}))
     assert load_model(hf_dir).sampling == {"temperature": 0.0}  # greedy, as transformers would decode it
@@ -47,9 +58,11 @@ def test_the_default_model_recommends_nothing():
 
 @pytest.fixture
 async def recommending_engine(tmp_path):
-    engine = Engine.load(_gguf_recommending(tmp_path / "e.gguf", {"general.sampling.temp": 0.25,
-                                                                  "general.sampling.top_k": 40}),
-                         backend="numpy", kv_memory="4MiB")
+    engine = Engine.load(
+        _gguf_recommending(tmp_path / "e.gguf", {"general.sampling.temp": 0.25, "general.sampling.top_k": 40}),
+        backend="numpy",
+        kv_memory="4MiB",
+    )
     yield engine
     await engine.shutdown()
 

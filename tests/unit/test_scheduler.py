@@ -1,10 +1,11 @@
 """Scheduler policy on fake sequences (no model): decodes first, chunked prefill within the
 token budget, FCFS admission, preemption of the newest without same-step re-admission."""
+
 from __future__ import annotations
 
 from engine.kv_cache import BlockManager
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import Sequence, SeqStatus
+from engine.sequence import SeqStatus, Sequence
 from engine.types import GenerationRequest
 
 

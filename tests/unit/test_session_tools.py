@@ -1,5 +1,6 @@
 """Which tool results and continues a session's chosen branch allows (app.domain.tools), and how a turn's
 conversation with calls and results goes to the template (app.domain.prompt.render)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,10 +14,13 @@ CALLS = [{"id": f"call_{i}", "type": "function", "function": {"name": "f", "argu
 
 
 def _branch(*results: str, status: str = "complete") -> list[dict]:
-    branch = [{"id": "u", "role": "user", "content": "hi", "status": "complete"},
-              {"id": "a", "role": "assistant", "content": "", "status": status, "tool_calls": CALLS}]
-    return branch + [{"id": f"t{r}", "role": "tool", "content": "ok", "status": "complete", "tool_call_id": r}
-                     for r in results]
+    branch = [
+        {"id": "u", "role": "user", "content": "hi", "status": "complete"},
+        {"id": "a", "role": "assistant", "content": "", "status": status, "tool_calls": CALLS},
+    ]
+    return branch + [
+        {"id": f"t{r}", "role": "tool", "content": "ok", "status": "complete", "tool_call_id": r} for r in results
+    ]
 
 
 def _refused(fn, *args) -> ServiceError:
@@ -42,8 +46,12 @@ def test_the_reply_continues_once_every_call_has_its_result():
     check_continue(_branch("call_1", "call_2"))
     plan = plan_continue(_branch("call_1", "call_2"))
     assert plan.parent_id == "tcall_2" and plan.user_content is None and not plan.branches
-    assert plan_regenerate(_branch("call_1", "call_2") + [
-        {"id": "a2", "role": "assistant", "content": "Done.", "status": "complete"}]).parent_id == "tcall_2"
+    assert (
+        plan_regenerate(
+            _branch("call_1", "call_2") + [{"id": "a2", "role": "assistant", "content": "Done.", "status": "complete"}]
+        ).parent_id
+        == "tcall_2"
+    )
 
 
 class _Engine:

@@ -1,5 +1,6 @@
 """Draft lengths from acceptance and step costs (engine/spec_policy.py): the estimates, and the
 decisions they lead to on given costs, deterministic (no timing)."""
+
 from __future__ import annotations
 
 import pytest

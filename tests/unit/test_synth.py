@@ -1,5 +1,6 @@
 """`forge synth`: random-weight GGUF files that gguf-py, Forge's loader and the engine all accept,
 with the block statistics intended, the same bytes for the same seed, and clear CLI errors."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +32,16 @@ from engine.loader.synth import (
 Q = gguf.GGMLQuantizationType
 # hidden 256 and FFN 512: whole K-quant super-blocks; untied so output.weight is written too
 TINY = {
-    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-    "tie_word_embeddings": False, "vocab_size": 32000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
 }
 
 
@@ -62,8 +70,14 @@ def test_every_quant_loads_with_forge_and_dequantizes_like_gguf_py(tmp_path, qua
 
     loaded = load_model(out)
     c = loaded.config
-    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size) == \
-           (2, 256, 4, 2, 512, SYNTH_VOCAB)
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size) == (
+        2,
+        256,
+        4,
+        2,
+        512,
+        SYNTH_VOCAB,
+    )
     assert not c.tie_word_embeddings and c.rope_theta == 10000.0
     assert loaded.chat_template and "<|im_start|>" in loaded.chat_template
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello world")) == "Hello world"
@@ -108,11 +122,19 @@ def test_random_blocks_have_the_intended_statistics(qtype):
         assert set(np.abs(scales)) == {d} and 0.45 < (scales > 0).mean() < 0.55
 
 
-@pytest.mark.parametrize("rope_scaling", [
-    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 8192},
-    {"type": "linear", "factor": 2.0},
-])
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        {"type": "linear", "factor": 2.0},
+    ],
+)
 def test_rope_scaling_reaches_forge_as_written(tmp_path, rope_scaling):
     cfg = _tiny_config(tmp_path, rope_scaling=rope_scaling, head_dim=64, rope_theta=500000.0)
     out = tmp_path / "rope.gguf"
@@ -183,14 +205,19 @@ async def test_smollm2_shaped_q4_0_gives_finite_logits_and_varied_greedy_tokens(
         await engine.shutdown()
 
 
-@pytest.mark.parametrize("cfg, message", [
-    ({"hidden_size": 256, "num_attention_heads": 4}, "missing 'num_hidden_layers'"),
-    (TINY | {"hidden_size": 240, "num_attention_heads": 5, "num_key_value_heads": 5},
-     "hidden_size = 240 is not a multiple of 32"),
-    (TINY | {"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
-    (TINY | {"num_hidden_layers": "two"}, "'num_hidden_layers' must be a number"),
-    (TINY | {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope_scaling type 'dynamic'"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"hidden_size": 256, "num_attention_heads": 4}, "missing 'num_hidden_layers'"),
+        (
+            TINY | {"hidden_size": 240, "num_attention_heads": 5, "num_key_value_heads": 5},
+            "hidden_size = 240 is not a multiple of 32",
+        ),
+        (TINY | {"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
+        (TINY | {"num_hidden_layers": "two"}, "'num_hidden_layers' must be a number"),
+        (TINY | {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope_scaling type 'dynamic'"),
+    ],
+)
 def test_bad_configs_name_the_problem(cfg, message):
     with pytest.raises(SynthError, match=message):
         shape_from_hf(cfg, "x")

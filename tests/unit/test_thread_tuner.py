@@ -1,4 +1,5 @@
 """kernels/thread_tuner.py: the CPU backend's thread count follows the steps' measured times."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,7 +52,7 @@ def test_follows_a_busy_core_and_comes_back_when_it_is_gone():
     assert busy[-40:].count(2) <= 40 // 32 + 1  # two threads only as probes, far apart
     quiet = run(tuner, 64, {2: 0.006, 1: 0.010})
     back = quiet.index(2)  # the first probe of two threads comes out faster: taken back at once
-    assert back < 8 * 4 and quiet[back + 1:].count(1) <= 64 // 32
+    assert back < 8 * 4 and quiet[back + 1 :].count(1) <= 64 // 32
 
 
 def test_one_slow_probe_does_not_flip_the_choice():
@@ -77,8 +78,13 @@ def test_numba_backend_results_do_not_depend_on_the_thread_count(threads):
     from kernels.weight import Weight, pack_q4
 
     rng = np.random.default_rng(0)
-    w = Weight("q4", pack_q4(rng.integers(0, 16, (203, 256), dtype=np.uint8)), rng.random((203, 8), dtype=np.float32),
-               rng.random((203, 8), dtype=np.float32), 32)
+    w = Weight(
+        "q4",
+        pack_q4(rng.integers(0, 16, (203, 256), dtype=np.uint8)),
+        rng.random((203, 8), dtype=np.float32),
+        rng.random((203, 8), dtype=np.float32),
+        32,
+    )
     be = NumbaBackend(threads=2)
     lin = be.prepare_linear(w)
     x = rng.standard_normal((5, 256), dtype=np.float32)

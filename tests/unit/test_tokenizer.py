@@ -1,5 +1,6 @@
 """engine/tokenizer.py on the real default model (GGUF byte-level BPE, pre "smollm") and on
 small synthetic vocabularies: encoding, decoding, the incremental detokenizer, stop strings."""
+
 from __future__ import annotations
 
 import random
@@ -175,7 +176,11 @@ def test_multibyte_stop_string(tok):
 def test_random_streams_equal_decode_cut_at_first_stop(tok):
     """Property: for random ids (incl. lone partial-character tokens) and stops, deltas == decode cut at the stop."""
     rng = random.Random(0)
-    pool = sorted({i for t in REPLIES for i in tok.encode(t)}) + list(range(40)) + [rng.randrange(tok.vocab_size) for _ in range(200)]
+    pool = (
+        sorted({i for t in REPLIES for i in tok.encode(t)})
+        + list(range(40))
+        + [rng.randrange(tok.vocab_size) for _ in range(200)]
+    )
     for trial in range(150):
         ids = [rng.choice(pool) for _ in range(rng.randrange(1, 40))]
         full = tok.decode(ids, skip_special=trial % 2 == 0)
@@ -197,7 +202,27 @@ def _spm_fields(add_space_prefix: bool = True) -> dict:
     """A SentencePiece-style (llama) GGUF vocabulary: specials, 256 byte tokens, scored pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
-    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "llo", "▁he", "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "é"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "▁h",
+        "ll",
+        "llo",
+        "▁he",
+        "▁hello",
+        "▁w",
+        "or",
+        "▁wor",
+        "ld",
+        "▁world",
+        "é",
+    ]
     scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
     return {
         "tokenizer.ggml.model": "llama",
@@ -262,7 +287,9 @@ def test_pre_tokenizer_families(pre, text, pieces):
 
 def test_unknown_tokenizer_kinds_are_named():
     with pytest.raises(TokenizerError, match="'mystery-pre'"):
-        from_gguf_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "mystery-pre", "tokenizer.ggml.tokens": ["a"]})
+        from_gguf_metadata(
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "mystery-pre", "tokenizer.ggml.tokens": ["a"]}
+        )
     with pytest.raises(TokenizerError, match="'bert'"):
         from_gguf_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(TokenizerError, match="no tokenizer"):

@@ -1,5 +1,6 @@
 """The streaming tool-call splitter: any split of a reply into deltas gives the same content, calls, names and
 arguments as the whole reply; each call's name comes once, on its first piece."""
+
 from __future__ import annotations
 
 import itertools
@@ -15,11 +16,18 @@ MISTRAL_LIKE = ToolFormat("test-list", call_open="", call_close="", separator=",
 
 REPLIES = [
     ("Hello there.\n", "Hello there.\n", []),
-    ("I will check.\n\n" + GENERIC.render_call("get_weather", '{"city": "Paris"}'),
-     "I will check.", [("get_weather", '{"city": "Paris"}')]),
-    (GENERIC.render_call("a", '{"s": "}{\\"<tool_call>", "n": [1, {"x": []}]}') + "\n"
-     + GENERIC.render_call("b_2", "{}"),
-     "", [("a", '{"s": "}{\\"<tool_call>", "n": [1, {"x": []}]}'), ("b_2", "{}")]),
+    (
+        "I will check.\n\n" + GENERIC.render_call("get_weather", '{"city": "Paris"}'),
+        "I will check.",
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        GENERIC.render_call("a", '{"s": "}{\\"<tool_call>", "n": [1, {"x": []}]}')
+        + "\n"
+        + GENERIC.render_call("b_2", "{}"),
+        "",
+        [("a", '{"s": "}{\\"<tool_call>", "n": [1, {"x": []}]}'), ("b_2", "{}")],
+    ),
     ("a < b and <tool but not a call", "a < b and <tool but not a call", []),
     (GENERIC.head("cut") + '{"city": "Par', "", [("cut", '{"city": "Par')]),  # max_tokens mid-call
 ]
@@ -92,11 +100,11 @@ def splits(draw, text: str) -> list[str]:
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_any_split_into_deltas_reassembles_exactly(data):
-    for fmt, (text, content, calls) in [(GENERIC, r) for r in REPLIES] + [(MISTRAL_LIKE, (
-            "x [CALLS][" + MISTRAL_LIKE.render_call("f", '{"a": "]"}') + "]", "x", [("f", '{"a": "]"}')])),
-            (LLAMA3_JSON, (LLAMA3_JSON.render_call("f", '{"s": "{}"}'), "", [("f", '{"s": "{}"}')])),
-            (LLAMA3_JSON, ("No. " + LLAMA3_JSON.render_call("f", "{}"), "No. " + LLAMA3_JSON.render_call("f", "{}"),
-                           []))]:
+    for fmt, (text, content, calls) in [(GENERIC, r) for r in REPLIES] + [
+        (MISTRAL_LIKE, ("x [CALLS][" + MISTRAL_LIKE.render_call("f", '{"a": "]"}') + "]", "x", [("f", '{"a": "]"}')])),
+        (LLAMA3_JSON, (LLAMA3_JSON.render_call("f", '{"s": "{}"}'), "", [("f", '{"s": "{}"}')])),
+        (LLAMA3_JSON, ("No. " + LLAMA3_JSON.render_call("f", "{}"), "No. " + LLAMA3_JSON.render_call("f", "{}"), [])),
+    ]:
         deltas = data.draw(splits(text))
         got_content, got_calls, _ = replay(fmt, deltas)
         assert (got_content, got_calls) == (content, calls)

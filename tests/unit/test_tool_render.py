@@ -1,5 +1,6 @@
 """Tools and tool turns into chat messages: Forge's generic format (the default model's) and a template's own
 (Hermes), and how a model's format is chosen."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", 
 TURNS = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris and Rome?"},
-    {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_2", "function": {
-        "name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            CALL,
+            {**CALL, "id": "call_2", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "21C"},
     {"role": "tool", "tool_call_id": "call_2", "content": "25C"},
 ]
@@ -37,7 +44,8 @@ def test_generic_lists_the_tools_in_the_system_message_and_renders_the_turns():
     assert system.startswith("Be brief.\n\n") and '"name": "get_weather"' in system and "<tool_call>" in system
     assert messages[2]["content"] == (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    )
     assert messages[3]["content"] == "<tool_response>\n21C\n</tool_response>\n<tool_response>\n25C\n</tool_response>"
     assert all(isinstance(m["content"], str) for m in messages)
 

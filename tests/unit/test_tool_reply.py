@@ -1,5 +1,6 @@
 """A reply's OpenAI shape with tools: stream deltas (id, type and name on a call's first delta only, one entry
 per call in a delta) and the whole message, and when finish_reason says "tool_calls"."""
+
 from __future__ import annotations
 
 from app.api.tools import ToolReply

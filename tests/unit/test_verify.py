@@ -1,5 +1,6 @@
 """Draft verification in the sampler: greedy exactness, the accept/reject rule under sampling,
 penalties that count earlier drafts, and the seeded coupling with plain decoding."""
+
 from __future__ import annotations
 
 import math
@@ -48,12 +49,15 @@ def test_penalties_see_earlier_drafts_as_if_accepted():
     assert plain.token_ids.tolist() == [4, 4, 4]
 
 
-@pytest.mark.parametrize("params", [
-    dict(temperature=1.0),
-    dict(temperature=0.7, top_k=5),
-    dict(temperature=1.3, top_p=0.8, min_p=0.02),
-    dict(temperature=1.0, frequency_penalty=1.5, repetition_penalty=1.2, logit_bias={3: 2.0}),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.7, top_k=5),
+        dict(temperature=1.3, top_p=0.8, min_p=0.02),
+        dict(temperature=1.0, frequency_penalty=1.5, repetition_penalty=1.2, logit_bias={3: 2.0}),
+    ],
+)
 def test_seeded_verification_emits_what_plain_decoding_would(params):
     """Whatever the draft, a seeded sequence emits the tokens one-at-a-time sampling gives."""
     gen = np.random.default_rng(5)
@@ -102,7 +106,9 @@ def test_draft_acceptance_keeps_the_distribution():
         expected = p / p.sum(dtype=np.float64) * len(seen)
         assert expected.min() > 100  # the chi-square approximation holds comfortably
         fit = chisquare(counts, expected)
-        assert fit.pvalue > 1e-6, f"chi-square {fit.statistic:.1f}: counts {counts.tolist()} vs {expected.round().tolist()}"
+        assert fit.pvalue > 1e-6, (
+            f"chi-square {fit.statistic:.1f}: counts {counts.tolist()} vs {expected.round().tolist()}"
+        )
     assert abs(len(after_accept) / N - p1[draft]) < 6 * math.sqrt(p1[draft] * (1 - p1[draft]) / N)
 
 
