@@ -129,19 +129,22 @@ def get_backend(name: str = "auto", threads: int | None = None, activations: str
     """
     kind, why = resolve_backend(name)
     check_activations(activations, kind)
+    backend: Backend
     if kind == "numpy":
         backend, what = NumpyBackend(), "numpy (float32 reference)"
     elif kind == "numba":
         from kernels.numba_backend import NumbaBackend, configure_process  # imports numba: only when wanted
 
         configure_process()
-        backend = NumbaBackend(threads, activations)
-        what = f"numba with {backend.threads} threads" + (", int8 activations" if activations == "q8" else "")
+        numba_kernels = NumbaBackend(threads, activations)
+        what = f"numba with {numba_kernels.threads} threads" + (", int8 activations" if activations == "q8" else "")
+        backend = numba_kernels
     else:
         from kernels.cupy_backend import CupyBackend
 
-        backend = CupyBackend()
-        what = f"cupy on {backend.device_name}"
+        cupy_kernels = CupyBackend()
+        what = f"cupy on {cupy_kernels.device_name}"
+        backend = cupy_kernels
     backend.choice = f"{what} ({why})"
     log.info("kernels: using %s", backend.choice)
     return backend

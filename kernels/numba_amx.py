@@ -231,7 +231,7 @@ def split_block(typingctx, x, xi, stride, xs, oi, part):
         mask32 = ir.Constant(v32, [0xFFFF0000] * 32)
         even = ir.Constant(v16, list(range(0, 32, 2)))
         odd = ir.Constant(v16, list(range(1, 32, 2)))
-        parts = [[], [], []]
+        parts: list[list[ir.Value]] = [[], [], []]
         for t in range(ROWS):
             i = builder.add(context.cast(builder, xi_, xi, types.intp),
                             builder.mul(context.cast(builder, st, stride, types.intp), ir.Constant(ir.IntType(64), t)))

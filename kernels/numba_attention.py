@@ -107,7 +107,7 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
             row = (blk * bs + off) * Hkv + kv0
             for h in range(n):
                 base = (row + h // G) * Dh
-                acc = vzero()
+                acc = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
                 for c in range(0, full, LANES):
                     acc = vfma(vload(qf, h * Dh + c), vload(kf, base + c), acc)
                 dot = hsum(acc)

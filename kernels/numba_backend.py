@@ -19,6 +19,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numba
@@ -77,7 +78,7 @@ def configure_process() -> None:
     # 'workqueue', numba's fallback layer, aborts the process when two Python threads launch parallel
     # kernels at once (two engines in one process); 'omp' (GNU libgomp, there wherever gcc is) and
     # 'tbb' do not. Takes effect at the first parallel launch.
-    numba.config.THREADING_LAYER = "threadsafe"
+    numba.config.THREADING_LAYER = "threadsafe"  # type: ignore[attr-defined]  # numba.config sets it via globals()
     # Idle kernel threads spin this many rounds (tens of microseconds) before they sleep: long enough
     # to stay awake across the small serial ops between a step's parallel launches, short enough to
     # sleep between steps. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) made every launch wake a thread
@@ -100,7 +101,13 @@ class Linear:
 
     @property
     def kind(self) -> str:
-        return self.blocked.kind if self.blocked is not None else self.weight.kind
+        return self.blocked.kind if self.blocked is not None else self.plain.kind
+
+    @property
+    def plain(self) -> Weight:
+        """The unblocked weight, for a kind `block_rows` does not repack (a Linear holds one of the two)."""
+        assert self.weight is not None, "a blocked Linear has no plain weight"
+        return self.weight
 
 
 class NumbaBackend:
@@ -111,7 +118,7 @@ class NumbaBackend:
     kernels.get_backend, which makes the process-wide settings first (`configure_process`)."""
 
     name = "numba"
-    xp = np
+    xp: ModuleType = np
     kv_dtype = np.float32
     choice = ""  # get_backend says what it chose and why
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
@@ -134,7 +141,8 @@ class NumbaBackend:
         self._scratch = Scratch()  # the stepping thread's attention scratch
         assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
-        self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS))
+        most: int = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it via globals()
+        self.threads = max(1, min(threads or len(os.sched_getaffinity(0)), most))
         self.tuner = ThreadTuner(self.threads)
         self.active_threads = self.threads  # this step's
         self._step_rows: int | None = None
@@ -213,8 +221,9 @@ class NumbaBackend:
         if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
             return lin
         if w.kind in ("q4", "q8"):
-            lin = Linear(w.shape, block_rows(w, half=self.half_scales and half_exact(w)))
-            self.scale_dtypes.add(lin.blocked.scale.dtype)
+            blocked = block_rows(w, half=self.half_scales and half_exact(w))
+            lin = Linear(w.shape, blocked)
+            self.scale_dtypes.add(blocked.scale.dtype)
         else:
             lin = Linear(w.shape, weight=w)
         self._recent = (weakref.ref(w.data), weakref.ref(lin))
@@ -225,10 +234,10 @@ class NumbaBackend:
 
     def dequantize_rows(self, lin: Linear, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """out [len(rows), K] = the weight's `rows` (int64) in float32."""
-        b, w = lin.blocked, lin.weight
+        b = lin.blocked
         if b is not None:
             dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, b.zero, rows, out)
-        elif w.kind == "f32":
+        elif (w := lin.plain).kind == "f32":
             np.take(w.data, rows, axis=0, out=out)
         else:
             half_dequant(w.data.view(np.uint16), w.kind == "bf16", self._f16_table(), rows, out)
@@ -268,7 +277,7 @@ class NumbaBackend:
         b = w.blocked
         amx = b is not None and self._on_amx(b, T)
         if w.kind == "f32":
-            out = x @ w.weight.data.T
+            out = x @ w.plain.data.T
         elif b is None or (T > MATVEC_MAX_ROWS and not amx):
             out = self._panels_gemm(x, w)
         else:
@@ -363,7 +372,8 @@ class NumbaBackend:
         s_qs = np.concatenate([[0], np.cumsum(q_lens[keep])]).astype(qs.dtype)
         return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
 
-    def _blas_prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
+    def _blas_prefill(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, table: np.ndarray, c: int,
+                      r0: int, r1: int, scale: float, out: np.ndarray) -> None:
         """One long prefill's attention: the NumPy reference's tiles of BLAS products, handed out to the
         workers largest first (a causal tile's cost grows with its last row)."""
         ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)

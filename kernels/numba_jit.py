@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
+from typing import Self
 
 from numba.core import caching
 
@@ -26,18 +28,19 @@ def _inlined_digest() -> bytes:
     return h.digest()
 
 
-class _InlinedStamp:
+class _InlinedStamp(caching._SourceFileBackedLocatorMixin):
     """A cache locator for this package's kernels whose stamp also covers the `_INLINED`
     modules: numba stamps a cache entry with its own source file only, and would load stale
-    machine code after an upgrade that changed only the blocks inlined into it."""
+    machine code after an upgrade that changed only the blocks inlined into it. Its base is the mixin both
+    locators below start with, so `super()` is typed; in their MRO the concrete locator still comes next."""
 
     @classmethod
-    def from_function(cls, py_func, py_file):
+    def from_function(cls, py_func: Callable[..., object], py_file: str) -> Self | None:
         if os.path.dirname(os.path.abspath(py_file)) != _HERE:
             return None
         return super().from_function(py_func, py_file)
 
-    def get_source_stamp(self):
+    def get_source_stamp(self) -> tuple[object, bytes]:
         return (super().get_source_stamp(), _inlined_digest())
 
 

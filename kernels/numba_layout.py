@@ -118,7 +118,7 @@ def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
         blk, lane = rows[i] // 4, rows[i] % 4
         for g in range(ng):
             s = (blk * ng + g) * 4 + lane
-            d = f32_at(scale, s)
+            d = f32_at(scale, s)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
             m = f32_at(minv, s) if has_min else f32(0.0)
             b = s * per
             o = g * G

@@ -191,7 +191,7 @@ def _block_mins(minv, xs4, xo, base, ng):
     if minv.shape[0] == 0:
         return f32(0.0), f32(0.0), f32(0.0), f32(0.0)
     n = ng * 4
-    acc = vzero()
+    acc = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
     i = 0
     while i + LANES <= n:
         acc = vfma(vload(minv, base + i), vload(xs4, xo + i), acc)
@@ -271,7 +271,7 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
     """Rows ts of x (at offsets rows in xf) times blocks b0 .. b1 - 1, float32 activations."""
     for blk in range(b0, b1):
         for j in range(4):
-            a = vzero_tile(rows)
+            a = vzero_tile(rows)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
             for g in range(ng):
                 s = (blk * ng + g) * 4 + j
                 if j == 0:
@@ -298,7 +298,7 @@ def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng,
     for blk in range(b0, b1):
         for g0 in range(0, ng, span):
             for j in range(4):
-                a = vzero_tile(rows)
+                a = vzero_tile(rows)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
                 for g in range(g0, min(ng, g0 + span)):
                     s = (blk * ng + g) * 4 + j
                     if j == 0:
@@ -323,7 +323,7 @@ def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng,
 @njit(**JIT)
 def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero()
+        a0 = a1 = a2 = a3 = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
         for g in range(ng):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
@@ -341,7 +341,7 @@ def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
 @njit(**JIT)
 def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero()
+        a0 = a1 = a2 = a3 = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
         for g in range(ng):
             xi = (t * ng + g) * G
             s = (blk * ng + g) * 4
@@ -373,7 +373,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
     for blk in range(b0, b1):
         base = blk * ng * 4
         if packed and VNNI512:
-            a = vzero_tile_of(rows, 16)
+            a = vzero_tile_of(rows, 16)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
             g = 0
             # Tiles under I8_TILE rows (single-row decode) take four groups a round: their scales in one load and
             # conversion. Full tiles share each group's scales across their rows already and gain nothing.
@@ -399,7 +399,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
         elif packed:
-            a01 = a23 = vzero_tile_of(rows, 8)
+            a01 = a23 = vzero_tile_of(rows, 8)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
             for g in range(ng):
                 s = base + g * 4
                 prefetch(q, s * 16 + PREFETCH_BYTES)
@@ -412,7 +412,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
         else:
-            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)
+            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
             for g in range(ng):
                 s = base + g * 4
                 b = s * 32
@@ -434,7 +434,7 @@ def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
     activations to within float32 rounding of the products, on integer dot products."""
     for blk in range(b0, b1):
         base = blk * ng * 4
-        a = vzero_tile_of(rows, 16)
+        a = vzero_tile_of(rows, 16)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
         for g in range(ng):
             s = base + g * 4
             prefetch(q, s * 16 + PREFETCH_BYTES)

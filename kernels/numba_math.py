@@ -36,7 +36,7 @@ def _bits_to_f32(typingctx, bits):
 
 
 @njit(inline="always", **JIT)
-def exp32(x: float) -> float:
+def exp32(x: float | np.float32) -> float:
     """e**x in float32 (see the module docstring for range and accuracy)."""
     x = min(max(f32(x), f32(-87.0)), f32(88.0))
     n = np.floor(x * LOG2E + f32(0.5))

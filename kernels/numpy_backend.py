@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ class NumpyBackend:
     """
 
     name = "numpy"
-    xp = np
+    xp: ModuleType = np
     kv_dtype = np.float32
     choice = ""  # get_backend says what it chose and why
     blas_threads: int | None = None  # None: as many as the engine's threads
@@ -156,7 +157,9 @@ class NumpyBackend:
             self._prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
         return out
 
-    def _decode_group(self, q, k_cache, v_cache, tables, ctx, qs, seqs, nblk, scale, out) -> None:
+    def _decode_group(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, tables: np.ndarray,
+                      ctx: np.ndarray, qs: np.ndarray, seqs: np.ndarray, nblk: int, scale: float,
+                      out: np.ndarray) -> None:
         B = seqs.size
         _, bs, Hkv, Dh = k_cache.shape
         H = q.shape[1]
@@ -196,7 +199,8 @@ class NumpyBackend:
         o3 /= denom
         out[rows] = o3
 
-    def _prefill(self, q, k_cache, v_cache, table, c, r0, r1, scale, out) -> None:
+    def _prefill(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, table: np.ndarray, c: int, r0: int,
+                 r1: int, scale: float, out: np.ndarray) -> None:
         """One sequence with n > 1 new tokens over its c-token context, query rows tiled causally."""
         ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)
         tile = max(16, min(_PREFILL_TILE_ROWS, _TILE_SCORES // (q.shape[1] * c)))

@@ -58,9 +58,16 @@ class Weight:
     def min(self) -> np.ndarray | None:
         """float32 [rows, cols // group]: value = scale * q + min; None: no offset (a q4 weight always has one)."""
         if self.zero:
-            return self.scale * np.float32(-self.zero)
+            s = self.scale
+            assert s is not None, "a q4 weight with a zero point has scales"
+            return s * np.float32(-self.zero)
         m = self.mins
         return m if m is None or m.dtype == np.float32 else m.astype(np.float32)
+
+    @property
+    def scale_dtype(self) -> np.dtype | None:
+        """The stored scales' dtype (float32 or float16); None for a float kind, which has no scales."""
+        return None if self.scales is None else self.scales.dtype
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,6 +93,7 @@ class Weight:
             if self.zero:
                 data = data.view(np.int8) - np.int8(self.zero)
         n, cols = data.shape
+        assert self.scales is not None, "a q4/q8 weight has scales"
         scale = self.scales[rows].astype(np.float32, copy=False)
         out = np.multiply(data.reshape(n, cols // self.group, self.group), scale[:, :, None], dtype=np.float32)
         if self.mins is not None:
@@ -95,7 +103,8 @@ class Weight:
     def take_rows(self, rows: np.ndarray) -> "Weight":
         """The weight with its rows reordered/selected (e.g. undoing llama.cpp's Q/K permutation)."""
         pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
-        return Weight(self.kind, pick(self.data), pick(self.scales), pick(self.mins), self.group, self.zero)
+        return Weight(self.kind, np.ascontiguousarray(self.data[rows]), pick(self.scales), pick(self.mins), self.group,
+                      self.zero)
 
     def to_q8(self) -> "Weight":
         """A q4 weight with one value a byte (exact)."""
@@ -137,7 +146,7 @@ def concat_rows(parts: list[Weight]) -> Weight:
     """
     kinds = {p.kind for p in parts}
     if kinds == {"q4"}:
-        if len({(p.zero, p.mins is None, p.scales.dtype) for p in parts}) == 1:  # as stored
+        if len({(p.zero, p.mins is None, p.scale_dtype) for p in parts}) == 1:  # as stored
             mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
             return Weight("q4", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
                           mins, 32, parts[0].zero)
@@ -148,19 +157,22 @@ def concat_rows(parts: list[Weight]) -> Weight:
         kinds = {"q8"}
     if kinds == {"q8"}:
         group = min(p.group for p in parts)
-        if len({(p.group, p.mins is None, p.scales.dtype) for p in parts}) == 1:  # as stored
+        if len({(p.group, p.mins is None, p.scale_dtype) for p in parts}) == 1:  # as stored
             mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
             return Weight("q8", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
                           mins, group)
-        scale, mins = [], []
+        scale: list[np.ndarray] = []
+        min_parts: list[np.ndarray] = []
         has_min = any(p.min is not None for p in parts)
         for p in parts:
             rep = p.group // group
-            scale.append(np.repeat(p.scale, rep, axis=1))
+            s = p.scale
+            assert s is not None, "a q8 weight has scales"
+            scale.append(np.repeat(s, rep, axis=1))
             if has_min:
-                mins.append(np.zeros_like(scale[-1]) if p.min is None else np.repeat(p.min, rep, axis=1))
+                min_parts.append(np.zeros_like(scale[-1]) if p.min is None else np.repeat(p.min, rep, axis=1))
         return Weight("q8", np.concatenate([p.data for p in parts]), np.concatenate(scale),
-                      np.concatenate(mins) if has_min else None, group)
+                      np.concatenate(min_parts) if has_min else None, group)
     if len(kinds) == 1:
         return Weight(parts[0].kind, np.concatenate([p.data for p in parts]))
     return Weight("f32", np.concatenate([p.dequantize() for p in parts]))
