@@ -8,6 +8,7 @@ empty_kv_cache (of dtype `kv_dtype`), embedding, rms_norm, add_rms_norm, linear,
 rope_write_kv, silu_mul, argmax_rows, sample_rows, logprob_rows, apply_token_bitmask, write_kv, paged_attention,
 warm_up. CuPy adds capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,16 @@ from kernels.weight import Weight
 log = logging.getLogger("forge.kernels")
 
 __all__ = [
-    "ACTIVATIONS", "AttentionMetadata", "Backend", "BackendUnavailable", "NumpyBackend", "build_attention_metadata",
-    "check_activations", "cupy_unavailable_reason", "get_backend", "resolve_backend",
+    "ACTIVATIONS",
+    "AttentionMetadata",
+    "Backend",
+    "BackendUnavailable",
+    "NumpyBackend",
+    "build_attention_metadata",
+    "check_activations",
+    "cupy_unavailable_reason",
+    "get_backend",
+    "resolve_backend",
 ]
 
 # Activations of the decode products: float32 everywhere, or int8 per 32-block ("q8", numba only).
@@ -38,8 +47,10 @@ def check_activations(activations: str, backend: str) -> None:
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     if activations != "f32" and backend not in ("numba", "auto"):
-        raise ValueError(f"activations {activations!r} need the numba backend; the {backend} backend computes in "
-                         "float32 (use --activations f32 or --backend numba)")
+        raise ValueError(
+            f"activations {activations!r} need the numba backend; the {backend} backend computes in "
+            "float32 (use --activations f32 or --backend numba)"
+        )
 
 
 class Backend(Protocol):
@@ -59,6 +70,7 @@ class Backend(Protocol):
     def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile (or load from a cache) every kernel the model will run, after its weights are prepared;
         `progress(i, n, what)` before each of n stages. A no-op where nothing compiles ahead."""
+
     def prepare_linear(self, w: Weight) -> Any: ...
     def prepare_embedding(self, w: Weight) -> Any: ...
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any) -> Any: ...
@@ -68,13 +80,23 @@ class Backend(Protocol):
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any: ...
     def rope_cos_sin(self, inv_freq: Any, positions: Any) -> tuple[Any, Any]: ...
     def rope(self, x: Any, cos: Any, sin: Any) -> Any: ...
-    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
-                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any: ...
+    def rope_write_kv(
+        self,
+        qkv: Any,
+        cos: Any,
+        sin: Any,
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+    ) -> Any: ...
     def silu_mul(self, gate_up: Any) -> Any: ...
     def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]: ...
     def sample_rows(self, logits: Any, table: np.ndarray) -> np.ndarray: ...
-    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray,
-                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def logprob_rows(
+        self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None: ...
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any: ...

@@ -1,8 +1,10 @@
 """Per-step attention metadata: built once per model step, shared by every layer."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

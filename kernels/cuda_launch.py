@@ -2,6 +2,7 @@
 
 The constants mirror the #defines of kernels/cuda/*.cu (a unit test reads them from the sources).
 """
+
 from __future__ import annotations
 
 import numpy as np

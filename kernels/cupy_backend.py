@@ -14,6 +14,7 @@ work queued on the legacy default stream by another thread (weight uploads) is o
 
 Importing this module needs neither CuPy nor a GPU; constructing CupyBackend needs both.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,16 @@ import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
 from kernels.cuda_launch import (
-    GEMV_MAX_ROWS, PA_MAX_DH, PA_WARPS, ROW_THREADS, SAMPLE_THREADS, attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads,
+    GEMV_MAX_ROWS,
+    PA_MAX_DH,
+    PA_WARPS,
+    ROW_THREADS,
+    SAMPLE_THREADS,
+    attention_plan,
+    elementwise_blocks,
+    gemv_geometry,
+    panel_rows,
+    row_threads,
 )
 from kernels.device_weight import QUANTIZED, DeviceWeight, device_layout
 from kernels.row_sampling import TABLE
@@ -34,15 +44,24 @@ from kernels.weight import Weight
 CUDA_DIR = Path(__file__).with_name("cuda")
 # Every kernel the backend launches -> its source in kernels/cuda (a unit test checks both ways).
 KERNELS = {
-    "rms_norm_f32": "rms_norm.cu", "add_rms_norm_f32": "rms_norm.cu",
-    "rope_cos_sin_f32": "rope.cu", "rope_neox_f32": "rope.cu", "rope_write_kv_f16": "rope.cu",
+    "rms_norm_f32": "rms_norm.cu",
+    "add_rms_norm_f32": "rms_norm.cu",
+    "rope_cos_sin_f32": "rope.cu",
+    "rope_neox_f32": "rope.cu",
+    "rope_write_kv_f16": "rope.cu",
     "silu_mul_f32": "silu_mul.cu",
     "write_kv_f16": "kv_cache.cu",
-    "q4_rows_f32": "dequant.cu", "q4_rows_f16": "dequant.cu", "q8_rows_f32": "dequant.cu", "q8_rows_f16": "dequant.cu",
-    "gemv_q4": "gemv.cu", "gemv_q8": "gemv.cu",
-    "paged_attention_decode_f16": "paged_attention.cu", "paged_attention_prefill_f16": "paged_attention.cu",
+    "q4_rows_f32": "dequant.cu",
+    "q4_rows_f16": "dequant.cu",
+    "q8_rows_f32": "dequant.cu",
+    "q8_rows_f16": "dequant.cu",
+    "gemv_q4": "gemv.cu",
+    "gemv_q8": "gemv.cu",
+    "paged_attention_decode_f16": "paged_attention.cu",
+    "paged_attention_prefill_f16": "paged_attention.cu",
     "apply_token_bitmask_f32": "token_bitmask.cu",
-    "sample_rows_f32": "sample.cu", "logprobs_f32": "logprobs.cu",
+    "sample_rows_f32": "sample.cu",
+    "logprobs_f32": "logprobs.cu",
 }
 # float16 values of the scratch that prefill products dequantize weight panels into (32 MiB).
 PANEL_VALUES = 1 << 24
@@ -169,7 +188,7 @@ class CupyBackend:
         if shared is not None and shared[0] is w:
             return shared[1]
         d = device_layout(w)
-        put = lambda a: None if a is None else self._cp.asarray(np.ascontiguousarray(a))  # noqa: E731
+        put = lambda a: None if a is None else self._cp.asarray(np.ascontiguousarray(a))
         return DeviceWeight(d.kind, put(d.data), put(d.scale), put(d.min), d.group)
 
     def prepare_embedding(self, w: Weight) -> DeviceWeight:
@@ -177,7 +196,9 @@ class CupyBackend:
         self._shared = (w, dev)
         return dev
 
-    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float16) -> Any:
+    def empty_kv_cache(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float16
+    ) -> Any:
         """[num_blocks, block_size, Hkv, Dh] float16, zero-filled."""
         if min(num_blocks, block_size, num_kv_heads, head_dim) <= 0:
             raise ValueError(
@@ -203,10 +224,14 @@ class CupyBackend:
                 grid, block = gemv_geometry(N, T)
                 if w.kind == "q4":
                     self._kernel("gemv_q4")(
-                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K)))
+                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K))
+                    )
                 else:
                     self._kernel("gemv_q8")(
-                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), np.int32(w.group)))
+                        grid,
+                        block,
+                        (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), np.int32(w.group)),
+                    )
         elif w.kind in QUANTIZED:
             out = cp.empty((T, N), dtype=np.float32)
             x16 = x.astype(np.float16)
@@ -236,10 +261,26 @@ class CupyBackend:
         # cuBLAS is column-major: the row-major out [T, n] is a column-major [n, T] matrix whose leading
         # dimension is out's row stride, and it equals w16 (column-major [K, n], transposed) times x16 ([K, T]).
         cublas.gemmEx(
-            self._cp.cuda.get_cublas_handle(), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
-            self._one.ctypes.data, w16.data.ptr, runtime.CUDA_R_16F, K, x16.data.ptr, runtime.CUDA_R_16F, K,
-            self._zero.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, out.strides[0] // 4,
-            cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP)
+            self._cp.cuda.get_cublas_handle(),
+            cublas.CUBLAS_OP_T,
+            cublas.CUBLAS_OP_N,
+            n,
+            T,
+            K,
+            self._one.ctypes.data,
+            w16.data.ptr,
+            runtime.CUDA_R_16F,
+            K,
+            x16.data.ptr,
+            runtime.CUDA_R_16F,
+            K,
+            self._zero.ctypes.data,
+            out.data.ptr,
+            runtime.CUDA_R_32F,
+            out.strides[0] // 4,
+            cublas.CUBLAS_COMPUTE_32F,
+            cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        )
 
     def embedding(self, table: DeviceWeight, ids: Any) -> Any:
         """Rows `ids` [T] of the table, float32 [T, D] (quantized rows bit-equal to Weight.dequantize)."""
@@ -272,7 +313,8 @@ class CupyBackend:
         out = self._cp.empty_like(x)
         if x.shape[0]:
             self._kernel("rms_norm_f32")(
-                (x.shape[0],), (ROW_THREADS,), (x, weight, out, np.int32(x.shape[1]), np.float32(eps)))
+                (x.shape[0],), (ROW_THREADS,), (x, weight, out, np.int32(x.shape[1]), np.float32(eps))
+            )
         return out
 
     def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
@@ -286,7 +328,8 @@ class CupyBackend:
         out = self._cp.empty_like(x)
         if x.shape[0]:
             self._kernel("add_rms_norm_f32")(
-                (x.shape[0],), (ROW_THREADS,), (x, residual, weight, out, np.int32(x.shape[1]), np.float32(eps)))
+                (x.shape[0],), (ROW_THREADS,), (x, residual, weight, out, np.int32(x.shape[1]), np.float32(eps))
+            )
         return out, residual
 
     def rope_cos_sin(self, inv_freq: Any, positions: Any) -> tuple[Any, Any]:
@@ -297,7 +340,10 @@ class CupyBackend:
         cos, sin = (self._cp.empty((T, half), dtype=np.float32) for _ in range(2))
         if T:
             self._kernel("rope_cos_sin_f32")(
-                (elementwise_blocks(T * half),), (ROW_THREADS,), (cos, sin, positions, inv_freq, np.int32(T), np.int32(half)))
+                (elementwise_blocks(T * half),),
+                (ROW_THREADS,),
+                (cos, sin, positions, inv_freq, np.int32(T), np.int32(half)),
+            )
         return cos, sin
 
     def rope(self, x: Any, cos: Any, sin: Any) -> Any:
@@ -313,19 +359,33 @@ class CupyBackend:
         cos, sin = self._f32(cos, "rope cos"), self._f32(sin, "rope sin")
         if T:
             self._kernel("rope_neox_f32")(
-                (T,), (row_threads(H * half),),
-                (x, cos, sin, np.int32(H), np.int32(half), np.int64(x.strides[0] // 4), np.int64(x.strides[1] // 4)))
+                (T,),
+                (row_threads(H * half),),
+                (x, cos, sin, np.int32(H), np.int32(half), np.int64(x.strides[0] // 4), np.int64(x.strides[1] // 4)),
+            )
         return x
 
-    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
-                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
-        """qkv [T, (H + 2 Hkv) * Dh]: RoPE on q (in place) and k, k and v into the float16 caches; returns q [T, H, Dh]."""
+    def rope_write_kv(
+        self,
+        qkv: Any,
+        cos: Any,
+        sin: Any,
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+    ) -> Any:
+        """qkv [T, (H + 2 Hkv) * Dh]: RoPE on q (in place) and k, k and v into the float16 caches; returns
+        q [T, H, Dh]."""
         T, Dh = qkv.shape[0], k_cache.shape[3]
         H, Hkv = num_heads, num_kv_heads
         if qkv.ndim != 2 or qkv.shape[1] != (H + 2 * Hkv) * Dh or Dh % 2:
             raise ValueError(f"rope_write_kv: qkv {qkv.shape} should be [T, {(H + 2 * Hkv) * Dh}] (even head_dim)")
         if qkv.dtype != np.float32 or qkv.strides[1] != 4:
-            raise ValueError(f"rope_write_kv: qkv must be float32 with contiguous rows, got {qkv.dtype} strides {qkv.strides}")
+            raise ValueError(
+                f"rope_write_kv: qkv must be float32 with contiguous rows, got {qkv.dtype} strides {qkv.strides}"
+            )
         num_slots = self._check_caches("rope_write_kv", k_cache, v_cache, Hkv)
         half = Dh // 2
         if cos.shape != (T, half) or sin.shape != cos.shape:
@@ -334,9 +394,22 @@ class CupyBackend:
         slots = self._slots(slot_mapping, T)
         if T:
             self._kernel("rope_write_kv_f16")(
-                (T,), (row_threads((H + Hkv) * half),),
-                (qkv, cos, sin, k_cache, v_cache, slots, np.int64(num_slots), np.int32(H), np.int32(Hkv), np.int32(Dh),
-                 np.int64(qkv.strides[0] // 4)))
+                (T,),
+                (row_threads((H + Hkv) * half),),
+                (
+                    qkv,
+                    cos,
+                    sin,
+                    k_cache,
+                    v_cache,
+                    slots,
+                    np.int64(num_slots),
+                    np.int32(H),
+                    np.int32(Hkv),
+                    np.int32(Dh),
+                    np.int64(qkv.strides[0] // 4),
+                ),
+            )
         return qkv[:, : H * Dh].reshape(T, H, Dh)
 
     def silu_mul(self, gate_up: Any) -> Any:
@@ -349,7 +422,10 @@ class CupyBackend:
         out = self._cp.empty((T, F), dtype=np.float32)
         if T * F:
             self._kernel("silu_mul_f32")(
-                (elementwise_blocks(T * F),), (ROW_THREADS,), (gate_up, out, np.int32(F), np.int64(gate_up.strides[0] // 4), np.int64(T * F)))
+                (elementwise_blocks(T * F),),
+                (ROW_THREADS,),
+                (gate_up, out, np.int32(F), np.int64(gate_up.strides[0] // 4), np.int64(T * F)),
+            )
         return out
 
     def argmax_rows(self, logits: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -362,21 +438,30 @@ class CupyBackend:
         host sampling table (kernels/row_sampling.py), sampled on the device (sample.cu): the table goes up and
         the ids come back, the logits stay."""
         if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
-            raise ValueError(f"sample_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+            raise ValueError(
+                f"sample_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}"
+            )
         R, V = logits.shape
         if table.shape != (R, len(TABLE)) or table.dtype != np.float64:
             raise ValueError(f"sample_rows: table must be float64 [{R}, {len(TABLE)}], got {table.dtype} {table.shape}")
         out = self._cp.empty(R, dtype=np.int64)
         if R:
             self._kernel("sample_rows_f32")(
-                (R,), (SAMPLE_THREADS,), (logits, self.asarray(table), out, np.int32(V), np.int64(logits.strides[0] // 4)))
+                (R,),
+                (SAMPLE_THREADS,),
+                (logits, self.asarray(table), out, np.int32(V), np.int64(logits.strides[0] // 4)),
+            )
         return self.to_numpy(out)
 
-    def logprob_rows(self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def logprob_rows(
+        self, logits: Any, rows: np.ndarray, tokens: np.ndarray, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Log-softmax of device logits rows `rows` (host int64 [W]) at `tokens` (int64 [W]) and at their min(n, V)
         best tokens (logprobs.cu), on the host: float64 [W], ids int64 [W, n], float64 [W, n]."""
         if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
-            raise ValueError(f"logprob_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+            raise ValueError(
+                f"logprob_rows: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}"
+            )
         W, V = rows.shape[0], logits.shape[1]
         if tokens.shape != (W,):
             raise ValueError(f"logprob_rows: {tokens.shape} tokens for {W} rows")
@@ -384,23 +469,42 @@ class CupyBackend:
         chosen, ids, values = cp.empty(W, np.float64), cp.empty((W, n), np.int64), cp.empty((W, n), np.float64)
         if W:
             self._kernel("logprobs_f32")(
-                (W,), (ROW_THREADS,), (logits, self.asarray(rows, np.int64), self.asarray(tokens, np.int64), chosen, ids, values,
-                                       np.int32(n), np.int32(V), np.int64(logits.strides[0] // 4)))
+                (W,),
+                (ROW_THREADS,),
+                (
+                    logits,
+                    self.asarray(rows, np.int64),
+                    self.asarray(tokens, np.int64),
+                    chosen,
+                    ids,
+                    values,
+                    np.int32(n),
+                    np.int32(V),
+                    np.int64(logits.strides[0] // 4),
+                ),
+            )
         return self.to_numpy(chosen), self.to_numpy(ids), self.to_numpy(values)
 
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None:
         """Set device logits [R, V] to -inf where the bit of their token in bitmask (int32 [R, W], host or
         device) is 0, in place; columns past 32 * W too."""
         if logits.ndim != 2 or logits.dtype != np.float32 or logits.strides[1] != 4:
-            raise ValueError(f"apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, got {logits.dtype} {logits.shape}")
+            raise ValueError(
+                "apply_token_bitmask: logits must be float32 [R, V] with contiguous rows, "
+                f"got {logits.dtype} {logits.shape}"
+            )
         R, V = logits.shape
         if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[0] != R:
-            raise ValueError(f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}")
+            raise ValueError(
+                f"apply_token_bitmask: bitmask must be int32 [{R}, W], got {bitmask.dtype} {bitmask.shape}"
+            )
         bitmask = self._cp.ascontiguousarray(self._cp.asarray(bitmask))
         if R and V:
             self._kernel("apply_token_bitmask_f32")(
-                (-(-V // ROW_THREADS), R), (ROW_THREADS,),
-                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)))
+                (-(-V // ROW_THREADS), R),
+                (ROW_THREADS,),
+                (logits, bitmask, np.int32(V), np.int32(bitmask.shape[1]), np.int64(logits.strides[0] // 4)),
+            )
 
     # ---- KV cache + attention -----------------------------------------------------
     def _check_caches(self, op: str, k_cache: Any, v_cache: Any, num_kv_heads: int) -> int:
@@ -436,10 +540,23 @@ class CupyBackend:
         slots = self._slots(slot_mapping, T)
         if T:
             self._kernel("write_kv_f16")(
-                (T,), (row_threads(hkv * dh),),
-                (k, v, k_cache, v_cache, slots, np.int64(num_slots), np.int32(hkv), np.int32(dh),
-                 np.int64(k.strides[0] // 4), np.int64(k.strides[1] // 4),
-                 np.int64(v.strides[0] // 4), np.int64(v.strides[1] // 4)))
+                (T,),
+                (row_threads(hkv * dh),),
+                (
+                    k,
+                    v,
+                    k_cache,
+                    v_cache,
+                    slots,
+                    np.int64(num_slots),
+                    np.int32(hkv),
+                    np.int32(dh),
+                    np.int64(k.strides[0] // 4),
+                    np.int64(k.strides[1] // 4),
+                    np.int64(v.strides[0] // 4),
+                    np.int64(v.strides[1] // 4),
+                ),
+            )
 
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any:
         """Causal attention of each sequence's new queries over its whole paged context (see NumpyBackend).
@@ -449,7 +566,9 @@ class CupyBackend:
         T, H, Dh = q.shape
         nb, bs, Hkv, dh = k_cache.shape
         if dh != Dh or H % Hkv:
-            raise ValueError(f"paged_attention: q {q.shape} does not fit cache {k_cache.shape} (Dh equal, H divisible by Hkv)")
+            raise ValueError(
+                f"paged_attention: q {q.shape} does not fit cache {k_cache.shape} (Dh equal, H divisible by Hkv)"
+            )
         if Dh % 8 or Dh > PA_MAX_DH:
             raise ValueError(f"paged_attention: head_dim {Dh} must be a multiple of 8 up to {PA_MAX_DH}")
         self._check_caches("paged_attention", k_cache, v_cache, Hkv)
@@ -460,14 +579,27 @@ class CupyBackend:
         decode, items = meta.plan
         tables = meta.block_tables
         out = self._cp.empty((T, H, Dh), dtype=np.float32)
-        common = (meta.query_start, meta.context_lens, tables, np.int32(H), np.int32(Hkv), np.int32(Dh), np.int32(bs),
-                  np.int32(tables.shape[1]), np.int64(q.strides[0] // 4), np.int64(q.strides[1] // 4), np.float32(scale))
+        common = (
+            meta.query_start,
+            meta.context_lens,
+            tables,
+            np.int32(H),
+            np.int32(Hkv),
+            np.int32(Dh),
+            np.int32(bs),
+            np.int32(tables.shape[1]),
+            np.int64(q.strides[0] // 4),
+            np.int64(q.strides[1] // 4),
+            np.float32(scale),
+        )
         if decode.shape[0]:
             self._kernel("paged_attention_decode_f16")(
-                (decode.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, decode) + common)
+                (decode.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, decode) + common
+            )
         if items.shape[0]:
             self._kernel("paged_attention_prefill_f16")(
-                (items.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, items) + common)
+                (items.shape[0], H), (32 * PA_WARPS,), (out, q, k_cache, v_cache, items) + common
+            )
         return out
 
     def _plan(self, T: int, block_size: int, meta: AttentionMetadata) -> tuple[Any, Any]:
@@ -481,10 +613,14 @@ class CupyBackend:
                 raise ValueError(f"paged_attention: meta.{name} must be contiguous int32, got {a.dtype}")
         tables = meta.block_tables
         if meta.context_lens.shape != (B,) or tables.ndim != 2 or tables.shape[0] != B:
-            raise ValueError(f"paged_attention: metadata shapes disagree: query_start {qs.shape}, "
-                             f"context_lens {meta.context_lens.shape}, block_tables {tables.shape}")
+            raise ValueError(
+                f"paged_attention: metadata shapes disagree: query_start {qs.shape}, "
+                f"context_lens {meta.context_lens.shape}, block_tables {tables.shape}"
+            )
         if tables.shape[1] * block_size < meta.max_context:
-            raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {meta.max_context}")
+            raise ValueError(
+                f"paged_attention: block_tables {tables.shape} too small for context_lens up to {meta.max_context}"
+            )
         decode, items = attention_plan(qs)
         return self._cp.asarray(decode), self._cp.asarray(items)
 

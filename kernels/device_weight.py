@@ -5,6 +5,7 @@ CPU kernels read them, so one loaded model serves both backends. F16 stays float
 BF16 becomes float16, which holds every bfloat16 value of magnitude 2^-14 .. 65504 exactly (smaller
 ones lose low bits, below 2^-24 they flush to zero); a matrix with larger values stays float32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ def device_layout(w: Weight) -> Weight:
     if w.kind == "q4" and cols % 32:
         raise ValueError(f"a q4 weight needs a multiple of 32 columns, got {cols}")
     if w.kind == "q8" and (w.group % 16 or cols % w.group):
-        raise ValueError(f"a q8 weight needs groups of a multiple of 16 values dividing its {cols} columns, got {w.group}")
+        raise ValueError(
+            f"a q8 weight needs groups of a multiple of 16 values dividing its {cols} columns, got {w.group}"
+        )
     if w.kind != "bf16":
         return w
     values = w.dequantize()

@@ -6,6 +6,7 @@ Plain functions, which a backend class names as its methods (`rope = staticmetho
 and `Scratch`, the reused buffers the attention helpers fill: the backends compose these rather
 than inherit one another's ops.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -39,8 +40,9 @@ def synchronize() -> None:
 
 
 # ---- KV cache ----------------------------------------------------------------
-def empty_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                   dtype: Any = np.float32) -> np.ndarray:
+def empty_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any = np.float32
+) -> np.ndarray:
     """[num_blocks, block_size, Hkv, Dh], zero-filled so unread slots are always finite."""
     if min(num_blocks, block_size, num_kv_heads, head_dim) <= 0:
         raise ValueError(
@@ -74,7 +76,8 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
         raise ValueError(f"write_kv: k {k.shape} / v {v.shape} should be ({T}, {hkv}, {dh}) for {T} slots")
     if T and (slot_mapping.min() < 0 or slot_mapping.max() >= nb * bs):
         raise ValueError(
-            f"write_kv: slot_mapping out of range [0, {nb * bs}): min {slot_mapping.min()} max {slot_mapping.max()}")
+            f"write_kv: slot_mapping out of range [0, {nb * bs}): min {slot_mapping.min()} max {slot_mapping.max()}"
+        )
     k_cache.reshape(nb * bs, hkv, dh)[slot_mapping] = k
     v_cache.reshape(nb * bs, hkv, dh)[slot_mapping] = v
 
@@ -117,8 +120,9 @@ def sample_rows(logits: np.ndarray, table: np.ndarray) -> np.ndarray:
     return _sample_rows(np.asarray(logits, dtype=np.float32), table)
 
 
-def logprob_rows(logits: np.ndarray, rows: np.ndarray, tokens: np.ndarray,
-                 n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def logprob_rows(
+    logits: np.ndarray, rows: np.ndarray, tokens: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Log-softmax of logits rows `rows` at `tokens` and at their n best tokens (kernels/row_sampling.py)."""
     return _logprob_rows(np.asarray(logits, dtype=np.float32)[rows], tokens, n)
 
@@ -164,7 +168,8 @@ def attention_plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta:
     nb, bs, Hkv, dh = cache_shape
     if dh != Dh or H % Hkv:
         raise ValueError(
-            f"paged_attention: q {q_shape} does not fit cache {cache_shape} (Dh equal, H divisible by Hkv)")
+            f"paged_attention: q {q_shape} does not fit cache {cache_shape} (Dh equal, H divisible by Hkv)"
+        )
     qs, ctx = meta.host_query_start(), meta.host_context_lens()
     B = ctx.shape[0]
     if qs.shape != (B + 1,) or qs[-1] != T:
@@ -177,7 +182,8 @@ def attention_plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta:
         raise ValueError(f"paged_attention: block_tables {tables.shape} too small for context_lens up to {ctx.max()}")
     if tables.size and (tables.min() < 0 or tables.max() >= nb):
         raise ValueError(
-            f"paged_attention: block_tables hold block ids outside [0, {nb}): min {tables.min()} max {tables.max()}")
+            f"paged_attention: block_tables hold block ids outside [0, {nb}): min {tables.min()} max {tables.max()}"
+        )
     # Decodes: batched, padded to the longest in each group; a group is split where padding would exceed 2x.
     dec = np.flatnonzero(q_lens == 1)
     order = dec[np.argsort(-ctx[dec], kind="stable")]
@@ -209,8 +215,17 @@ class PrefillOperands:
         return self.qh.shape[0], (i1 - i0) * self.G, self.start + i1
 
 
-def prefill_operands(scratch: Scratch, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, table: np.ndarray,
-                     c: int, r0: int, r1: int, scale: float) -> PrefillOperands:
+def prefill_operands(
+    scratch: Scratch,
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    table: np.ndarray,
+    c: int,
+    r0: int,
+    r1: int,
+    scale: float,
+) -> PrefillOperands:
     """A prefill's query rows per kv head and its context's K^T and V, contiguous per kv head (BLAS is
     ~3x slower on the strided per-head views), in `scratch`."""
     n = r1 - r0

@@ -35,6 +35,7 @@ wide); `available()` asks once. The tile instructions are inline assembly (numba
 each work item loads the tile configuration and releases the tiles when done, so a thread holds
 no tile state between items.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -80,6 +81,7 @@ def available() -> bool:
 
 # ---- tile instructions (inline assembly, AT&T operand order) --------------------------------------
 
+
 def _asm(builder, text, operands=()):
     fty = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
     constraint = ",".join(["r"] * len(operands) + ["~{memory}"])
@@ -102,6 +104,7 @@ def _literal(*regs):
 @intrinsic
 def tile_config(typingctx, cfg):
     """Load the tile configuration (`CONFIG`) on this thread."""
+
     def codegen(context, builder, sig, args):
         zero = context.get_constant(types.intp, 0)
         _asm(builder, "ldtilecfg ($0)", [_byte_ptr(context, builder, cfg, args[0], zero, types.intp)])
@@ -113,6 +116,7 @@ def tile_config(typingctx, cfg):
 @intrinsic
 def tile_release(typingctx):
     """Give the thread's tile state back."""
+
     def codegen(context, builder, sig, args):
         _asm(builder, "tilerelease")
         return context.get_dummy_value()
@@ -136,6 +140,7 @@ def tile_zero(typingctx, reg):
 def _tile_memory(template: str, doc: str):
     """An intrinsic (reg, a, i, stride) moving tile `reg` (a constant) from or to 16 rows of `stride`
     bytes from a[i] on: `template` is the instruction, {reg} its tile."""
+
     def impl(typingctx, reg, a, i, stride):
         if not _literal(reg):
             return None
@@ -187,8 +192,9 @@ def _q_group(packed):
                 w = builder.zext(ld, vi)
                 lo = builder.and_(w, ir.Constant(vi, [15] * n))
                 hi = builder.lshr(w, ir.Constant(vi, [4] * n))
-                f = builder.uitofp(builder.shuffle_vector(lo, hi, ir.Constant(v32, list(range(32)))),
-                                   ir.VectorType(_F32, 32))
+                f = builder.uitofp(
+                    builder.shuffle_vector(lo, hi, ir.Constant(v32, list(range(32)))), ir.VectorType(_F32, 32)
+                )
             else:
                 f = builder.sitofp(builder.sext(ld, vi), ir.VectorType(_F32, 32))
             # an integer of at most 8 significant bits: its float32 bits' top half is its bf16 exactly
@@ -201,8 +207,9 @@ def _q_group(packed):
         return types.none(q, qi, a, ai), codegen
 
     impl.__name__ = "q4_bf16" if packed else "q8_bf16"
-    impl.__doc__ = (("16 bytes of packed nibbles (0..15)" if packed else "32 int8 weights") + " at q[qi] -> 32 bf16 "
-                    "at a[ai], the same integers exactly.")
+    impl.__doc__ = (
+        "16 bytes of packed nibbles (0..15)" if packed else "32 int8 weights"
+    ) + " at q[qi] -> 32 bf16 at a[ai], the same integers exactly."
     return intrinsic(impl)
 
 
@@ -225,6 +232,7 @@ def split_block(typingctx, x, xi, stride, xs, oi, part):
     """16 rows of 32 float32 (row t at x[xi + t * stride]) -> three bf16 B tiles that add up to them
     exactly, at xs[oi], xs[oi + part], xs[oi + 2 part]: each part the next 8 significant bits of what
     remains (24 in all), in AMX's pair layout (tile row kp: [x[t, 2kp], x[t, 2kp + 1] for t = 0..15])."""
+
     def codegen(context, builder, sig, args):
         xa, xi_, st, xsa, oi_, pt = args
         v32, v16, f32v = ir.VectorType(_I32, 32), ir.VectorType(_I32, 16), ir.VectorType(_F32, 32)
@@ -233,23 +241,30 @@ def split_block(typingctx, x, xi, stride, xs, oi, part):
         odd = ir.Constant(v16, list(range(1, 32, 2)))
         parts: list[list[ir.Value]] = [[], [], []]
         for t in range(ROWS):
-            i = builder.add(context.cast(builder, xi_, xi, types.intp),
-                            builder.mul(context.cast(builder, st, stride, types.intp), ir.Constant(ir.IntType(64), t)))
+            i = builder.add(
+                context.cast(builder, xi_, xi, types.intp),
+                builder.mul(context.cast(builder, st, stride, types.intp), ir.Constant(ir.IntType(64), t)),
+            )
             ld = builder.load(builder.bitcast(_elem_ptr(context, builder, x, xa, i, types.intp), f32v.as_pointer()))
             ld.align = 4
             f = ld
             for k in range(3):  # the top 16 bits of what remains; the third part's low 16 are zero
                 bits = builder.and_(builder.bitcast(f, v32), mask32)
-                pairs = builder.or_(builder.lshr(builder.shuffle_vector(bits, bits, even), ir.Constant(v16, [16] * 16)),
-                                    builder.shuffle_vector(bits, bits, odd))
+                pairs = builder.or_(
+                    builder.lshr(builder.shuffle_vector(bits, bits, even), ir.Constant(v16, [16] * 16)),
+                    builder.shuffle_vector(bits, bits, odd),
+                )
                 parts[k].append(pairs)
                 f = builder.fsub(f, builder.bitcast(bits, f32v))
         base = context.cast(builder, oi_, oi, types.intp)
         for k in range(3):
-            off = builder.add(base, builder.mul(context.cast(builder, pt, part, types.intp), ir.Constant(ir.IntType(64), k)))
+            off = builder.add(
+                base, builder.mul(context.cast(builder, pt, part, types.intp), ir.Constant(ir.IntType(64), k))
+            )
             for kp, col in enumerate(_transpose16(builder, parts[k])):
-                dst = _elem_ptr(context, builder, xs, xsa, builder.add(off, ir.Constant(ir.IntType(64), kp * GROUP)),
-                                types.intp)
+                dst = _elem_ptr(
+                    context, builder, xs, xsa, builder.add(off, ir.Constant(ir.IntType(64), kp * GROUP)), types.intp
+                )
                 builder.store(col, builder.bitcast(dst, v16.as_pointer())).align = 4
         return context.get_dummy_value()
 
@@ -358,7 +373,7 @@ def _aligned(n, dtype):
     itemsize = np.empty(0, dtype).itemsize
     buf = np.empty(n + 64 // itemsize, dtype)
     skip = (-buf.ctypes.data) % 64 // itemsize
-    return buf[skip: skip + n]
+    return buf[skip : skip + n]
 
 
 @njit(parallel=True, **JIT)

@@ -11,6 +11,7 @@ cost as much as the row's whole attention; it asks for the next cache block ahea
 scattered, the hardware prefetchers do not follow a block table). The softmax's exp is `exp32`
 (vectorized).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -107,7 +108,7 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
             row = (blk * bs + off) * Hkv + kv0
             for h in range(n):
                 base = (row + h // G) * Dh
-                acc = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+                acc = vzero()
                 for c in range(0, full, LANES):
                     acc = vfma(vload(qf, h * Dh + c), vload(kf, base + c), acc)
                 dot = hsum(acc)
@@ -158,8 +159,18 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
     if i1 - i0 == 1:
         s = np.empty(((kv1 - kv0) * G, n_keys), dtype=np.float32)
-        _attend_in_place(q[i0, kv0 * G : kv1 * G], k_cache, v_cache, block_tables[b], kv0, G, n_keys, scale, s,
-                         out[i0, kv0 * G : kv1 * G])
+        _attend_in_place(
+            q[i0, kv0 * G : kv1 * G],
+            k_cache,
+            v_cache,
+            block_tables[b],
+            kv0,
+            G,
+            n_keys,
+            scale,
+            s,
+            out[i0, kv0 * G : kv1 * G],
+        )
         return
     kt = np.empty((Dh, n_keys), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
@@ -188,7 +199,9 @@ def paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables
         return
     for item in prange(tiles[-1] * Hkv):
         kvh = item % Hkv
-        _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item // Hkv, kvh, kvh + 1)
+        _tile(
+            q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, item // Hkv, kvh, kvh + 1
+        )
 
 
 @njit(**JIT)
@@ -197,4 +210,6 @@ def paged_attention_serial(q, k_cache, v_cache, query_start, context_lens, block
     tile's kv heads together, so a decode row reads each cache block once, front to back."""
     tiles = _tiles(query_start)
     for tile in range(tiles[-1]):
-        _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, 0, k_cache.shape[2])
+        _tile(
+            q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, 0, k_cache.shape[2]
+        )

@@ -10,14 +10,15 @@ of the weight, dequantizes one into a float32 scratch that stays in cache and mu
 single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
 where OpenBLAS's own threads collapse (20x slower with other processes on the cores).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,15 +29,21 @@ from threadpoolctl import threadpool_limits
 
 from kernels import ACTIVATIONS, host_ops, numba_amx
 from kernels.attention_meta import AttentionMetadata
+from kernels.host_ops import Scratch, prefill_operands, prefill_tile
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
 from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q4_split, matvec_q8
 from kernels.numba_ops import (
-    PARALLEL_ROWS, add_rms_norm_parallel, add_rms_norm_serial, rms_norm_serial, silu_mul as silu_mul_kernel,
+    PARALLEL_ROWS,
+    add_rms_norm_parallel,
+    add_rms_norm_serial,
+    rms_norm_serial,
 )
 from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
-from kernels.host_ops import Scratch, prefill_operands, prefill_tile
+from kernels.numba_ops import (
+    silu_mul as silu_mul_kernel,
+)
 from kernels.simd import VNNI512, target_has
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
@@ -68,7 +75,6 @@ SERIAL_ATTENTION_DOTS = 1 << 14
 BLAS_ATTENTION_ROWS = 64
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
-
 
 
 def configure_process() -> None:
@@ -193,8 +199,11 @@ class NumbaBackend:
         q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)
         with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
         parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
-        weights = [Linear(w.shape, block_rows(w, half=dtype == np.uint16))
-                   for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str) for w in parts]
+        weights = [
+            Linear(w.shape, block_rows(w, half=dtype == np.uint16))
+            for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str)
+            for w in parts
+        ]
         few, many = rng.random((2, 64), dtype=np.float32), rng.random((PARALLEL_ROWS, 64), dtype=np.float32)
         kv = np.zeros((2, 4, 1, 8), dtype=np.float32)
         qkv = np.ones((2, 24), np.float32)
@@ -206,10 +215,22 @@ class NumbaBackend:
             ("rms_norm (many rows)", lambda: self.add_rms_norm(many, many.copy(), few[0], 1e-5)),
             ("rope + kv write", lambda: self.rope_write_kv(qkv, cos, sin, 1, 1, kv, kv.copy(), np.array([0, 1]))),
             ("silu_mul", lambda: self.silu_mul(few)),
-            ("attention", lambda: [kernel(
-                np.ones((2, 1, 8), np.float32), kv, kv, np.array([0, 2]), np.array([2]), np.zeros((1, 1), np.int32),
-                np.float32(1.0), np.empty((2, 1, 8), np.float32))
-                for kernel in (paged_attention_kernel, paged_attention_serial)]),
+            (
+                "attention",
+                lambda: [
+                    kernel(
+                        np.ones((2, 1, 8), np.float32),
+                        kv,
+                        kv,
+                        np.array([0, 2]),
+                        np.array([2]),
+                        np.zeros((1, 1), np.int32),
+                        np.float32(1.0),
+                        np.empty((2, 1, 8), np.float32),
+                    )
+                    for kernel in (paged_attention_kernel, paged_attention_serial)
+                ],
+            ),
         ]
         for i, (name, run) in enumerate(steps, 1):
             if progress:
@@ -263,8 +284,9 @@ class NumbaBackend:
         rms_norm_serial(x, weight, eps, out)
         return out
 
-    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray,
-                     eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def add_rms_norm(
+        self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """In place on `residual` (residual += x), which the caller owns; returns (norm, residual)."""
         out = np.empty_like(x)
         fn = add_rms_norm_serial if x.shape[0] < PARALLEL_ROWS else add_rms_norm_parallel
@@ -287,8 +309,9 @@ class NumbaBackend:
             if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out)
             elif amx:
-                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG,
-                                     numba.get_num_threads())
+                numba_amx.matmul_amx(
+                    b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads()
+                )
             elif b.kind == "q4" and VNNI512 and T <= SPLIT_MAX_ROWS:
                 matvec_q4_split(b.data, b.scale, minv, mf, x, out)
             elif b.kind == "q4":
@@ -327,8 +350,17 @@ class NumbaBackend:
             list(self._pool.map(panel, starts))
         return out
 
-    def rope_write_kv(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, num_heads: int, num_kv_heads: int,
-                      k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    def rope_write_kv(
+        self,
+        qkv: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        slot_mapping: np.ndarray,
+    ) -> np.ndarray:
         rope_write_kv_kernel(qkv, cos, sin, num_heads, num_kv_heads, k_cache, v_cache, slot_mapping)
         T, Dh = qkv.shape[0], k_cache.shape[3]
         return qkv[:, : num_heads * Dh].reshape(T, num_heads, Dh)
@@ -338,8 +370,9 @@ class NumbaBackend:
         silu_mul_kernel(gate_up, out)
         return out
 
-    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
-                        scale: float) -> np.ndarray:
+    def paged_attention(
+        self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float
+    ) -> np.ndarray:
         if meta.plan is None:  # validate and size once per step; every layer reuses it
             meta.plan = self._attention_plan(q.shape, k_cache.shape, meta)
         tables, ctx, qs, kernel, long, short = meta.plan
@@ -372,8 +405,18 @@ class NumbaBackend:
         s_qs = np.concatenate([[0], np.cumsum(q_lens[keep])]).astype(qs.dtype)
         return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
 
-    def _blas_prefill(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, table: np.ndarray, c: int,
-                      r0: int, r1: int, scale: float, out: np.ndarray) -> None:
+    def _blas_prefill(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        table: np.ndarray,
+        c: int,
+        r0: int,
+        r1: int,
+        scale: float,
+        out: np.ndarray,
+    ) -> None:
         """One long prefill's attention: the NumPy reference's tiles of BLAS products, handed out to the
         workers largest first (a causal tile's cost grows with its last row)."""
         ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)

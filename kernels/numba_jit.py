@@ -1,4 +1,5 @@
 """Compile options shared by every numba kernel, and their on-disk cache's freshness."""
+
 from __future__ import annotations
 
 import hashlib

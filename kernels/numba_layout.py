@@ -23,6 +23,7 @@ half the memory. The kernels read both dtypes through `kernels.simd`'s readers (
 specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
         blk, lane = rows[i] // 4, rows[i] % 4
         for g in range(ng):
             s = (blk * ng + g) * 4 + lane
-            d = f32_at(scale, s)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+            d = f32_at(scale, s)
             m = f32_at(minv, s) if has_min else f32(0.0)
             b = s * per
             o = g * G

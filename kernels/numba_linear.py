@@ -46,6 +46,7 @@ another process does not hold the step back. The row kernels loop over a chunk's
 themselves and take flat arrays with offsets: a call or an array view per block cost as much
 as the block's work.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,12 +55,43 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (LANES, VNNI512, f32_at, f32x4_at, fold4, hsum, hsum_halves, hsum_quarters, pair_scales,
-                          prefetch, q4_acc32_tile, q4_dot32, q4_dot32_tile, q4_pair_i8_tile, q4_quad_i8_tile,
-                          q4_quad_split_tile, q8_acc16_tile, q8_acc32_tile, q8_dot16, q8_dot16_tile, q8_dot32,
-                          q8_dot32_i8_tile, q8_dot32_tile, quad_scales, quad_scales4_tile, scale_acc_tile,
-                          scale_quad_acc_tile, splat_at, tile_offsets, vfma, vfma_s, vload, vzero, vzero_tile,
-                          vzero_tile_of)
+from kernels.simd import (
+    LANES,
+    VNNI512,
+    f32_at,
+    f32x4_at,
+    fold4,
+    hsum,
+    hsum_halves,
+    hsum_quarters,
+    pair_scales,
+    prefetch,
+    q4_acc32_tile,
+    q4_dot32,
+    q4_dot32_tile,
+    q4_pair_i8_tile,
+    q4_quad_i8_tile,
+    q4_quad_split_tile,
+    q8_acc16_tile,
+    q8_acc32_tile,
+    q8_dot16,
+    q8_dot16_tile,
+    q8_dot32,
+    q8_dot32_i8_tile,
+    q8_dot32_tile,
+    quad_scales,
+    quad_scales4_tile,
+    scale_acc_tile,
+    scale_quad_acc_tile,
+    splat_at,
+    tile_offsets,
+    vfma,
+    vfma_s,
+    vload,
+    vzero,
+    vzero_tile,
+    vzero_tile_of,
+)
 
 f32 = np.float32
 # Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
@@ -73,7 +105,7 @@ L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 # one-row product over weights from DRAM, which then runs well below its speed from cache; a couple
 # of KB ahead covers the memory latency at that speed (`scripts/matvec_bench.py --copies N` compares).
 PREFETCH_BYTES = 2048
-TINY = f32(2.0 ** -100)  # blocks of activations all below this count as zeros in `split_rows`
+TINY = f32(2.0**-100)  # blocks of activations all below this count as zeros in `split_rows`
 # Activation rows that share each unpacked weight group on the integer paths (a tile's accumulators stay
 # in registers, AVX2's 16 included); `_i8_chunk` and `_split_chunk` finish with one tile of the 1-3 left.
 I8_TILE = 4
@@ -191,7 +223,7 @@ def _block_mins(minv, xs4, xo, base, ng):
     if minv.shape[0] == 0:
         return f32(0.0), f32(0.0), f32(0.0), f32(0.0)
     n = ng * 4
-    acc = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+    acc = vzero()
     i = 0
     while i + LANES <= n:
         acc = vfma(vload(minv, base + i), vload(xs4, xo + i), acc)
@@ -227,6 +259,7 @@ def _store4(out, t, r, N, y0, y1, y2, y3):
 # mins pass; with few rows their x loads (one per FMA, across a block's four weight rows) cost more
 # than the dequantization saves.
 
+
 @njit(**JIT)
 def _tile4(t, K):
     """Rows t .. t + 3 and their offsets in x.ravel()."""
@@ -236,8 +269,10 @@ def _tile4(t, K):
 @njit(**JIT)
 def _tile8(t, K):
     """Rows t .. t + 7 and their offsets in x.ravel()."""
-    return ((t, t + 1, t + 2, t + 3, t + 4, t + 5, t + 6, t + 7),
-            (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, (t + 5) * K, (t + 6) * K, (t + 7) * K))
+    return (
+        (t, t + 1, t + 2, t + 3, t + 4, t + 5, t + 6, t + 7),
+        (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, (t + 5) * K, (t + 6) * K, (t + 7) * K),
+    )
 
 
 @njit(**JIT)
@@ -271,7 +306,7 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N):
     """Rows ts of x (at offsets rows in xf) times blocks b0 .. b1 - 1, float32 activations."""
     for blk in range(b0, b1):
         for j in range(4):
-            a = vzero_tile(rows)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+            a = vzero_tile(rows)
             for g in range(ng):
                 s = (blk * ng + g) * 4 + j
                 if j == 0:
@@ -298,7 +333,7 @@ def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng,
     for blk in range(b0, b1):
         for g0 in range(0, ng, span):
             for j in range(4):
-                a = vzero_tile(rows)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+                a = vzero_tile(rows)
                 for g in range(g0, min(ng, g0 + span)):
                     s = (blk * ng + g) * 4 + j
                     if j == 0:
@@ -320,10 +355,11 @@ def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng,
 # Each takes activation row t of flat arrays (x.ravel() ...) and blocks b0 .. b1 - 1: a row view
 # (x[t]) or a call per block cost reference counting and argument passing beside ~20 groups' work.
 
+
 @njit(**JIT)
 def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+        a0 = a1 = a2 = a3 = vzero()
         for g in range(ng):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
@@ -341,7 +377,7 @@ def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
 @njit(**JIT)
 def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
     for blk in range(b0, b1):
-        a0 = a1 = a2 = a3 = vzero()  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+        a0 = a1 = a2 = a3 = vzero()
         for g in range(ng):
             xi = (t * ng + g) * G
             s = (blk * ng + g) * 4
@@ -373,7 +409,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
     for blk in range(b0, b1):
         base = blk * ng * 4
         if packed and VNNI512:
-            a = vzero_tile_of(rows, 16)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+            a = vzero_tile_of(rows, 16)
             g = 0
             # Tiles under I8_TILE rows (single-row decode) take four groups a round: their scales in one load and
             # conversion. Full tiles share each group's scales across their rows already and gain nothing.
@@ -399,7 +435,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
         elif packed:
-            a01 = a23 = vzero_tile_of(rows, 8)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+            a01 = a23 = vzero_tile_of(rows, 8)
             for g in range(ng):
                 s = base + g * 4
                 prefetch(q, s * 16 + PREFETCH_BYTES)
@@ -412,7 +448,7 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
         else:
-            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)
             for g in range(ng):
                 s = base + g * 4
                 b = s * 32
@@ -434,7 +470,7 @@ def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
     activations to within float32 rounding of the products, on integer dot products."""
     for blk in range(b0, b1):
         base = blk * ng * 4
-        a = vzero_tile_of(rows, 16)  # type: ignore[var-annotated]  # numba stubs: intrinsic -> Never
+        a = vzero_tile_of(rows, 16)
         for g in range(ng):
             s = base + g * 4
             prefetch(q, s * 16 + PREFETCH_BYTES)
@@ -447,6 +483,7 @@ def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
 
 # ---- chunks of row blocks (float32: rows in tiles of 4, then 2, then 1) -----------------------------
 # The activations come flat (x.ravel(): no array made per chunk); T rows of K values.
+
 
 @njit(**JIT)
 def _f32_chunk(q, scale, minv, mf, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
@@ -481,19 +518,79 @@ def _i8_chunk(q, scale, minv, packed, xq, T, KX, xd, xs4, out, b0, b1, ng, N):
     """T int8 activation rows (KX values apart in xq) in tiles of I8_TILE rows, then one tile of the rest."""
     t = 0
     while T - t >= I8_TILE:
-        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, I8_TILE), tile_offsets(t, KX, I8_TILE),
-                 tile_offsets(t, ng, I8_TILE), b0, b1, ng, N)
+        _i8_tile(
+            q,
+            scale,
+            minv,
+            packed,
+            xq,
+            xd,
+            xs4,
+            out,
+            tile_offsets(t, 1, I8_TILE),
+            tile_offsets(t, KX, I8_TILE),
+            tile_offsets(t, ng, I8_TILE),
+            b0,
+            b1,
+            ng,
+            N,
+        )
         t += I8_TILE
     r = T - t
     if r == 1:
-        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1),
-                 tile_offsets(t, ng, 1), b0, b1, ng, N)
+        _i8_tile(
+            q,
+            scale,
+            minv,
+            packed,
+            xq,
+            xd,
+            xs4,
+            out,
+            tile_offsets(t, 1, 1),
+            tile_offsets(t, KX, 1),
+            tile_offsets(t, ng, 1),
+            b0,
+            b1,
+            ng,
+            N,
+        )
     elif r == 2:
-        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2),
-                 tile_offsets(t, ng, 2), b0, b1, ng, N)
+        _i8_tile(
+            q,
+            scale,
+            minv,
+            packed,
+            xq,
+            xd,
+            xs4,
+            out,
+            tile_offsets(t, 1, 2),
+            tile_offsets(t, KX, 2),
+            tile_offsets(t, ng, 2),
+            b0,
+            b1,
+            ng,
+            N,
+        )
     elif r == 3:
-        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3),
-                 tile_offsets(t, ng, 3), b0, b1, ng, N)
+        _i8_tile(
+            q,
+            scale,
+            minv,
+            packed,
+            xq,
+            xd,
+            xs4,
+            out,
+            tile_offsets(t, 1, 3),
+            tile_offsets(t, KX, 3),
+            tile_offsets(t, ng, 3),
+            b0,
+            b1,
+            ng,
+            N,
+        )
 
 
 @njit(**JIT)
@@ -502,19 +599,75 @@ def _split_chunk(q, scale, minv, xp, T, K, xs, xs4, out, b0, b1, ng, N):
     t = 0
     KX = 4 * K
     while T - t >= I8_TILE:
-        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, I8_TILE), tile_offsets(t, KX, I8_TILE),
-                    tile_offsets(t, ng, I8_TILE), b0, b1, ng, N)
+        _split_tile(
+            q,
+            scale,
+            minv,
+            xp,
+            xs,
+            xs4,
+            out,
+            tile_offsets(t, 1, I8_TILE),
+            tile_offsets(t, KX, I8_TILE),
+            tile_offsets(t, ng, I8_TILE),
+            b0,
+            b1,
+            ng,
+            N,
+        )
         t += I8_TILE
     r = T - t
     if r == 1:
-        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1),
-                    tile_offsets(t, ng, 1), b0, b1, ng, N)
+        _split_tile(
+            q,
+            scale,
+            minv,
+            xp,
+            xs,
+            xs4,
+            out,
+            tile_offsets(t, 1, 1),
+            tile_offsets(t, KX, 1),
+            tile_offsets(t, ng, 1),
+            b0,
+            b1,
+            ng,
+            N,
+        )
     elif r == 2:
-        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2),
-                    tile_offsets(t, ng, 2), b0, b1, ng, N)
+        _split_tile(
+            q,
+            scale,
+            minv,
+            xp,
+            xs,
+            xs4,
+            out,
+            tile_offsets(t, 1, 2),
+            tile_offsets(t, KX, 2),
+            tile_offsets(t, ng, 2),
+            b0,
+            b1,
+            ng,
+            N,
+        )
     elif r == 3:
-        _split_tile(q, scale, minv, xp, xs, xs4, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3),
-                    tile_offsets(t, ng, 3), b0, b1, ng, N)
+        _split_tile(
+            q,
+            scale,
+            minv,
+            xp,
+            xs,
+            xs4,
+            out,
+            tile_offsets(t, 1, 3),
+            tile_offsets(t, KX, 3),
+            tile_offsets(t, ng, 3),
+            b0,
+            b1,
+            ng,
+            N,
+        )
 
 
 @njit(parallel=True, **JIT)

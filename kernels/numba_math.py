@@ -7,6 +7,7 @@ caller's fast-math flags: under the shared ones (reassociation) the relative err
 4e-7, a few float32 ulps, on [-87, 88]. Arguments outside are clamped there (exp(88) = 1.7e38 is
 still finite, exp(-87) = 1.6e-38 still a normal number).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ SiLU-and-multiply. float32 in and out.
 All are serial over short vectors in decode (a parallel launch costs more than the work) and
 parallel over token rows when a prefill brings many.
 """
+
 from __future__ import annotations
 
 import math

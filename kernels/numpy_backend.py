@@ -1,4 +1,5 @@
 """NumPy backend: the reference ops and the product's CPU path (float32, OpenBLAS matmuls)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -90,8 +91,9 @@ class NumpyBackend:
         out *= weight
         return out
 
-    def add_rms_norm(self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray,
-                     eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def add_rms_norm(
+        self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Fused residual add: new_residual = x + residual; returns (rms_norm(new_residual), new_residual)."""
         if x.shape != residual.shape:
             raise ValueError(f"add_rms_norm: x {x.shape} and residual {residual.shape} differ")
@@ -115,8 +117,17 @@ class NumpyBackend:
             out += bias
         return out
 
-    def rope_write_kv(self, qkv: Any, cos: Any, sin: Any, num_heads: int, num_kv_heads: int,
-                      k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    def rope_write_kv(
+        self,
+        qkv: Any,
+        cos: Any,
+        sin: Any,
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+    ) -> Any:
         """qkv [T, (H + 2 Hkv) * Dh]: RoPE on q and k, k and v into the cache; returns q [T, H, Dh]."""
         T, Dh = qkv.shape[0], k_cache.shape[3]
         q_end, k_end = num_heads * Dh, (num_heads + num_kv_heads) * Dh
@@ -140,8 +151,9 @@ class NumpyBackend:
         out *= up
         return out
 
-    def paged_attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata,
-                        scale: float) -> np.ndarray:
+    def paged_attention(
+        self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float
+    ) -> np.ndarray:
         """Causal attention of each sequence's new queries over its whole paged context.
 
         q [T, H, Dh]; q head h reads kv head h // (H // Hkv). Query j of seq b's n new tokens sits at
@@ -157,9 +169,19 @@ class NumpyBackend:
             self._prefill(q, k_cache, v_cache, tables[b], int(ctx[b]), int(qs[b]), int(qs[b + 1]), scale, out)
         return out
 
-    def _decode_group(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, tables: np.ndarray,
-                      ctx: np.ndarray, qs: np.ndarray, seqs: np.ndarray, nblk: int, scale: float,
-                      out: np.ndarray) -> None:
+    def _decode_group(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        tables: np.ndarray,
+        ctx: np.ndarray,
+        qs: np.ndarray,
+        seqs: np.ndarray,
+        nblk: int,
+        scale: float,
+        out: np.ndarray,
+    ) -> None:
         B = seqs.size
         _, bs, Hkv, Dh = k_cache.shape
         H = q.shape[1]
@@ -199,8 +221,18 @@ class NumpyBackend:
         o3 /= denom
         out[rows] = o3
 
-    def _prefill(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, table: np.ndarray, c: int, r0: int,
-                 r1: int, scale: float, out: np.ndarray) -> None:
+    def _prefill(
+        self,
+        q: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        table: np.ndarray,
+        c: int,
+        r0: int,
+        r1: int,
+        scale: float,
+        out: np.ndarray,
+    ) -> None:
         """One sequence with n > 1 new tokens over its c-token context, query rows tiled causally."""
         ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)
         tile = max(16, min(_PREFILL_TILE_ROWS, _TILE_SCORES // (q.shape[1] * c)))

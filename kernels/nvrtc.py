@@ -5,6 +5,7 @@ cuda_fp16.h come from the `nvidia-cuda-runtime-cu12` wheel. The target is given 
 there is no device to ask: real architectures (sm_80: A100, sm_90: H100), so that ptxas runs too and
 its resource report (`--ptxas-options=-v`: registers, spills, shared memory) can be checked.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -50,8 +51,12 @@ def _lib() -> ctypes.CDLL:
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
     lib.nvrtcCreateProgram.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
-        ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_char_p),
     ]
     lib.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
@@ -92,11 +97,16 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"{what} returned {status} ({msg})")
 
 
-def compile_source(source: str, name: str = "source.cu", arch: str = DEFAULT_ARCH, options: tuple[str, ...] = ()) -> str:
-    """Compile CUDA source text for `arch`; returns NVRTC's log (warnings, ptxas reports). Raises CompileError with the log."""
+def compile_source(
+    source: str, name: str = "source.cu", arch: str = DEFAULT_ARCH, options: tuple[str, ...] = ()
+) -> str:
+    """Compile CUDA source text for `arch`; returns NVRTC's log (warnings, ptxas reports).
+    Raises CompileError with the log."""
     lib = _lib()
     prog = ctypes.c_void_p()
-    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram")
+    _check(
+        lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "nvrtcCreateProgram"
+    )
     try:
         opts = [f"--gpu-architecture={arch}", "--std=c++17", *(f"-I{d}" for d in include_dirs()), *options]
         argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))

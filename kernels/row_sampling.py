@@ -4,6 +4,7 @@ sampler (engine/sampling.py) and the NumPy backend's `sample_rows` (the CuPy bac
 A sampling table row holds, as float64: temperature (0: greedy), top_k (0: off), top_p, min_p, and the uniform u in
 [0, 1) that the caller drew for the row from its sequence's generator (any value when greedy).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,7 +52,8 @@ def logprob_rows(logits: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.nda
 
 
 def draw(z: np.ndarray, top_k: int, top_p: float, min_p: float, u: float) -> int:
-    """One token from scaled logits z (float32, max exactly 0) after top-k, top-p and min-p, by inverse CDF at u in [0, 1).
+    """One token from scaled logits z (float32, max exactly 0) after top-k, top-p and min-p, by inverse CDF at u in
+    [0, 1).
 
     `ids` maps positions in `w` (unnormalized probabilities, max 1) back to token ids;
     None means w covers the whole vocabulary.

@@ -30,14 +30,16 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `tile_offsets(t, K, n)`: the offsets of rows t .. t + n - 1 in x.ravel(), a tuple (n a constant).
 - `f32_at(a, i)` (a scale or min), `f32x4_at(a, i)` (a block's four: one vector load and
   conversion), `splat_at(a, i)` (one in every lane of an F32xN), `vload(a, i)` (LANES of them as
-  F32xN; `vstore(a, i, v)` writes them to a float32 array) read a float32 array, or a uint16 array of float16 bits (the numba backend's scales where
-  they are float16 values: half the memory; numba has no float16 type on the CPU), converted to
+  F32xN; `vstore(a, i, v)` writes them to a float32 array) read a float32 array, or a uint16 array
+  of float16 bits (the numba backend's scales where they are float16 values: half the memory; numba
+  has no float16 type on the CPU), converted to
   float32 in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
 - `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
   (acc + v * s, also element-wise over tuples; s a float32 or, over tuples, a splat vector),
   `hsum(v)`, `hsum_halves(v)` (an F32x8's lanes 0-3, 4-7), `fold4(v)` (the sums of lanes k,
   k + 4, k + 8, ...).
 """
+
 from __future__ import annotations
 
 from llvmlite import ir
@@ -164,7 +166,9 @@ def _dpbusd(builder, acc, u, s):
     no saturation (n = 8 or 16)."""
     n = acc.type.count
     vi = ir.VectorType(_i32, n)
-    return _call(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi, [acc, builder.bitcast(u, vi), builder.bitcast(s, vi)])
+    return _call(
+        builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", vi, [acc, builder.bitcast(u, vi), builder.bitcast(s, vi)]
+    )
 
 
 def _madd_u8s8(builder, u, s):
@@ -175,7 +179,9 @@ def _madd_u8s8(builder, u, s):
         v16 = ir.VectorType(_i16, 16)
         p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [u, s])
         return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p16, ir.Constant(v16, [1] * 16)])
-    return _sum4(builder, builder.mul(builder.zext(u, ir.VectorType(_i32, 32)), builder.sext(s, ir.VectorType(_i32, 32))))
+    return _sum4(
+        builder, builder.mul(builder.zext(u, ir.VectorType(_i32, 32)), builder.sext(s, ir.VectorType(_i32, 32)))
+    )
 
 
 def _sum4(builder, prod):
@@ -198,7 +204,8 @@ def _q8_i8(builder, qp):
     if target_has("avx2"):  # |w| as unsigned, the sign moved onto x (llama.cpp's trick for vpmaddubsw)
         aw = _call(builder, "llvm.abs.v32i8", v32, [w, ir.Constant(ir.IntType(1), 0)])
         return lambda xb: builder.sitofp(
-            _madd_u8s8(builder, aw, _call(builder, "llvm.x86.avx2.psign.b", v32, [_load_x8(builder, xb), w])), _vf8)
+            _madd_u8s8(builder, aw, _call(builder, "llvm.x86.avx2.psign.b", v32, [_load_x8(builder, xb), w])), _vf8
+        )
     wide = ir.VectorType(_i32, 32)
     ws = builder.sext(w, wide)
     return lambda xb: builder.sitofp(_sum4(builder, builder.mul(ws, builder.sext(_load_x8(builder, xb), wide))), _vf8)
@@ -221,13 +228,20 @@ def _q4_pair_i8(builder, qp):
             sums = _dpbusd(builder, _dpbusd(builder, zero, lo, xa), hi, xh)
         elif target_has("avx2"):
             v16 = ir.VectorType(_i16, 16)
-            p = builder.add(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
-                            _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]))
+            p = builder.add(
+                _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
+                _call(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]),
+            )
             sums = _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_i32, 8), [p, ir.Constant(v16, [1] * 16)])
         else:
             wide = ir.VectorType(_i32, 32)
-            sums = _sum4(builder, builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
-                                              builder.mul(builder.zext(hi, wide), builder.sext(xh, wide))))
+            sums = _sum4(
+                builder,
+                builder.add(
+                    builder.mul(builder.zext(lo, wide), builder.sext(xa, wide)),
+                    builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)),
+                ),
+            )
         return builder.sitofp(sums, _vf8)
 
     return dot
@@ -252,10 +266,14 @@ def _q4_quad_int(builder, qp):
             return _dpbusd(builder, _dpbusd(builder, acc, lo, xl), hi, xh)
         # plain vector IR, for any x86-64 (the kernels take these blocks only on VNNI512)
         wide = ir.VectorType(_i32, 64)
-        prod = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xl, wide)),
-                           builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)))
+        prod = builder.add(
+            builder.mul(builder.zext(lo, wide), builder.sext(xl, wide)),
+            builder.mul(builder.zext(hi, wide), builder.sext(xh, wide)),
+        )
         for k in range(4):
-            acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_i32, 16), list(range(k, 64, 4)))))
+            acc = builder.add(
+                acc, builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_i32, 16), list(range(k, 64, 4))))
+            )
         return acc
 
     return dot
@@ -284,7 +302,7 @@ def _q4_quad_split(builder, qp):
             acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
             acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
             sums.append(builder.sitofp(acc, _vf16))
-        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0 ** -14] * 16), sums[0])
+        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0**-14] * 16), sums[0])
 
     return split_dot
 
@@ -335,8 +353,11 @@ def splat_at(typingctx, a, i):
         aa, i_ = args
         half = a.dtype == types.uint16
         ptr = _flat_ptr(context, builder, a, aa, i_)
-        v = _splat(builder, _load(builder, builder.bitcast(ptr, (_i16 if half else _f32).as_pointer())),
-                   ir.VectorType(_i16 if half else _f32, LANES))
+        v = _splat(
+            builder,
+            _load(builder, builder.bitcast(ptr, (_i16 if half else _f32).as_pointer())),
+            ir.VectorType(_i16 if half else _f32, LANES),
+        )
         return builder.fpext(builder.bitcast(v, ir.VectorType(_f16, LANES)), _vf) if half else v
 
     return F32xN(a, i), codegen
@@ -371,7 +392,9 @@ def pair_scales(typingctx, scale, si, d):
         v4 = ir.VectorType(_f32, 4)
         s4 = _load_f32(builder, _flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
         s4 = builder.fmul(s4, _splat(builder, d_, v4))
-        outs = [builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 8), [a] * 4 + [a + 1] * 4)) for a in (0, 2)]
+        outs = [
+            builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 8), [a] * 4 + [a + 1] * 4)) for a in (0, 2)
+        ]
         return context.make_tuple(builder, ret, outs)
 
     return ret(scale, si, d), codegen
@@ -397,8 +420,14 @@ def scale_acc_tile(typingctx, ints, w, xd, offs, g, accs):
     """accs[i] + ints[i] * (w * xd[offs[i] + g]) for each row i of a tile: a group's exact int sums
     (`*_i8_tile`) scaled by the weight scales `w` (one vector, or a float32 for every lane) and row i's
     activation scale."""
-    if not (isinstance(ints, types.UniTuple) and isinstance(ints.dtype, F32VecType) and accs == ints
-            and w in (ints.dtype, types.float32) and isinstance(offs, types.UniTuple) and offs.count == ints.count):
+    if not (
+        isinstance(ints, types.UniTuple)
+        and isinstance(ints.dtype, F32VecType)
+        and accs == ints
+        and w in (ints.dtype, types.float32)
+        and isinstance(offs, types.UniTuple)
+        and offs.count == ints.count
+    ):
         return None
     _check_flat(xd)
 
@@ -408,8 +437,10 @@ def scale_acc_tile(typingctx, ints, w, xd, offs, g, accs):
             w_ = _splat(builder, w_, ir.VectorType(_f32, ints.dtype.lanes))
         outs = []
         for i in range(ints.count):
-            at = builder.add(context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
-                             context.cast(builder, g_, g, types.intp))
+            at = builder.add(
+                context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
+                context.cast(builder, g_, g, types.intp),
+            )
             d = _load(builder, _flat_ptr(context, builder, xd, xa, at))
             sc = builder.fmul(w_, _splat(builder, d, w_.type))
             outs.append(_fmuladd(builder, builder.extract_value(ints_, i), sc, builder.extract_value(accs_, i)))
@@ -437,8 +468,10 @@ def quad_scales4_tile(typingctx, scale, si, xd, offs, g):
         spread = ir.Constant(ir.VectorType(_i32, 16), [j // 4 for j in range(16)])
         outs = []
         for i in range(offs.count):
-            at = builder.add(context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
-                             context.cast(builder, g_, g, types.intp))
+            at = builder.add(
+                context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
+                context.cast(builder, g_, g, types.intp),
+            )
             x4 = _load_f32(builder, _flat_ptr(context, builder, xd, xa, at), xd.dtype, 4)
             outs.append(builder.fmul(w16, builder.shuffle_vector(x4, x4, spread)))
         return context.make_tuple(builder, ret, outs)
@@ -450,8 +483,14 @@ def quad_scales4_tile(typingctx, scale, si, xd, offs, g):
 def scale_quad_acc_tile(typingctx, ints, sc, k, accs):
     """accs[i] + ints[i] * group k's scales of sc[i] (`quad_scales4_tile`), lanes 4r .. 4r + 3 times
     sc[i][4k + r]: `scale_acc_tile` with the scales of four groups made at once (k a constant, 0 .. 3)."""
-    if not (isinstance(ints, types.UniTuple) and ints.dtype == F32x16 and accs == ints and sc == ints
-            and isinstance(k, types.IntegerLiteral) and 0 <= k.literal_value < 4):
+    if not (
+        isinstance(ints, types.UniTuple)
+        and ints.dtype == F32x16
+        and accs == ints
+        and sc == ints
+        and isinstance(k, types.IntegerLiteral)
+        and 0 <= k.literal_value < 4
+    ):
         return None
     kk = k.literal_value
 
@@ -461,8 +500,14 @@ def scale_quad_acc_tile(typingctx, ints, sc, k, accs):
         outs = []
         for i in range(ints.count):
             v = builder.extract_value(sc_, i)
-            outs.append(_fmuladd(builder, builder.extract_value(ints_, i), builder.shuffle_vector(v, v, pick),
-                                 builder.extract_value(accs_, i)))
+            outs.append(
+                _fmuladd(
+                    builder,
+                    builder.extract_value(ints_, i),
+                    builder.shuffle_vector(v, v, pick),
+                    builder.extract_value(accs_, i),
+                )
+            )
         return context.make_tuple(builder, sig.return_type, outs)
 
     return accs(ints, sc, k, accs), codegen
@@ -557,7 +602,11 @@ def hsum_halves(typingctx, v):
         for h in (0, 4):
             q = _slice(builder, x, h, 4)
             q = builder.fadd(_slice(builder, q, 0, 2), _slice(builder, q, 2, 2))
-            outs.append(builder.fadd(builder.extract_element(q, ir.Constant(_i32, 0)), builder.extract_element(q, ir.Constant(_i32, 1))))
+            outs.append(
+                builder.fadd(
+                    builder.extract_element(q, ir.Constant(_i32, 0)), builder.extract_element(q, ir.Constant(_i32, 1))
+                )
+            )
         return context.make_tuple(builder, ret, outs)
 
     return ret(v), codegen
@@ -623,6 +672,7 @@ def _blocks(name, unpack, doc, vec=F32xN):
 
 def _f32_dot(unpack):
     """An unpacker of float weight parts -> an unpacker of dot(x pointer)."""
+
     def dot_of(builder, qp):
         parts = unpack(builder, qp)
         return lambda xb: _dot_parts(builder, parts, xb)
@@ -647,11 +697,19 @@ def _dequant_tile(name, unpack, doc):
         def codegen(context, builder, sig, args):
             qa, qi_, d_, m_, xa, xi_, rows_, accs_ = args
             dv, mv = _splat(builder, d_, _vf), _splat(builder, m_, _vf)
-            weights = [(_fmuladd(builder, f, dv, mv), off) for f, off in unpack(builder, _flat_ptr(context, builder, q, qa, qi_))]
+            weights = [
+                (_fmuladd(builder, f, dv, mv), off)
+                for f, off in unpack(builder, _flat_ptr(context, builder, q, qa, qi_))
+            ]
             outs = []
             for i in range(rows.count):
-                xb = _flat_ptr(context, builder, x, xa, builder.add(xi_, context.cast(
-                    builder, builder.extract_value(rows_, i), rows.dtype, xi)))
+                xb = _flat_ptr(
+                    context,
+                    builder,
+                    x,
+                    xa,
+                    builder.add(xi_, context.cast(builder, builder.extract_value(rows_, i), rows.dtype, xi)),
+                )
                 outs.append(builder.fadd(builder.extract_value(accs_, i), _dot_parts(builder, weights, xb)))
             return context.make_tuple(builder, sig.return_type, outs)
 
@@ -664,24 +722,38 @@ def _dequant_tile(name, unpack, doc):
 
 _F32_DOC = " times float32 x[xi : xi + n] -> F32xN partial sums (not yet reduced, not yet scaled)."
 _I8_DOC = " times int8 xq[xi : xi + 32] -> F32x8 of exact int sums."
-q4_dot32, q4_dot32_tile = _blocks("q4_dot32", _f32_dot(_q4_f32), "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC)
+q4_dot32, q4_dot32_tile = _blocks(
+    "q4_dot32", _f32_dot(_q4_f32), "Packed 4-bit group (16 bytes at q[qi], n = 32)" + _F32_DOC
+)
 q8_dot16, q8_dot16_tile = _blocks("q8_dot16", _f32_dot(_q8_f32(16)), "16 int8 weights at q[qi]" + _F32_DOC)
 q8_dot32, q8_dot32_tile = _blocks("q8_dot32", _f32_dot(_q8_f32(32)), "32 int8 weights at q[qi]" + _F32_DOC)
 q4_acc32_tile = _dequant_tile("q4_acc32_tile", _q4_f32, "Packed 4-bit group (16 bytes at q[qi]).")
 q8_acc16_tile = _dequant_tile("q8_acc16_tile", _q8_f32(16), "16 int8 weights at q[qi].")
 q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at q[qi].")
 q4_quad_split, q4_quad_split_tile = _blocks(
-    "q4_quad_split", _q4_quad_split, "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) "
+    "q4_quad_split",
+    _q4_quad_split,
+    "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) "
     "times a group's four int8 activation pieces (128 bytes at x[xi]) -> F32x16, lanes 4r .. 4r + 3 row r's "
-    "(not yet scaled: times s / 2^7).", F32x16)
+    "(not yet scaled: times s / 2^7).",
+    F32x16,
+)
 q8_dot32_i8, q8_dot32_i8_tile = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)
 q4_quad_i8, q4_quad_i8_tile = _blocks(
-    "q4_quad_i8", _q4_quad_i8, "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) times "
-    "int8 activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lanes 4r .. 4r + 3 row r's.", F32x16)
-q4_pair_i8, q4_pair_i8_tile = _blocks("q4_pair_i8", _q4_pair_i8, "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
-                     "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
-                     "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).",
-                     F32x8)
+    "q4_quad_i8",
+    _q4_quad_i8,
+    "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) times "
+    "int8 activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lanes 4r .. 4r + 3 row r's.",
+    F32x16,
+)
+q4_pair_i8, q4_pair_i8_tile = _blocks(
+    "q4_pair_i8",
+    _q4_pair_i8,
+    "Rows A and B's packed 4-bit groups (32 bytes at q[qi]) times int8 "
+    "activations in pair layout (64 bytes at x[xi]: [x0..15, x0..15, x16..31, x16..31]) -> F32x8 of "
+    "exact int sums, lanes 0-3 row A's, lanes 4-7 row B's (not yet reduced, not yet scaled).",
+    F32x8,
+)
 
 
 @intrinsic
@@ -693,7 +765,8 @@ def prefetch(typingctx, a, i):
         aa, i_ = args
         ptr = builder.bitcast(_flat_ptr(context, builder, a, aa, i_), ir.IntType(8).as_pointer())
         fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _i32, _i32, _i32]), "llvm.prefetch.p0")
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _i32, _i32, _i32]), "llvm.prefetch.p0"
+        )
         builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
         return context.get_dummy_value()
 
@@ -703,6 +776,7 @@ def prefetch(typingctx, a, i):
 @intrinsic
 def vzero(typingctx):
     """A zero F32xN (the float blocks' accumulator)."""
+
     def codegen(context, builder, sig, args):
         return ir.Constant(_vf, [0.0] * LANES)
 
@@ -712,6 +786,7 @@ def vzero(typingctx):
 @intrinsic
 def vzero8(typingctx):
     """A zero F32x8 (the int8 blocks' accumulator)."""
+
     def codegen(context, builder, sig, args):
         return ir.Constant(_vf8, [0.0] * 8)
 
@@ -752,6 +827,7 @@ def vfma_s(typingctx, v, s, acc):
     """acc + v * s (s a float32 scalar, broadcast); element-wise over tuples of vectors too (s a scalar
     or a vector of their width)."""
     if _is_vec(v, acc) and s == types.float32:
+
         def codegen(context, builder, sig, args):
             v_, s_, acc_ = args
             return _fmuladd(builder, v_, _splat(builder, s_, v_.type), acc_)
@@ -765,7 +841,9 @@ def vfma_s(typingctx, v, s, acc):
     def codegen_tuple(context, builder, sig, args):
         v_, s_, acc_ = args
         sv = s_ if s == v.dtype else _splat(builder, s_, ir.VectorType(_f32, v.dtype.lanes))
-        outs = [_fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)]
+        outs = [
+            _fmuladd(builder, builder.extract_value(v_, i), sv, builder.extract_value(acc_, i)) for i in range(v.count)
+        ]
         return context.make_tuple(builder, sig.return_type, outs)
 
     return v(v, s, acc), codegen_tuple
@@ -788,10 +866,50 @@ def hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-__all__ = ["F32VecType", "F32x8", "F32x16", "F32xN", "LANES", "VNNI256", "VNNI512", "f32_at", "f32x4_at", "splat_at",
-           "fold4", "hsum", "hsum_halves", "hsum_quarters", "pair_scales", "prefetch", "q4_acc32_tile", "q4_dot32",
-           "q4_dot32_tile", "q4_pair_i8", "q4_pair_i8_tile", "q4_quad_i8", "q4_quad_i8_tile", "q4_quad_split",
-           "q4_quad_split_tile", "q8_dot32_i8_tile",
-           "quad_scales", "scale_acc_tile", "vzero_tile_of",
-           "q8_acc16_tile", "q8_acc32_tile", "q8_dot16", "q8_dot16_tile", "q8_dot32", "q8_dot32_i8", "q8_dot32_tile",
-           "target_has", "tile_offsets", "vfma", "vfma_s", "vload", "vstore", "vzero", "vzero8", "vzero_tile"]
+__all__ = [
+    "F32VecType",
+    "F32x8",
+    "F32x16",
+    "F32xN",
+    "LANES",
+    "VNNI256",
+    "VNNI512",
+    "f32_at",
+    "f32x4_at",
+    "splat_at",
+    "fold4",
+    "hsum",
+    "hsum_halves",
+    "hsum_quarters",
+    "pair_scales",
+    "prefetch",
+    "q4_acc32_tile",
+    "q4_dot32",
+    "q4_dot32_tile",
+    "q4_pair_i8",
+    "q4_pair_i8_tile",
+    "q4_quad_i8",
+    "q4_quad_i8_tile",
+    "q4_quad_split",
+    "q4_quad_split_tile",
+    "q8_dot32_i8_tile",
+    "quad_scales",
+    "scale_acc_tile",
+    "vzero_tile_of",
+    "q8_acc16_tile",
+    "q8_acc32_tile",
+    "q8_dot16",
+    "q8_dot16_tile",
+    "q8_dot32",
+    "q8_dot32_i8",
+    "q8_dot32_tile",
+    "target_has",
+    "tile_offsets",
+    "vfma",
+    "vfma_s",
+    "vload",
+    "vstore",
+    "vzero",
+    "vzero8",
+    "vzero_tile",
+]

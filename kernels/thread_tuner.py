@@ -17,6 +17,7 @@ The settings are all the threads, and one fewer (which leaves a taken core to it
 2 cores, 2 and 1. The thread count does not change any result (every output row is computed by one
 thread in a fixed order), only the time.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,7 +34,9 @@ class _Group:
 class ThreadTuner:
     """`choose(rows)` before a step, `record(rows, threads, seconds)` after it."""
 
-    def __init__(self, threads: int, probe_every: int = 16, window: int = 3, far: float = 1.25, far_every: int = 4) -> None:
+    def __init__(
+        self, threads: int, probe_every: int = 16, window: int = 3, far: float = 1.25, far_every: int = 4
+    ) -> None:
         self.options = sorted({threads, max(1, threads - 1)}, reverse=True)
         self.probe_every, self.window = probe_every, window
         self.far, self.far_every = far, far_every
@@ -49,7 +52,11 @@ class ThreadTuner:
             return best
         other = next(n for n in self.options if n != best)
         every = self.probe_every
-        if other in group.seconds and best in group.seconds and self._median(group, other) >= self.far * self._median(group, best):
+        if (
+            other in group.seconds
+            and best in group.seconds
+            and self._median(group, other) >= self.far * self._median(group, best)
+        ):
             every *= self.far_every
         return other if group.steps % every == 0 else best
 

@@ -15,6 +15,7 @@ those types holds exactly the file's bytes; the `scale` and `min` properties rea
 The values reproduce `gguf.quants.dequantize` bit for bit (see engine/loader/quant.py).
 F16 and BF16 stay 16-bit, F32 stays F32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,15 @@ class Weight:
     group: int  # q4/q8: values per scale
     zero: int  # q4 only: 8 for a symmetric type (value = scale * (q - 8), no mins stored), else 0
 
-    def __init__(self, kind: str, data: np.ndarray, scale: np.ndarray | None = None, min: np.ndarray | None = None,
-                 group: int = 0, zero: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        data: np.ndarray,
+        scale: np.ndarray | None = None,
+        min: np.ndarray | None = None,
+        group: int = 0,
+        zero: int = 0,
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown weight kind {kind!r}")
         if data.ndim != 2:
@@ -100,13 +108,14 @@ class Weight:
             out += self.mins[rows].astype(np.float32, copy=False)[:, :, None]
         return out.reshape(n, cols)
 
-    def take_rows(self, rows: np.ndarray) -> "Weight":
+    def take_rows(self, rows: np.ndarray) -> Weight:
         """The weight with its rows reordered/selected (e.g. undoing llama.cpp's Q/K permutation)."""
-        pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
-        return Weight(self.kind, np.ascontiguousarray(self.data[rows]), pick(self.scales), pick(self.mins), self.group,
-                      self.zero)
+        pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])
+        return Weight(
+            self.kind, np.ascontiguousarray(self.data[rows]), pick(self.scales), pick(self.mins), self.group, self.zero
+        )
 
-    def to_q8(self) -> "Weight":
+    def to_q8(self) -> Weight:
         """A q4 weight with one value a byte (exact)."""
         assert self.kind == "q4"
         q = unpack_q4(self.data).view(np.int8)
@@ -114,7 +123,7 @@ class Weight:
             return Weight("q8", q - np.int8(self.zero), self.scales, None, self.group)
         return Weight("q8", q, self.scales, self.mins, self.group)
 
-    def to_q4(self) -> "Weight":
+    def to_q4(self) -> Weight:
         """A q8 weight of 4-bit values in groups of 32 packed two a byte (exact: q in -8..7
         without a min becomes q + 8 with zero point 8)."""
         assert self.kind == "q8" and self.group == 32
@@ -148,10 +157,21 @@ def concat_rows(parts: list[Weight]) -> Weight:
     if kinds == {"q4"}:
         if len({(p.zero, p.mins is None, p.scale_dtype) for p in parts}) == 1:  # as stored
             mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
-            return Weight("q4", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
-                          mins, 32, parts[0].zero)
-        return Weight("q4", np.concatenate([p.data for p in parts]), np.concatenate([p.scale for p in parts]),
-                      np.concatenate([p.min for p in parts]), 32)
+            return Weight(
+                "q4",
+                np.concatenate([p.data for p in parts]),
+                np.concatenate([p.scales for p in parts]),
+                mins,
+                32,
+                parts[0].zero,
+            )
+        return Weight(
+            "q4",
+            np.concatenate([p.data for p in parts]),
+            np.concatenate([p.scale for p in parts]),
+            np.concatenate([p.min for p in parts]),
+            32,
+        )
     if kinds == {"q4", "q8"}:
         parts = [p.to_q8() if p.kind == "q4" else p for p in parts]
         kinds = {"q8"}
@@ -159,8 +179,9 @@ def concat_rows(parts: list[Weight]) -> Weight:
         group = min(p.group for p in parts)
         if len({(p.group, p.mins is None, p.scale_dtype) for p in parts}) == 1:  # as stored
             mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
-            return Weight("q8", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]),
-                          mins, group)
+            return Weight(
+                "q8", np.concatenate([p.data for p in parts]), np.concatenate([p.scales for p in parts]), mins, group
+            )
         scale: list[np.ndarray] = []
         min_parts: list[np.ndarray] = []
         has_min = any(p.min is not None for p in parts)
@@ -171,8 +192,13 @@ def concat_rows(parts: list[Weight]) -> Weight:
             scale.append(np.repeat(s, rep, axis=1))
             if has_min:
                 min_parts.append(np.zeros_like(scale[-1]) if p.min is None else np.repeat(p.min, rep, axis=1))
-        return Weight("q8", np.concatenate([p.data for p in parts]), np.concatenate(scale),
-                      np.concatenate(min_parts) if has_min else None, group)
+        return Weight(
+            "q8",
+            np.concatenate([p.data for p in parts]),
+            np.concatenate(scale),
+            np.concatenate(min_parts) if has_min else None,
+            group,
+        )
     if len(kinds) == 1:
         return Weight(parts[0].kind, np.concatenate([p.data for p in parts]))
     return Weight("f32", np.concatenate([p.dequantize() for p in parts]))

@@ -11,7 +11,7 @@ from engine_helpers import greedy, make_core, run_all
 
 from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
-from kernels.numba_backend import NumbaBackend, warm_up
+from kernels.numba_backend import NumbaBackend
 from kernels.simd import target_has
 
 TOKENS = 8
@@ -81,7 +81,7 @@ def _signatures() -> dict[str, int]:
 
 def test_warm_up_compiles_everything_a_forward_needs(default_model, reference):
     _, model = default_model
-    warm_up(model.backend)
+    model.backend.warm_up()
     before = _signatures()
     reqs = [greedy(p, 3) for p in prompts(reference)[:2]] + [greedy(list(range(5, 80)), 2)]
     run(default_model, reqs)  # prefill over 64 rows, batched and single decodes, attention over many blocks
