@@ -21,7 +21,7 @@ from sqlalchemy import and_, delete, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.models import REPLICA_NAME_CHARS, Message, Replica, SessionLease, iso, utcnow
+from app.store.models import REPLICA_NAME_CHARS, KeySlot, Message, Replica, SessionLease, iso, utcnow
 
 LEASE_TTL_S = 10.0  # a heartbeat every LEASE_TTL_S / 3 leaves two missed beats before a replica counts as dead
 
@@ -75,13 +75,14 @@ class Leases:
             await db.execute(insert.on_conflict_do_update(index_elements=["name"], set_=values))
             marked = await db.execute(_interrupt(now).where(Message.status == "streaming", Message.replica == replica))
             await db.execute(delete(SessionLease).where(SessionLease.replica == replica))
+            await db.execute(delete(KeySlot).where(KeySlot.replica == replica))
             member.took_over = marked.rowcount
         return member
 
     async def heartbeat(self, member: Member) -> bool:
-        """Renew the member's lease and every session lease its replica holds. False when its lease had already
-        passed or another process took its name over: other replicas may have swept its replies and taken its
-        sessions, so it should stop its turns and `join` again."""
+        """Renew the member's lease and every session lease and key slot (app.store.key_slots) its replica holds.
+        False when its lease had already passed or another process took its name over: other replicas may have
+        swept its replies and taken its sessions, so it should stop its turns and `join` again."""
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
             renewed = await db.execute(
@@ -96,6 +97,7 @@ class Leases:
             await db.execute(
                 update(SessionLease).where(SessionLease.replica == member.replica).values(expires_at=now + self.ttl)
             )
+            await db.execute(update(KeySlot).where(KeySlot.replica == member.replica).values(expires_at=now + self.ttl))
             return True
 
     async def leave(self, member: Member) -> None:
@@ -106,6 +108,7 @@ class Leases:
             ended = await db.execute(update(Replica).where(*mine).values(lease_until=now))
             if ended.rowcount == 1:
                 await db.execute(delete(SessionLease).where(SessionLease.replica == member.replica))
+                await db.execute(delete(KeySlot).where(KeySlot.replica == member.replica))
 
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica that has joined, by name, with `alive` (its lease not passed yet)."""
@@ -177,6 +180,7 @@ class Leases:
                 )
             )
             await db.execute(delete(SessionLease).where(SessionLease.expires_at <= now))
+            await db.execute(delete(KeySlot).where(KeySlot.expires_at <= now))
             return marked.rowcount
 
     async def streaming(self, replica: str) -> list[str]:

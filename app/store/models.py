@@ -156,3 +156,17 @@ class SessionLease(Base):
     token: Mapped[str] = mapped_column(String(32))
     taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class KeySlot(Base):
+    """`units` of the engine one API key's generation holds on `replica`, when `--max-concurrent-per-key` must
+    hold across replicas (app.store.key_slots): released at the generation's end, renewed with the replica's
+    heartbeat, swept once expired."""
+
+    __tablename__ = "key_slots"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    replica: Mapped[str] = mapped_column(String(REPLICA_NAME_CHARS), index=True)
+    units: Mapped[int] = mapped_column(Integer, server_default="1")
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import make_engine, make_sessionmaker
+from app.store.key_slots import KeySlots
 from app.store.leases import LEASE_TTL_S, Leases
 from app.store.models import MESSAGE_STATUSES, ChatSession, Message, utcnow
 from app.store.search import search
@@ -53,6 +54,7 @@ class Store:
         self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         self.sessionmaker = make_sessionmaker(self.engine)
         self.leases = Leases(self.sessionmaker, lease_ttl_s)
+        self.key_slots = KeySlots(self.sessionmaker, lease_ttl_s)  # used only with --max-concurrent-per-key
 
     async def close(self) -> None:
         await self.engine.dispose()
