@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from app.domain.admission import Admission, Ticket
-from app.domain.admit import Admitter
+from app.domain.admission import Admission
+from app.domain.admit import Admitter, Held
 from app.domain.errors import ServiceError, not_found
 from app.domain.guard import Guard
 from app.domain.plan import Plan, plan_continue, plan_edit, plan_regenerate, plan_send
@@ -54,7 +54,8 @@ class ChatService:
         self.engine = engine
         self.store = store
         self.metrics = metrics
-        self.admitter = Admitter(admission if admission is not None else Admission(engine.max_num_seqs), metrics)
+        admission = admission if admission is not None else Admission(engine.max_num_seqs)
+        self.admitter = Admitter(admission, metrics, store.key_slots, replica)  # the per-key cap across replicas
         self.guard = Guard(store.leases, replica)  # replica None: one process on its database
         self.presence = Presence()
         self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
@@ -205,7 +206,7 @@ class ChatService:
         tools: dict[str, Any] | None = None,
     ) -> Turn:
         gen: RequestStream | None = None
-        held: Ticket | None = None  # admitted, and no turn owns it yet
+        held: Held | None = None  # admitted, and no turn owns it yet
         lease: Lease | None = None  # the session's lease in the store, no turn owns it yet
         try:
             with self.guard.reserve(session_id):

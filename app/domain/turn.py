@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.domain.admission import Ticket
+from app.domain.admit import Held
 from app.store.leases import Lease
 from engine.tool_calls import ToolFormat
 
@@ -29,7 +29,7 @@ class Turn:
     title: str
     sink: Sink
     client_id: str | None = None
-    ticket: Ticket | None = None  # its admission; released when the generation ends
+    ticket: Held | None = None  # its admission; released when the generation ends
     tool_format: ToolFormat | None = None  # the reply may call tools: read as content and calls
     lease: Lease | None = None  # its session's lease in the store (replicas); released when the reply is stored
     task: asyncio.Task | None = None
