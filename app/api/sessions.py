@@ -85,14 +85,11 @@ async def update_session(
     return updated
 
 
-@delete("/{session_id:str}", responses=errors(*KEYED, 404, 415))
-async def delete_session(
-    request: Request, store: NamedDependency[Store], chat: NamedDependency[ChatService], session_id: FromPath[str]
-) -> None:
-    """Delete a session and its messages; a running reply is stopped first."""
+@delete("/{session_id:str}", responses=errors(*KEYED, 404, 409, 415))
+async def delete_session(request: Request, chat: NamedDependency[ChatService], session_id: FromPath[str]) -> None:
+    """Delete a session and its messages; a running reply is stopped first (busy: running on another replica)."""
     who = owner(request.scope)
-    await chat.cancel_and_wait(session_id, who)
-    if not await store.delete_session(session_id, who):
+    if not await chat.delete_session(session_id, who):
         raise not_found(session_id)
 
 

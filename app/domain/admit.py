@@ -99,7 +99,8 @@ class Admitter:
         held = self.enter(owner, cost)
         if isinstance(held, Place) and held.ticket.granted:
             try:
-                await self._try(held)  # a free slot: admitted at once, no `queued`
+                if await self._try(held):  # a free slot: admitted at once, no `queued`
+                    self.metrics.admitted(0.0)
             except BaseException:
                 self.admission.withdraw(held.ticket)
                 raise

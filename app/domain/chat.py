@@ -9,7 +9,8 @@ admission past the engine's capacity (admit.py over admission.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from app.domain.admission import Admission
@@ -164,14 +165,16 @@ class ChatService:
 
     async def select(self, session_id: str, owner: str, message_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Choose the branch through `message_id` (any message of the session); returns the session and its
-        chosen branch. Refused (busy) while a reply is being generated in the session."""
+        chosen branch. Refused (busy) while a reply is being generated in the session, on any replica."""
+        busy = ServiceError(
+            "busy",
+            f"a reply is being generated in session '{session_id}'; switch branches when it is done",
+            param="session_id",
+        )
         if self.guard.running(session_id, owner) is not None or session_id in self.guard.reserved:
-            raise ServiceError(
-                "busy",
-                f"a reply is being generated in session '{session_id}'; switch branches when it is done",
-                param="session_id",
-            )
-        found = await self.store.select(session_id, owner, message_id)
+            raise busy
+        async with self._between_turns(session_id, owner, busy):
+            found = await self.store.select(session_id, owner, message_id)
         if found is not None:
             return found
         if await self.store.get_session(session_id, owner) is None:
@@ -355,6 +358,31 @@ class ChatService:
         turn = self.guard.running(session_id, owner)
         if turn is not None and self.cancel(session_id, owner) and turn.task is not None:
             await asyncio.wait({turn.task}, timeout=timeout)
+
+    async def delete_session(self, session_id: str, owner: str) -> bool:
+        """Delete a session (False: not found); a reply running here is stopped first, one running on another
+        replica refuses (busy) as a concurrent turn would."""
+        await self.cancel_and_wait(session_id, owner)
+        busy = ServiceError(
+            "busy", f"a reply is being generated in session '{session_id}' on another replica", param="session_id"
+        )
+        async with self._between_turns(session_id, owner, busy):
+            return await self.store.delete_session(session_id, owner)
+
+    @asynccontextmanager
+    async def _between_turns(self, session_id: str, owner: str, busy: ServiceError) -> AsyncIterator[None]:
+        """Hold the session's lease (with replicas) so no turn starts on any replica meanwhile; `busy` while one
+        runs. Another owner's session is not found, busy or not."""
+        try:
+            lease = await self.guard.take(session_id)
+        except ServiceError:
+            if await self.store.get_session(session_id, owner) is None:
+                raise not_found(session_id) from None
+            raise busy from None
+        try:
+            yield
+        finally:
+            await self.guard.give_back(lease)
 
     def interrupt_all(self) -> None:
         """Server shutdown: refuse new turns, abort the running ones (stored as "interrupted")."""
