@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 
 from sqlalchemy import delete, func, select, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.store.leases import LEASE_TTL_S, _now
+from app.store.leases import Leases, _now
 from app.store.models import KeySlot
 
 
@@ -31,14 +30,15 @@ class Slot:
 class KeySlots:
     """The per-key cap's slots, as short transactions on the store's database."""
 
-    def __init__(self, sessionmaker: async_sessionmaker, ttl_s: float = LEASE_TTL_S) -> None:
-        assert ttl_s > 0, ttl_s
-        self.sessionmaker = sessionmaker
-        self.ttl = timedelta(seconds=ttl_s)
+    def __init__(self, leases: Leases) -> None:
+        self.leases = leases
+        self.sessionmaker = leases.sessionmaker
+        self.ttl = leases.ttl
 
     async def take(self, owner: str, replica: str, units: int, cap: int) -> Slot | None:
         """`units` for one generation of `owner` on `replica`, or None while the key's live units (on every
         replica) leave no room under `cap`. A generation bigger than the cap takes it alone."""
+        self.leases.key_slots = True  # from now on the heartbeat renews this replica's slots (none before: no cost)
         async with self.sessionmaker.begin() as db:
             await _lock(db, owner)
             now = await _now(db)

@@ -52,6 +52,7 @@ class Leases:
         assert ttl_s > 0, ttl_s
         self.sessionmaker = sessionmaker
         self.ttl = timedelta(seconds=ttl_s)
+        self.key_slots = False  # set by the first key slot taken (app.store.key_slots): only then renewed and swept
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -97,7 +98,10 @@ class Leases:
             await db.execute(
                 update(SessionLease).where(SessionLease.replica == member.replica).values(expires_at=now + self.ttl)
             )
-            await db.execute(update(KeySlot).where(KeySlot.replica == member.replica).values(expires_at=now + self.ttl))
+            if self.key_slots:
+                await db.execute(
+                    update(KeySlot).where(KeySlot.replica == member.replica).values(expires_at=now + self.ttl)
+                )
             return True
 
     async def leave(self, member: Member) -> None:
@@ -180,7 +184,8 @@ class Leases:
                 )
             )
             await db.execute(delete(SessionLease).where(SessionLease.expires_at <= now))
-            await db.execute(delete(KeySlot).where(KeySlot.expires_at <= now))
+            if self.key_slots:
+                await db.execute(delete(KeySlot).where(KeySlot.expires_at <= now))
             return marked.rowcount
 
     async def streaming(self, replica: str) -> list[str]:

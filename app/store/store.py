@@ -54,7 +54,7 @@ class Store:
         self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         self.sessionmaker = make_sessionmaker(self.engine)
         self.leases = Leases(self.sessionmaker, lease_ttl_s)
-        self.key_slots = KeySlots(self.sessionmaker, lease_ttl_s)  # used only with --max-concurrent-per-key
+        self.key_slots = KeySlots(self.leases)  # used only with --max-concurrent-per-key
 
     async def close(self) -> None:
         await self.engine.dispose()

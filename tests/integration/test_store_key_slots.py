@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 
 import pytest
+from sqlalchemy import select
 
 from app.store import Store
 from app.store.migrate import upgrade
+from app.store.models import KeySlot
 
 KEY, OTHER = "key-a", "key-b"
 LONG_S, SHORT_S = 3600.0, 0.05
@@ -83,3 +86,20 @@ async def test_a_dead_replicas_slots_expire_a_live_ones_are_renewed(replicas: Ca
     await dead.leases.sweep()
     assert await live.key_slots.held(KEY) == 1
     assert await dead.key_slots.take(KEY, "dead", 1, 1) is None
+
+
+async def expiry(store: Store, slot_id: str) -> datetime:
+    async with store.sessionmaker() as db:
+        return await db.scalar(select(KeySlot.expires_at).where(KeySlot.id == slot_id))
+
+
+async def test_the_heartbeat_renews_slots_only_once_one_was_taken(replicas: Callable[..., Store]) -> None:
+    store = replicas()
+    m = await store.leases.join("r1")
+    assert store.leases.key_slots is False  # no cap used yet: the heartbeat leaves key_slots alone
+    slot = await store.key_slots.take(KEY, "r1", 1, 1)
+    assert slot is not None and store.leases.key_slots is True
+    before = await expiry(store, slot.id)
+    await asyncio.sleep(0.01)
+    assert await store.leases.heartbeat(m) is True
+    assert await expiry(store, slot.id) > before
