@@ -15,6 +15,7 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
+from app.store import Store
 from tests.integration.conftest import API_KEY, ServerProcess
 
 TIMEOUT = 120
@@ -199,3 +200,27 @@ async def test_a_turn_stopped_while_queued_leaves_the_queue_and_stores_nothing(c
     finally:
         await holder_cm.__aexit__(None, None, None)
         await http.aclose()
+
+
+async def test_the_per_key_cap_counts_other_replicas_generations(capped) -> None:
+    """A generation of the key on another replica (its slot in the shared database) fills the cap of 1: a
+    request waits, then runs once that slot is released."""
+    srv = capped
+    other = Store(srv.db_url)
+    try:
+        slot = await other.key_slots.take("", "another-replica", 1, 1)  # "": the owner on a server without keys
+        assert slot is not None
+        async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as http:
+            waiting = asyncio.create_task(http.post("/v1/chat/completions", json=chat_body(False)))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # the engine is free; the key's place is held elsewhere
+            await other.key_slots.release(slot)
+            answer = await waiting
+        assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        for _ in range(500):  # its own slot goes back at the end (a task releases it)
+            if await other.key_slots.held("") == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await other.key_slots.held("") == 0
+    finally:
+        await other.close()
