@@ -7,6 +7,7 @@ Greedy (temperature 0) replies are compared with the reference outputs in tests/
 from __future__ import annotations
 
 import json
+import re
 
 FRANCE = 0  # fixture prompt: "What is the capital of France?" -> EOS after 8 tokens
 FACTORIAL = 1  # fixture prompt: a Python function, 32 tokens, opens a ``` fence
@@ -311,7 +312,8 @@ def test_socket_drop_reconnects_and_the_reply_goes_on(chat, server, page, screen
     def proxy(ws) -> None:
         routes.append((ws, ws.connect_to_server()))
 
-    page.route_web_socket("**/ws", proxy)
+    # /ws or /ws?session=<id> (a reconnect names its session, for a proxy to route it to its replica)
+    page.route_web_socket(re.compile(r"/ws(\?[^/]*)?$"), proxy)
     chat.open()
     sid = chat.new_session()
     chat.set_settings(max_tokens=RESUMED_TOKENS, temperature=0)
