@@ -40,14 +40,17 @@ async def test_a_key_at_its_cap_elsewhere_waits_then_runs(stores: tuple[Store, S
     waiting = asyncio.create_task(r2.admit(KEY, queued=lambda: told.append(True)))
     other = await r2.admit("key-b")  # other keys are not held up
     assert other.granted
-    await asyncio.sleep(0.3)
+    for _ in range(1000):  # until r2's request is told it waits (at most 10 s)
+        if told:
+            break
+        await asyncio.sleep(0.01)
     assert not waiting.done() and told == [True]  # the engine has room, the key has none (on r1)
     r1.release(first)
     second = await asyncio.wait_for(waiting, 10)
     assert second.granted and await stores[0].key_slots.held(KEY) == 1
     r2.release(second)
     r2.release(other)
-    for _ in range(50):  # the slot is released by a task
+    for _ in range(1500):  # the slot is released by a task (at most 30 s)
         if await stores[0].key_slots.held(KEY) == 0:
             break
         await asyncio.sleep(0.02)
