@@ -17,14 +17,12 @@ from msgspec import Meta, Struct
 
 from app.api.errors import ServiceError
 from app.domain import response_format as domain
-from app.domain.response_format import PARAM
+from app.domain.response_format import PARAM, SCHEMA_MAX_BYTES, SCHEMA_MAX_DEPTH, schema_depth
 from engine.types import ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine
 
-SCHEMA_MAX_BYTES = 64 << 10
-SCHEMA_MAX_DEPTH = 64  # JSON nesting of the schema document (an object property costs two levels)
 SOURCE_MAX_CHARS = 64 << 10
 Source = Annotated[str, Meta(min_length=1, max_length=SOURCE_MAX_CHARS)]
 
@@ -63,7 +61,7 @@ class JsonSchemaSpec(Struct, forbid_unknown_fields=True, kw_only=True):
             raise ServiceError(
                 "invalid_parameter", f"{where} is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON", param=param
             )
-        if _depth(self.schema) > SCHEMA_MAX_DEPTH:
+        if schema_depth(self.schema) > SCHEMA_MAX_DEPTH:
             raise ServiceError(
                 "invalid_parameter", f"{where} is nested more than {SCHEMA_MAX_DEPTH} levels deep", param=param
             )
@@ -98,17 +96,6 @@ class GrammarFormat(_Kind, tag="grammar"):
 
 
 ResponseFormatField = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | GrammarFormat
-
-
-def _depth(value: Any) -> int:
-    """How deeply `value` (decoded JSON) nests its arrays and objects; iterative (no recursion limit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
-            stack += [(item, d + 1) for item in (v.values() if isinstance(v, dict) else v)]
-    return deepest
 
 
 def plain(field: ResponseFormatField | None) -> ResponseFormat | None:

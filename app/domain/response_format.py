@@ -6,7 +6,7 @@ into the engine's plain ResponseFormat; what the engine cannot compile or enforc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.domain.errors import ServiceError
 from engine.types import InvalidRequest, ResponseFormat
@@ -15,6 +15,20 @@ if TYPE_CHECKING:
     from engine import Engine
 
 PARAM = "response_format"
+# A JSON schema a reply is held to (response_format's, a tool's parameters): bounds checked before compiling.
+SCHEMA_MAX_BYTES = 64 << 10
+SCHEMA_MAX_DEPTH = 64  # JSON nesting of the schema document (an object property costs two levels)
+
+
+def schema_depth(value: Any) -> int:
+    """How deeply `value` (decoded JSON) nests its arrays and objects; iterative (no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack += [(item, d + 1) for item in (v.values() if isinstance(v, dict) else v)]
+    return deepest
 
 
 async def compile_response_format(engine: Engine, fmt: ResponseFormat | None) -> ResponseFormat | None:

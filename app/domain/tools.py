@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from app.domain.errors import ServiceError
+from app.domain.response_format import SCHEMA_MAX_BYTES, SCHEMA_MAX_DEPTH, schema_depth
 from engine.tool_calls import NO_PARAMETERS, Tool, ToolChoice, ToolFormat, tool_grammar
 from engine.tool_parser import Piece, ToolCallSplitter
 from engine.types import InvalidRequest, ResponseFormat
@@ -23,19 +24,7 @@ from engine.types import InvalidRequest, ResponseFormat
 if TYPE_CHECKING:
     from engine import Engine
 
-SCHEMA_MAX_BYTES = 64 << 10  # a tool's parameters, as response_format's schemas (app/api/response_format.py)
-SCHEMA_MAX_DEPTH = 64
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")  # a session's settings and a message's overrides
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
-            stack += [(item, d + 1) for item in (v.values() if isinstance(v, dict) else v)]
-    return deepest
 
 
 def invalid(param: str, why: str) -> ServiceError:
@@ -56,7 +45,7 @@ def _parameters(param: str, parameters: dict[str, Any] | None) -> str:
     text = msgspec.json.encode(schema).decode()  # keeps the key order: arguments come in the order given
     if len(text) > SCHEMA_MAX_BYTES:
         raise invalid(param, f"is larger than {SCHEMA_MAX_BYTES // 1024} KiB of JSON")
-    if _depth(schema) > SCHEMA_MAX_DEPTH:
+    if schema_depth(schema) > SCHEMA_MAX_DEPTH:
         raise invalid(param, f"is nested more than {SCHEMA_MAX_DEPTH} levels deep")
     kind = schema.get("type", "object")
     if kind != "object":
