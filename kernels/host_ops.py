@@ -267,3 +267,20 @@ def softmax_unnormalized(s: np.ndarray) -> None:
     """In place: s <- exp(s - max(s)) along the last axis (rows always hold a finite entry)."""
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
+
+
+class CpuHostOps:
+    """The host ops every CPU backend shares, as methods (the backends compose this, not each other)."""
+
+    asarray = staticmethod(asarray)
+    to_numpy = staticmethod(to_numpy)
+    upload = staticmethod(upload)
+    synchronize = staticmethod(synchronize)
+    empty_kv_cache = staticmethod(empty_kv_cache)
+    write_kv = staticmethod(write_kv)
+    rope_cos_sin = staticmethod(rope_cos_sin)
+    rope = staticmethod(rope)
+    argmax_rows = staticmethod(argmax_rows)
+    sample_rows = staticmethod(sample_rows)
+    logprob_rows = staticmethod(logprob_rows)
+    apply_token_bitmask = staticmethod(apply_token_bitmask)

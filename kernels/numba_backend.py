@@ -116,7 +116,7 @@ class Linear:
         return self.weight
 
 
-class NumbaBackend:
+class NumbaBackend(host_ops.CpuHostOps):
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
     `activations="q8"` quantizes the activations of decode products to int8 (see
@@ -128,20 +128,6 @@ class NumbaBackend:
     kv_dtype = np.float32
     choice = ""  # get_backend says what it chose and why
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
-
-    # the host ops every CPU backend shares (kernels/host_ops.py)
-    asarray = staticmethod(host_ops.asarray)
-    to_numpy = staticmethod(host_ops.to_numpy)
-    upload = staticmethod(host_ops.upload)
-    synchronize = staticmethod(host_ops.synchronize)
-    empty_kv_cache = staticmethod(host_ops.empty_kv_cache)
-    write_kv = staticmethod(host_ops.write_kv)
-    rope_cos_sin = staticmethod(host_ops.rope_cos_sin)
-    rope = staticmethod(host_ops.rope)
-    argmax_rows = staticmethod(host_ops.argmax_rows)
-    sample_rows = staticmethod(host_ops.sample_rows)
-    logprob_rows = staticmethod(host_ops.logprob_rows)
-    apply_token_bitmask = staticmethod(host_ops.apply_token_bitmask)
 
     def __init__(self, threads: int | None = None, activations: str = "f32") -> None:
         self._scratch = Scratch()  # the stepping thread's attention scratch

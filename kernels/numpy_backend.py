@@ -21,7 +21,7 @@ _PREFILL_TILE_ROWS = 128
 _BLOCK_DIAG_MAX_KV_HEADS = 4
 
 
-class NumpyBackend:
+class NumpyBackend(host_ops.CpuHostOps):
     """All ops on host numpy arrays in float32. Heavy work goes through np.matmul (BLAS).
 
     paged_attention reuses scratch buffers kept on the instance (sized by the largest batch seen),
@@ -33,20 +33,6 @@ class NumpyBackend:
     kv_dtype = np.float32
     choice = ""  # get_backend says what it chose and why
     blas_threads: int | None = None  # None: as many as the engine's threads
-
-    # the host ops every CPU backend shares (kernels/host_ops.py)
-    asarray = staticmethod(host_ops.asarray)
-    to_numpy = staticmethod(host_ops.to_numpy)
-    upload = staticmethod(host_ops.upload)
-    synchronize = staticmethod(host_ops.synchronize)
-    empty_kv_cache = staticmethod(host_ops.empty_kv_cache)
-    write_kv = staticmethod(host_ops.write_kv)
-    rope_cos_sin = staticmethod(host_ops.rope_cos_sin)
-    rope = staticmethod(host_ops.rope)
-    argmax_rows = staticmethod(host_ops.argmax_rows)
-    sample_rows = staticmethod(host_ops.sample_rows)
-    logprob_rows = staticmethod(host_ops.logprob_rows)
-    apply_token_bitmask = staticmethod(host_ops.apply_token_bitmask)
 
     def __init__(self) -> None:
         self._scratch = Scratch()
