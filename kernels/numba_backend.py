@@ -60,15 +60,15 @@ MATVEC_MAX_ROWS = 64
 # rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so
 # those keep the smaller products (`scripts/matvec_bench.py --rows` on an AMX CPU finds the crossing).
 AMX_MIN_ROWS = 12
-# int8 activations (`--activations q8`) only up to this many rows: prompts over 32 tokens stay float32
-# (documented and tested: the fixture prompts of 37 and 42 tokens would move to int8 and leave the
-# agreement bound).
-INT8_MAX_ROWS = 32
+# With `--activations q8`, products of more rows than this run on AMX tiles where the CPU has them
+# (their float32-class products, measured faster there than the VNNI int8 kernels for prompts); every
+# product on other CPUs takes int8 activations, prompts included, as llama.cpp's do.
+INT8_AMX_MAX_ROWS = 32
 # float32 activations times q4 weights go as int8 pieces on AVX-512 VNNI (kernels/numba_linear.py
 # `matvec_q4_split`: integer dot products, float32 precision) in every product the matvec kernels take.
 SPLIT_MAX_ROWS = MATVEC_MAX_ROWS
 # Attention steps under this many query-key dot products run on the calling thread.
-SERIAL_ATTENTION_DOTS = 1 << 14
+SERIAL_ATTENTION_DOTS = 1 << 11
 # A sequence with at least this many new rows in a step (a prompt's chunk) takes its attention from
 # BLAS products in tiles of this many query rows, the workers taking tiles: a tile's scores are one
 # matrix product, which BLAS runs faster than the compiled kernel's row-at-a-time loops.
@@ -284,26 +284,26 @@ class NumbaBackend(host_ops.CpuHostOps):
         T = x.shape[0]
         b = w.blocked
         amx = b is not None and self._on_amx(b, T)
+        int8 = self.activations == "q8" and b is not None and b.group == 32 and not (amx and T > INT8_AMX_MAX_ROWS)
         if w.kind == "f32":
             out = x @ w.plain.data.T
-        elif b is None or (T > MATVEC_MAX_ROWS and not amx):
+        elif b is None or (T > MATVEC_MAX_ROWS and not amx and not int8):
             out = self._panels_gemm(x, w)
         else:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
             minv, mf = b.min_operand()
-            if self.activations == "q8" and b.group == 32 and T <= INT8_MAX_ROWS:
-                matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out)
+            threads = numba.get_num_threads()
+            if int8:
+                matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:
-                numba_amx.matmul_amx(
-                    b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads()
-                )
+                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, threads)
             elif b.kind == "q4" and VNNI512 and T <= SPLIT_MAX_ROWS:
-                matvec_q4_split(b.data, b.scale, minv, mf, x, out)
+                matvec_q4_split(b.data, b.scale, minv, mf, x, out, threads)
             elif b.kind == "q4":
-                matvec_q4(b.data, b.scale, minv, mf, x, out)
+                matvec_q4(b.data, b.scale, minv, mf, x, out, threads)
             else:
-                matvec_q8(b.data, b.scale, b.min, b.group, x, out)
+                matvec_q8(b.data, b.scale, b.min, b.group, x, out, threads)
         if bias is not None:
             out += bias
         return out

@@ -30,8 +30,11 @@ Activation paths:
   take a block's four rows in one zmm on AVX-512 VNNI (`simd.q4_quad_i8`: the activations' 16-byte
   halves broadcast to the four lanes), else two rows to a ymm (`simd.q4_pair_i8`, the activations in
   `pair_layout`); vpdpbusd where the CPU has VNNI, AVX2 vpmaddubsw/vpmaddwd otherwise. The min term
-  still uses the exact float32 sums of x. Weights with groups of 16 (Q6_K, Q3_K, Q2_K) stay on the
-  float32 path.
+  uses the quantized sums (scale times the sum of a block's int8 values, as llama.cpp's q8_1 blocks
+  carry): the product is then the dequantized weight times the quantized activations, whose error
+  meets weights centred on zero (q - 8, or scale q + min) rather than the raw 0..15 nibbles; with
+  the float32 sums instead, the default model's logits left the reference 2-3x further. Weights with
+  groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 - Both integer paths take activation rows in tiles of up to I8_TILE: each weight group is loaded and
   unpacked once for the tile's rows.
 
@@ -42,7 +45,8 @@ Each kernel asks for the weights `PREFETCH_BYTES` ahead of the group it reads (s
 the hardware prefetchers alone did not keep a one-row product over weights from DRAM busy.
 
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
-another process does not hold the step back. The row kernels loop over a chunk's blocks
+another process does not hold the step back; each kernel's last argument, `threads`, is the launch's
+kernel threads, which bound how many items a product is cut into (`_chunk_blocks`). The row kernels loop over a chunk's blocks
 themselves and take flat arrays with offsets: a call or an array view per block cost as much
 as the block's work.
 """
@@ -99,6 +103,11 @@ f32 = np.float32
 # that small items would pay often beside little work (a one-row int8 product's is short), and
 # items sized down for many rows pay it per row; larger items balance less finely between threads.
 CHUNK_GROUPS = 768
+# Work items a kernel thread gets of one product at most (items grow past CHUNK_GROUPS to keep to it):
+# a 1B model's single-row products from DRAM ran ~10% faster in items of a sixteenth of the matrix
+# than in items of 768 groups (hundreds per product); 8 still lets the other thread take over the
+# work of one that loses its core to another process.
+ITEMS_PER_THREAD = 8
 L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 # Weight bytes ahead of the group being read that a kernel asks the caches for (a software prefetch
 # per 64 bytes of weights): the hardware prefetchers alone do not keep enough lines in flight for a
@@ -112,9 +121,11 @@ I8_TILE = 4
 
 
 @njit(**JIT)
-def _chunk_blocks(ng):
-    """Row blocks per parallel work item."""
-    return max(1, CHUNK_GROUPS // ng)
+def _chunk_blocks(ng, nb, threads):
+    """Row blocks per parallel work item (of nb): at least CHUNK_GROUPS groups, and no more items than
+    ITEMS_PER_THREAD for each of the launch's `threads` (numba.get_num_threads() is the caller's: asked for in
+    here it would keep the kernels out of numba's on-disk cache)."""
+    return max(1, CHUNK_GROUPS // ng, nb // (ITEMS_PER_THREAD * threads))
 
 
 @njit(**JIT)
@@ -137,16 +148,16 @@ def quantize_rows(x, xq, xd, xsum):
     for t in range(T):
         for g in range(K // 32):
             amax = f32(0.0)
-            s = f32(0.0)
             for j in range(32):
-                v = x[t, g * 32 + j]
-                amax = max(amax, abs(v))
-                s += v
+                amax = max(amax, abs(x[t, g * 32 + j]))
             inv = f32(127.0) / amax if amax > 0 else f32(0.0)
+            qs = 0
             for j in range(32):
-                xq[t, g * 32 + j] = np.int8(math.floor(x[t, g * 32 + j] * inv + f32(0.5)))
+                q = np.int8(math.floor(x[t, g * 32 + j] * inv + f32(0.5)))
+                xq[t, g * 32 + j] = q
+                qs += np.int32(q)
             xd[t, g] = amax / f32(127.0)
-            xsum[t, g] = s
+            xsum[t, g] = xd[t, g] * f32(qs)
 
 
 @njit(**JIT_EXACT)  # no reassociation or contraction: the pieces' remainders must be exact
@@ -671,7 +682,7 @@ def _split_chunk(q, scale, minv, xp, T, K, xs, xs4, out, b0, b1, ng, N):
 
 
 @njit(parallel=True, **JIT)
-def matvec_q4_split(q, scale, minv, mf, x, out):
+def matvec_q4_split(q, scale, minv, mf, x, out, threads):
     """`matvec_q4` on AVX-512 VNNI: the activations in four int8 pieces per value (`split_rows`), each
     group's products exact integer sums."""
     T, K = x.shape
@@ -683,13 +694,13 @@ def matvec_q4_split(q, scale, minv, mf, x, out):
     split_rows(x, xp, xs, xsum)
     xs4, xsf = spread4(xsum, mf), xs.reshape(T * ng)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng)
+    cb = _chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _split_chunk(q, scale, minv, xp, T, K, xsf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
-def matvec_q4(q, scale, minv, mf, x, out):
+def matvec_q4(q, scale, minv, mf, x, out, threads):
     """out [T, N] = x [T, K] times a blocked q4 weight (groups of 32, mins minv * mf), float32 activations."""
     T, K = x.shape
     N = out.shape[1]
@@ -698,13 +709,13 @@ def matvec_q4(q, scale, minv, mf, x, out):
     group_sums(x, 32, xsum)
     xs4, xf = spread4(xsum, mf), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng)
+    cb = _chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, mf, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
-def matvec_q8(q, scale, minv, G, x, out):
+def matvec_q8(q, scale, minv, G, x, out, threads):
     """out [T, N] = x [T, K] times a blocked q8 weight (groups of G = 16 or 32), float32 activations."""
     T, K = x.shape
     N = out.shape[1]
@@ -714,13 +725,13 @@ def matvec_q8(q, scale, minv, G, x, out):
         group_sums(x, G, xsum)
     xs4, xf = spread4(xsum, f32(1.0)), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng)
+    cb = _chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, f32(1.0), G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(parallel=True, **JIT)
-def matvec_i8(q, scale, minv, mf, is_q4, x, out):
+def matvec_i8(q, scale, minv, mf, is_q4, x, out, threads):
     """`matvec_q4` (`is_q4`) or `matvec_q8` with groups of 32, the activations quantized to int8 per
     32-block (integer dot products; q4 reads them in `pair_layout`)."""
     T, K = x.shape
@@ -735,7 +746,7 @@ def matvec_i8(q, scale, minv, mf, is_q4, x, out):
     xqf = pair_layout(xq) if pairs else xq.reshape(T * K)
     KX = 2 * K if pairs else K
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng)
+    cb = _chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _i8_chunk(q, scale, minv, is_q4, xqf, T, KX, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 

@@ -26,7 +26,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 
 from engine.loader.quant import GGML_TYPES, gguf_weight
 from kernels import numba_attention, numba_backend, numba_layout, numba_linear
-from kernels.numba_backend import INT8_MAX_ROWS, MATVEC_MAX_ROWS, NumbaBackend
+from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
 from kernels.simd import target_has
@@ -307,14 +307,16 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int8_model(x: np.ndarray, w: Weight) -> np.ndarray:
-    """y = sum_g (scale * xd) * integer dot(q, xq) + min * sum(x), the int8 kernels' arithmetic in float64."""
+    """y = sum_g (scale * xd) * integer dot(q, xq) + min * xd * sum(xq), the int8 kernels' arithmetic in float64:
+    the weight as dequantized times the activations as quantized (the min term too, as llama.cpp's q8_1 sums)."""
     xq, xd = quantize_activations(x)
     q = (unpack_q4(w.data) if w.kind == "q4" else w.data).astype(np.int64)
     n, k = q.shape
     dots = np.einsum("ngj,tgj->tng", q.reshape(n, k // 32, 32), xq.reshape(-1, k // 32, 32).astype(np.int64))
     y = ((w.scale[None] * xd[:, None]).astype(np.float64) * dots).sum(axis=2)
     if w.min is not None:
-        y += x.reshape(-1, k // 32, 32).sum(axis=2, dtype=np.float64) @ w.min.T.astype(np.float64)
+        sums = xd * xq.reshape(-1, k // 32, 32).sum(axis=2, dtype=np.int32).astype(np.float32)
+        y += sums.astype(np.float64) @ w.min.T.astype(np.float64)
     return y
 
 
@@ -332,7 +334,7 @@ def test_activation_quantization_matches_its_numpy_model(rng):
     np.testing.assert_array_equal(xq, want_q)
     np.testing.assert_array_equal(xd, want_d)
     assert np.abs(xq).max() == 127
-    np.testing.assert_allclose(xsum, x.reshape(3, 5, 32).sum(axis=2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(xsum, want_d * xq.reshape(3, 5, 32).sum(axis=2, dtype=np.int32).astype(np.float32))
 
 
 @pytest.mark.parametrize("scales", SCALES)
@@ -341,7 +343,12 @@ def test_activation_quantization_matches_its_numpy_model(rng):
 def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations, scales):
     be = NumbaBackend(threads=2, activations=activations)
     ref = NumpyBackend()
-    for n, k, rows in ((1, 32, 1), (6, 64, 2), (70, 96, INT8_MAX_ROWS), (133, 160, 3)):  # N % 4 in 1, 2, 2, 1
+    for n, k, rows in (
+        (1, 32, 1),
+        (6, 64, 2),
+        (70, 96, MATVEC_MAX_ROWS + 6),
+        (133, 160, 3),
+    ):  # N % 4 in 1, 2, 2, 1; a prompt's rows
         w = blocked_case(case, n, k, rng, scales)
         x = random_activations(rng, rows, k)
         lin = be.prepare_linear(w)
