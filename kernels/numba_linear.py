@@ -46,9 +46,9 @@ the hardware prefetchers alone did not keep a one-row product over weights from 
 
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
 another process does not hold the step back; each kernel's last argument, `threads`, is the launch's
-kernel threads, which bound how many items a product is cut into (`_chunk_blocks`). The row kernels loop over a chunk's blocks
-themselves and take flat arrays with offsets: a call or an array view per block cost as much
-as the block's work.
+kernel threads, which bound how many items a product is cut into (`_chunk_blocks`). The row kernels
+loop over a chunk's blocks themselves and take flat arrays with offsets: a call or an array view per
+block cost as much as the block's work.
 """
 
 from __future__ import annotations
