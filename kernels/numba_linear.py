@@ -151,7 +151,7 @@ def quantize_rows(x, xq, xd, xsum):
             for j in range(32):
                 amax = max(amax, abs(x[t, g * 32 + j]))
             inv = f32(127.0) / amax if amax > 0 else f32(0.0)
-            qs = 0
+            qs = np.int32(0)
             for j in range(32):
                 q = np.int8(math.floor(x[t, g * 32 + j] * inv + f32(0.5)))
                 xq[t, g * 32 + j] = q
