@@ -23,6 +23,7 @@ rest of the batch; greedy sequences never touch their rng.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,7 +201,7 @@ def sample_greedy(top: np.ndarray, best: np.ndarray, rows: Sequence[SamplerRow])
     and its logit `best` (what a backend's argmax_rows copies back instead of the logits).
 
     Raises ValueError, as `sample` would, when a row has no usable token."""
-    starts = np.cumsum([0] + [1 + len(r.draft) for r in rows]).tolist()
+    starts = list(itertools.accumulate((1 + len(r.draft) for r in rows), initial=0))
     if top.shape != (starts[-1],) or best.shape != top.shape:
         raise ValueError(f"argmax of {top.shape} / {best.shape} rows, but the {len(rows)} sequences need {starts[-1]}")
     bad = np.isnan(best) | (best == -np.inf)

@@ -161,9 +161,11 @@ class Scratch:
 _DECODE_PAD_RATIO = 2
 
 
-def attention_plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
-    """A step's attention, validated: (block tables, context lengths, query starts, decode groups
-    [(sequences, blocks)], prefill sequences); raises ValueError on metadata that does not fit."""
+def attention_inputs(
+    q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A step's attention metadata on the host, validated: (block tables, context lengths, query starts, query
+    lengths); raises ValueError on metadata that does not fit."""
     T, H, Dh = q_shape
     nb, bs, Hkv, dh = cache_shape
     if dh != Dh or H % Hkv:
@@ -184,6 +186,14 @@ def attention_plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta:
         raise ValueError(
             f"paged_attention: block_tables hold block ids outside [0, {nb}): min {tables.min()} max {tables.max()}"
         )
+    return tables, ctx, qs, q_lens
+
+
+def attention_plan(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
+    """`attention_inputs` and how the reference runs them: (block tables, context lengths, query starts, decode
+    groups [(sequences, blocks)], prefill sequences)."""
+    tables, ctx, qs, q_lens = attention_inputs(q_shape, cache_shape, meta)
+    bs = cache_shape[1]
     # Decodes: batched, padded to the longest in each group; a group is split where padding would exceed 2x.
     dec = np.flatnonzero(q_lens == 1)
     order = dec[np.argsort(-ctx[dec], kind="stable")]

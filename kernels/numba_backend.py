@@ -145,6 +145,8 @@ class NumbaBackend(host_ops.CpuHostOps):
         # warm-up, the step thread's every launch would wait for a wake-up (tens of microseconds
         # instead of a couple, a hundred-odd launches a step).
         numba.set_num_threads(1)
+        # what numba.set_num_threads last got here: asking numba (get_num_threads) takes a lock each time
+        self._kernel_threads = 1
         self._lut: np.ndarray | None = None
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
         self._local = threading.local()  # each worker's panel and attention scores scratch
@@ -163,6 +165,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         self._step_rows = rows
         self.active_threads = self.threads if rows is None else self.tuner.choose(rows)
         numba.set_num_threads(self.active_threads)
+        self._kernel_threads = self.active_threads
         numba.set_parallel_chunksize(1)
 
     def end_step(self, seconds: float) -> None:
@@ -293,11 +296,13 @@ class NumbaBackend(host_ops.CpuHostOps):
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
             minv, mf = b.min_operand()
-            threads = numba.get_num_threads()
+            threads = self._kernel_threads  # sizes the matvec kernels' work items: a hint, not a bound
             if int8:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:
-                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, threads)
+                # the real count, whichever thread calls: it sizes one scratch per kernel thread
+                teams = numba.get_num_threads()
+                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, teams)
             elif b.kind == "q4" and VNNI512 and T <= SPLIT_MAX_ROWS:
                 matvec_q4_split(b.data, b.scale, minv, mf, x, out, threads)
             elif b.kind == "q4":
@@ -378,8 +383,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         """The step's sequences: those with at least BLAS_ATTENTION_ROWS new rows (`long`: tiles of
         BLAS products in the workers), the others for the compiled kernel (`short`: None when that is
         every sequence, else their rows and their own query starts, contexts and tables)."""
-        tables, ctx, qs = host_ops.attention_plan(q_shape, cache_shape, meta)[:3]
-        q_lens = np.diff(qs)
+        tables, ctx, qs, q_lens = host_ops.attention_inputs(q_shape, cache_shape, meta)
         dots = int(np.dot(q_lens, ctx)) * q_shape[1]
         kernel = paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
         is_long = q_lens >= BLAS_ATTENTION_ROWS
