@@ -578,6 +578,36 @@ def vstore(typingctx, a, i, v):
 
 
 @intrinsic
+def q4_dequant32(typingctx, q, qi, d, m, zero, out, oi):
+    """out[oi : oi + 32] = d * (the packed 4-bit group at q[qi]'s values - zero) + m (flat uint8 q, float32 out;
+    values 0..15 from bytes 0..15's low nibbles, 16..31 from their high ones): a product, then a sum, each
+    rounded once, as `Weight.dequantize` computes scale * q + min and scale * (q - zero)."""
+    _check_flat(q, out)
+    if out.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        qa, qi_, d_, m_, zero_, oa, oi_ = args
+        qp = _flat_ptr(context, builder, q, qa, qi_)
+        op = _flat_ptr(context, builder, out, oa, oi_)
+        vi = ir.VectorType(_i32, LANES)
+        z = _splat(builder, builder.trunc(zero_, _i32) if zero_.type != _i32 else zero_, vi)
+        dv, mv = _splat(builder, d_, _vf), _splat(builder, m_, _vf)
+        bytes_ty = ir.VectorType(_i8, LANES).as_pointer()
+        for h in range(0, 16, LANES):
+            w = builder.zext(_load(builder, builder.bitcast(builder.gep(qp, [ir.Constant(_i32, h)]), bytes_ty)), vi)
+            low = builder.and_(w, ir.Constant(vi, [15] * LANES))
+            high = builder.lshr(w, ir.Constant(vi, [4] * LANES))
+            for nib, at in ((low, h), (high, 16 + h)):
+                v = builder.fadd(builder.fmul(builder.sitofp(builder.sub(nib, z), _vf), dv), mv)
+                st = builder.store(v, builder.bitcast(builder.gep(op, [ir.Constant(_i32, at)]), _vf.as_pointer()))
+                st.align = 4
+        return context.get_dummy_value()
+
+    return types.none(q, qi, types.float32, types.float32, types.int64, out, oi), codegen
+
+
+@intrinsic
 def vfma(typingctx, a, b, acc):
     """acc + a * b, lane by lane (float vectors of one width)."""
     if not _is_vec(a, b, acc):
@@ -905,6 +935,7 @@ __all__ = [
     "q8_dot32_tile",
     "target_has",
     "tile_offsets",
+    "q4_dequant32",
     "vfma",
     "vfma_s",
     "vload",

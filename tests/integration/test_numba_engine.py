@@ -197,9 +197,11 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
         top1 = max(top1, float(np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()))
         t5 = case["first_position_top5"]
         top5 = max(top5, float(np.abs(logits[0][t5["ids"]] - t5["values"]).max()))
-    # Measured (deterministic on one machine): leading greedy ids [0, 32, 27], argmax 94/96, top-1 within 0.63,
-    # top-5 within 0.50. A greedy chain leaves the reference at its first flipped near-tie (prompt 0's first two
-    # candidates are 0.08 apart): the teacher-forced measures are the steady ones.
+    # Measured: leading greedy ids [0, 32, 27], argmax 94/96, top-1 within 0.63, top-5 within 0.50 with kernels
+    # loaded from numba's cache; argmax 95/96, top-1 within 0.95 in the run that compiles them (the two builds round
+    # some float32 sums differently, which the int8 rounding of the next product amplifies). A greedy chain leaves
+    # the reference at its first flipped near-tie (prompt 0's first two candidates are 0.08 apart): the
+    # teacher-forced measures are the steady ones.
     assert max(lead) >= 8, lead
     assert argmax_equal >= 93, argmax_equal
     assert 1e-3 < top1 < 1.02 and top5 < 0.67, (top1, top5)  # above 1e-3: the int8 path really ran
