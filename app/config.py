@@ -36,7 +36,7 @@ class Settings:
     max_waiting: int = 256
     threads: int | None = None
     quantize: str | None = None  # "q8_0": quantize float matrices at load
-    activations: str = "f32"  # "q8": int8 activations in the numba backend's decode products
+    activations: str = "f32"  # "q8": int8 activations in the numba backend's products
     log_level: str = "info"
     keepalive_s: float = 5.0  # SSE keep-alive comment interval while no event is ready
     shutdown_grace_s: float = 10.0  # how long SIGTERM waits for in-flight replies to be stored
@@ -221,7 +221,7 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         "--activations",
         default=None,
         metavar="f32|q8",
-        help="f32 (default): float32 activations; q8: int8 activations in decode products (numba backend, "
+        help="f32 (default): float32 activations; q8: int8 activations in every product (numba backend, "
         "faster, close to but not equal to the float32 results)",
     )
     p.add_argument(

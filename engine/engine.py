@@ -155,7 +155,7 @@ class Engine:
 
         `threads`: kernel and BLAS threads (default: the cores available). `quantize="q8_0"`:
         quantize float matrices at load. `activations="q8"`: int8 activations in the numba backend's
-        decode products (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
+        products, prompts included (kernels.ACTIVATIONS; ValueError on another backend). `progress` receives one
         line per stage (also logged). `speculative` ("ngram" | "off"): the default for requests that do not choose;
         `spec_row_cost`: a draft row's cost relative to a one-row step, fixed (None: measured online, so what is
         drafted depends on this machine's load). `kv_spill_dir` / `kv_spill_size` (e.g. "2GiB"; 0: off): the

@@ -37,7 +37,7 @@ __all__ = [
     "resolve_backend",
 ]
 
-# Activations of the decode products: float32 everywhere, or int8 per 32-block ("q8", numba only).
+# Activations of the matrix products: float32 everywhere, or int8 per 32-block ("q8", numba only).
 ACTIVATIONS = ("f32", "q8")
 
 

@@ -2,13 +2,14 @@
 compiled kernels (kernels/numba_*.py); the host ops it shares with the NumPy reference come from
 kernels/host_ops.py.
 
-Matrix products with up to 64 activation rows (decode, batched decode, speculative verification,
+Matrix products with up to 48 activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
 products of 12 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
 rounding). Otherwise, with more rows (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
 single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
-where OpenBLAS's own threads collapse (20x slower with other processes on the cores).
+where OpenBLAS's own threads collapse (20x slower with other processes on the cores). With int8
+activations (`activations="q8"`) every product, prompts included, runs on the int8 kernels.
 """
 
 from __future__ import annotations
@@ -60,14 +61,15 @@ MATVEC_MAX_ROWS = 48
 # rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so
 # those keep the smaller products (`scripts/matvec_bench.py --rows` on an AMX CPU finds the crossing).
 AMX_MIN_ROWS = 12
-# With `--activations q8`, products of more rows than this run on AMX tiles where the CPU has them
-# (their float32-class products, measured faster there than the VNNI int8 kernels for prompts); every
-# product on other CPUs takes int8 activations, prompts included, as llama.cpp's do.
+# With `--activations q8` every product takes int8 activations, prompts included, as llama.cpp's do; only
+# where the CPU has AMX, products of more rows than this keep the float32-class tiles they ran on before
+# prompts went int8 (int8 against AMX tiles is not measured: no AMX CPU was at hand).
 INT8_AMX_MAX_ROWS = 32
 # float32 activations times q4 weights go as int8 pieces on AVX-512 VNNI (kernels/numba_linear.py
 # `matvec_q4_split`: integer dot products, float32 precision) in every product the matvec kernels take.
 SPLIT_MAX_ROWS = MATVEC_MAX_ROWS
-# Attention steps under this many query-key dot products run on the calling thread.
+# Attention steps under this many query-key dot products run on the calling thread (on 2 cores the two
+# tie at ~2,000: docs/performance.md).
 SERIAL_ATTENTION_DOTS = 1 << 11
 # A sequence with at least this many new rows in a step (a prompt's chunk) takes its attention from
 # BLAS products in tiles of this many query rows, the workers taking tiles: a tile's scores are one
@@ -119,7 +121,7 @@ class Linear:
 class NumbaBackend(host_ops.CpuHostOps):
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
-    `activations="q8"` quantizes the activations of decode products to int8 (see
+    `activations="q8"` quantizes the activations of every product to int8 (see
     kernels/numba_linear.py); the default "f32" keeps them float32. Build it through
     kernels.get_backend, which makes the process-wide settings first (`configure_process`)."""
 

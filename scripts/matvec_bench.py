@@ -79,7 +79,8 @@ def rows_sweep(rng: np.random.Generator) -> None:
             for way, limit, on_amx in ways:
                 if on_amx and rows < numba_backend.AMX_MIN_ROWS:
                     continue
-                numba_backend.MATVEC_MAX_ROWS, be.amx = limit, on_amx
+                numba_backend.MATVEC_MAX_ROWS = numba_backend.SPLIT_MAX_ROWS = limit
+                be.amx = on_amx
                 be.linear(x, lin)
                 best = float("inf")
                 for _ in range(3 if n * k > 10_000_000 else 10):
