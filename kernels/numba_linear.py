@@ -142,8 +142,8 @@ def group_sums(x, G, xsum):
 
 @njit(**JIT_EXACT)  # no FMA contraction: xq is exactly what a plain float32 model computes (tests rely on it)
 def quantize_rows(x, xq, xd, xsum):
-    """x [T, K] -> int8 xq [T, K] and scales xd [T, K // 32] with x ~ xd * xq per 32-block, and the
-    float32 sums of x's blocks (xsum [T, K // 32])."""
+    """x [T, K] -> int8 xq [T, K] and scales xd [T, K // 32] with x ~ xd * xq per 32-block, and the sums of
+    the blocks as quantized, xd * sum(xq) (xsum [T, K // 32]: what the min term meets)."""
     T, K = x.shape
     for t in range(T):
         for g in range(K // 32):
