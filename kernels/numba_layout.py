@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from kernels.numba_jit import JIT_EXACT
-from kernels.simd import f32_at, q4_dequant32
+from kernels.simd import f32_at, q4_dequant32, q8_dequant16
 from kernels.weight import Weight
 
 ROWS = 4  # rows per block
@@ -136,6 +136,9 @@ def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
                     v = u8(data[b + j])
                     out[i, o + j] = d * f32(v & u8(15)) + m
                     out[i, o + per + j] = d * f32(v >> u8(4)) + m
+            elif G % 16 == 0:
+                for h in range(0, G, 16):
+                    q8_dequant16(data, b + h, d, m, flat, i * K + o + h)
             else:
                 for j in range(per):
                     out[i, o + j] = d * f32(data[b + j]) + m

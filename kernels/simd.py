@@ -608,6 +608,30 @@ def q4_dequant32(typingctx, q, qi, d, m, zero, out, oi):
 
 
 @intrinsic
+def q8_dequant16(typingctx, q, qi, d, m, out, oi):
+    """out[oi : oi + 16] = d * (the 16 int8 weights at q[qi]) + m (flat int8 q, float32 out): a product, then a
+    sum, each rounded once, as `Weight.dequantize` computes scale * q + min."""
+    _check_flat(q, out)
+    if out.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        qa, qi_, d_, m_, oa, oi_ = args
+        qp = _flat_ptr(context, builder, q, qa, qi_)
+        op = _flat_ptr(context, builder, out, oa, oi_)
+        dv, mv = _splat(builder, d_, _vf), _splat(builder, m_, _vf)
+        bytes_ty = ir.VectorType(_i8, LANES).as_pointer()
+        for h in range(0, 16, LANES):
+            w = _load(builder, builder.bitcast(builder.gep(qp, [ir.Constant(_i32, h)]), bytes_ty))
+            v = builder.fadd(builder.fmul(builder.sitofp(w, _vf), dv), mv)
+            st = builder.store(v, builder.bitcast(builder.gep(op, [ir.Constant(_i32, h)]), _vf.as_pointer()))
+            st.align = 4
+        return context.get_dummy_value()
+
+    return types.none(q, qi, types.float32, types.float32, out, oi), codegen
+
+
+@intrinsic
 def vfma(typingctx, a, b, acc):
     """acc + a * b, lane by lane (float vectors of one width)."""
     if not _is_vec(a, b, acc):
@@ -936,6 +960,7 @@ __all__ = [
     "target_has",
     "tile_offsets",
     "q4_dequant32",
+    "q8_dequant16",
     "vfma",
     "vfma_s",
     "vload",
