@@ -37,7 +37,6 @@ from kernels.weight import Weight
 
 ROWS = 4  # rows per block
 f32 = np.float32
-u8 = np.uint8
 
 
 @dataclass(slots=True)
@@ -96,6 +95,7 @@ def block_rows(w: Weight, half: bool = False) -> Blocked:
     if w.kind not in ("q4", "q8"):
         raise ValueError(f"only q4/q8 weights are blocked, got {w.kind}")
     assert w.kind == "q8" or w.mins is not None or w.zero, "a q4 weight always has an offset (kernels/weight.py)"
+    assert w.group in ((32,) if w.kind == "q4" else (16, 32)), f"{w.kind} in groups of {w.group} (kernels/weight.py)"
     rows, cols = w.shape
     per_group = w.group // 2 if w.kind == "q4" else w.group
     dtype = np.float16 if half else np.float32
@@ -110,7 +110,8 @@ def block_rows(w: Weight, half: bool = False) -> Blocked:
 @njit(**JIT_EXACT)
 def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
     """out [len(rows), K] = the blocked weight's `rows` in float32 (scale * q + min, or scale * (q - zero)
-    for a symmetric q4 type: `Weight.dequantize`'s arithmetic), q4 when `packed`."""
+    for a symmetric q4 type: `Weight.dequantize`'s arithmetic), q4 (groups of 32) when `packed`, else q8
+    (groups of 16 or 32); in vectors (`simd.q4_dequant32`, `simd.q8_dequant16`)."""
     K = out.shape[1]
     ng = K // G
     per = G // 2 if packed else G
@@ -123,22 +124,9 @@ def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
             d = f32_at(scale, s)
             m = f32_at(minv, s) if has_min else f32(0.0)
             b = s * per
-            o = g * G
-            if packed and G == 32:  # vectors, ~10x the loops below (which the compiler leaves scalar)
-                q4_dequant32(data, b, d, m, zero, flat, i * K + o)
-            elif packed and zero:
-                for j in range(per):
-                    v = np.int32(u8(data[b + j]))
-                    out[i, o + j] = d * f32((v & 15) - zero)
-                    out[i, o + per + j] = d * f32((v >> 4) - zero)
-            elif packed:
-                for j in range(per):
-                    v = u8(data[b + j])
-                    out[i, o + j] = d * f32(v & u8(15)) + m
-                    out[i, o + per + j] = d * f32(v >> u8(4)) + m
-            elif G % 16 == 0:
-                for h in range(0, G, 16):
-                    q8_dequant16(data, b + h, d, m, flat, i * K + o + h)
+            o = i * K + g * G
+            if packed:
+                q4_dequant32(data, b, d, m, zero, flat, o)
             else:
-                for j in range(per):
-                    out[i, o + j] = d * f32(data[b + j]) + m
+                for h in range(0, G, 16):
+                    q8_dequant16(data, b + h, d, m, flat, o + h)
