@@ -147,8 +147,6 @@ class NumbaBackend(host_ops.CpuHostOps):
         # warm-up, the step thread's every launch would wait for a wake-up (tens of microseconds
         # instead of a couple, a hundred-odd launches a step).
         numba.set_num_threads(1)
-        # what numba.set_num_threads last got here: asking numba (get_num_threads) takes a lock each time
-        self._kernel_threads = 1
         self._lut: np.ndarray | None = None
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
         self._local = threading.local()  # each worker's panel and attention scores scratch
@@ -167,7 +165,6 @@ class NumbaBackend(host_ops.CpuHostOps):
         self._step_rows = rows
         self.active_threads = self.threads if rows is None else self.tuner.choose(rows)
         numba.set_num_threads(self.active_threads)
-        self._kernel_threads = self.active_threads
         numba.set_parallel_chunksize(1)
 
     def end_step(self, seconds: float) -> None:
@@ -298,7 +295,8 @@ class NumbaBackend(host_ops.CpuHostOps):
             out = np.empty((T, w.shape[0]), dtype=np.float32)
             x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
             minv, mf = b.min_operand()
-            threads = self._kernel_threads  # sizes the matvec kernels' work items: a hint, not a bound
+            # sizes the matvec kernels' work items, a hint (asking numba.get_num_threads() takes a lock each time)
+            threads = self.active_threads
             if int8:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:
