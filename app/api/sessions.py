@@ -4,7 +4,6 @@ the sessions of the caller's API key (app.api.gate.owner); another key's are "no
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -21,7 +20,7 @@ from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, Events, OptionalBody, OptionalBodyEvents, errors
 from app.api.outbox import Outbox
 from app.api.response_format import plain
-from app.api.sse import keepalive, with_keepalives
+from app.api.sse import event_sink, keepalive, with_keepalives
 from app.api.tools import check_settings
 from app.api.turn_events import turn_events
 from app.config import Settings
@@ -172,13 +171,7 @@ async def turn_stream(
             starting.cancel()  # still waiting to be admitted: leave the queue
 
     outbox = Outbox(settings.outbox_events, settings.outbox_bytes, stop)
-
-    def sink(ev: dict[str, Any] | None) -> None:
-        if ev is None:
-            outbox.put(None)
-        else:
-            data = json.dumps(ev, ensure_ascii=False)
-            outbox.put((ev["type"], data, ev.get("seq")), len(data))
+    sink = event_sink(outbox)
 
     queued = asyncio.Event()
     starting = asyncio.ensure_future(start(sink, queued.set))

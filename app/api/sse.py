@@ -1,9 +1,10 @@
-"""What the two SSE producers share: reading a queue with keep-alives in between."""
+"""What the SSE producers share: turn events into an outbox, and reading it with keep-alives in between."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar.response import ServerSentEventMessage
@@ -11,6 +12,19 @@ from litestar.response import ServerSentEventMessage
 from app.api.outbox import Outbox
 
 _TICK = object()  # the keep-alive timer's marker in an outbox
+
+
+def event_sink(outbox: Outbox) -> Callable[[dict[str, Any] | None], None]:
+    """A turn's event sink feeding `outbox`: each event as (type, JSON, seq), sized by its JSON; None ends it."""
+
+    def sink(ev: dict[str, Any] | None) -> None:
+        if ev is None:
+            outbox.put(None)
+        else:
+            data = json.dumps(ev, ensure_ascii=False)
+            outbox.put((ev["type"], data, ev.get("seq")), len(data))
+
+    return sink
 
 
 def keepalive() -> ServerSentEventMessage:

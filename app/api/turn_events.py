@@ -18,7 +18,7 @@ from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import KEYED, Events, errors
 from app.api.outbox import Outbox
-from app.api.sse import keepalive, with_keepalives
+from app.api.sse import event_sink, keepalive, with_keepalives
 from app.config import Settings
 from app.domain.chat import ChatService
 from app.domain.errors import not_found
@@ -76,13 +76,7 @@ def _follow(chat: ChatService, settings: Settings, replay: Replay, after: int) -
         replay.detach(sink)
 
     outbox = Outbox(settings.outbox_events, settings.outbox_bytes, stop)
-
-    def sink(ev: dict[str, Any] | None) -> None:
-        if ev is None:
-            outbox.put(None)
-        else:
-            data = json.dumps(ev, ensure_ascii=False)
-            outbox.put((ev["type"], data, ev.get("seq")), len(data))
+    sink = event_sink(outbox)
 
     if not replay.attach(sink, after):
         # Those events are gone: the reply as far as it got, then what follows it
