@@ -2,14 +2,18 @@
 
 Each work item is (sequence, tile of query rows, kv head; all kv heads in the serial variant):
 decode rows (one new token) and rows of a prefill chunk or a speculative verification (several
-new tokens over a cached prefix) go through the same code. An item of several rows copies the keys it can see into a
-transposed scratch K^T [Dh, L] and V [L, Dh] (reading the cache through the block table once),
-then for each query row and each query head of the group: scores over the visible keys
-(vectorized over keys), a float32 softmax, and the weighted sum of V rows (vectorized over Dh).
-An item of one row (decode) reads K and V rows in place from the cache instead: the copy would
-cost as much as the row's whole attention; it asks for the next cache block ahead (blocks are
-scattered, the hardware prefetchers do not follow a block table). The softmax's exp is `exp32`
-(vectorized).
+new tokens over a cached prefix) go through the same code, in float32 throughout.
+
+An item of several rows copies the keys it can see into a transposed scratch K^T [Dh, W] and
+V [L, Dh] (reading the cache through the block table once per kv head), then takes the tile's
+query vectors (rows times the kv head's query heads) QT at a time through two small matrix
+products on register tiles (`_attend_rows`): every loaded vector of keys or values feeds QT
+independent FMAs.
+
+An item of one row (decode) reads K and V rows in place from the cache instead (a copy would cost
+as much as the row's whole attention): LANES keys' scores at once, one accumulator each, reduced
+together by a transposing tree (`simd.vsum_lanes`); then the V rows of each group of LANES keys
+for every head while they are in L1. The softmax's exp is `exp32` (vectorized).
 """
 
 from __future__ import annotations
@@ -19,10 +23,22 @@ from numba import njit, prange
 
 from kernels.numba_jit import JIT
 from kernels.numba_math import exp32
-from kernels.simd import LANES, hsum, prefetch, vfma, vfma_s, vload, vstore, vzero
+from kernels.simd import (
+    LANES,
+    vfma_bcast,
+    vfma_rows,
+    vfma_s,
+    vload,
+    vscale,
+    vstore,
+    vstore_rows,
+    vsum_lanes,
+    vzero_n,
+)
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
+QT = 16  # query vectors per register tile of a prefill's scores and P.V
 # From this many row tiles on (a step of many decoding sequences) a work item takes a tile's kv heads
 # together: a decode row then reads each of its K/V rows whole (all kv heads side by side) instead of
 # a third of it per item. Fewer tiles keep an item per kv head, so that the threads have work.
@@ -31,6 +47,8 @@ TILES_TOGETHER = 16
 
 @njit(**JIT)
 def _gather(k_cache, v_cache, table, kvh, n_keys, kt, v):
+    """kt [Dh, W] = kv head kvh's first n_keys keys, transposed (columns past them zero: the scores'
+    last vector reads them), v [n_keys, Dh] = their values."""
     bs, Dh = k_cache.shape[1], k_cache.shape[3]
     for l in range(n_keys):
         blk = table[l // bs]
@@ -38,25 +56,49 @@ def _gather(k_cache, v_cache, table, kvh, n_keys, kt, v):
         for d in range(Dh):
             kt[d, l] = k_cache[blk, off, kvh, d]
             v[l, d] = v_cache[blk, off, kvh, d]
+    kt[:, n_keys:] = 0.0
 
 
 @njit(error_model="numpy", **JIT)  # no zero-division branches in the vectorized loops
-def _attend_row(qrow, kt, v, n_keys, scale, s, out):
-    """out [Dh] = softmax(scale * qrow . K[:n_keys]) @ V[:n_keys]."""
-    Dh = qrow.shape[0]
-    for l in range(n_keys):
-        s[l] = 0.0
-    for d in range(Dh):
-        qd = qrow[d] * scale
-        for l in range(n_keys):
-            s[l] += qd * kt[d, l]
-    _softmax(s, n_keys)
-    for d in range(Dh):
-        out[d] = 0.0
-    for l in range(n_keys):
-        p = s[l]
-        for d in range(Dh):
-            out[d] += p * v[l, d]
+def _attend_rows(qf, of, kt, v, qoffs, vis, nq, scale, s, soffs):
+    """Query vectors j < nq (at qoffs[j] in the flat q and out; query j sees the first vis[j] keys,
+    vis nondecreasing) against one kv head's gathered keys kt [Dh, W] and values v [L, Dh]:
+    out = softmax(scale * q . K) @ V. s [nq, W] holds query j's scores at soffs[j]; qoffs and soffs
+    run to a multiple of QT, the padding repeating the last query (same values to the same places).
+
+    Two small matrix products on QT-query register tiles: scores a key vector (LANES keys of one
+    head dim) times each tile query's value of that dim, broadcast; P.V a V slice times each query's
+    probability of that key. Each loaded vector serves QT independent FMAs."""
+    Dh, W = kt.shape
+    ktf, vf, sf = kt.reshape(-1), v.reshape(-1), s.reshape(-1)
+    full = Dh - Dh % LANES
+    for j0 in range(0, nq, QT):
+        j1 = min(j0 + QT, nq)
+        tq, ts = qoffs[j0 : j0 + QT], soffs[j0 : j0 + QT]
+        reach = vis[j1 - 1]  # the tile's last query sees the most keys
+        for l0 in range(0, reach, LANES):
+            acc = vzero_n(QT)
+            for d in range(Dh):
+                acc = vfma_bcast(vload(ktf, d * W + l0), qf, tq, d, acc)
+            vstore_rows(sf, ts, l0, acc)
+        for j in range(j0, j1):
+            row = s[j]
+            for l in range(vis[j]):
+                row[l] *= scale
+            _softmax(row, vis[j])
+            for l in range(vis[j], reach):  # keys a query must not see weigh nothing in P.V
+                row[l] = 0.0
+        for c in range(0, full, LANES):
+            acc = vzero_n(QT)
+            for l in range(reach):
+                acc = vfma_bcast(vload(vf, l * Dh + c), sf, ts, l, acc)
+            vstore_rows(of, tq, c, acc)
+        for j in range(j0, j1):
+            for d in range(full, Dh):
+                t = f32(0.0)
+                for l in range(vis[j]):
+                    t += s[j, l] * v[l, d]
+                of[qoffs[j] + d] = t
 
 
 @njit(error_model="numpy", **JIT)
@@ -75,63 +117,73 @@ def _softmax(s, n):
         s[l] *= inv
 
 
-@njit(**JIT)
-def _prefetch_block(cache, blk, kv0, nkv):
-    """Ask for kv heads kv0 .. kv0 + nkv - 1 of cache block blk (blocks are scattered: the hardware
-    prefetchers do not follow a block table; a decode row's next block then waits on DRAM)."""
-    bs, Hkv, Dh = cache.shape[1], cache.shape[2], cache.shape[3]
-    flat = cache.reshape(-1)
-    for off in range(bs):
-        base = ((blk * bs + off) * Hkv + kv0) * Dh
-        for i in range(0, nkv * Dh, 16):
-            prefetch(flat, base + i)
-
-
 @njit(error_model="numpy", **JIT)
-def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, out):
+def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out):
     """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
     heads in groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the
-    block table. s [n, n_keys]. In SIMD blocks: each score one vector dot product with a K row; each
-    output vector of a head summed over the keys in a register, not in `out` (which the compiler must
-    reload and store around every V row it might alias); a head dim past a multiple of LANES in scalars."""
+    block table. s [n, W], offs [W] (int64): W = n_keys rounded up to LANES.
+
+    Scores LANES keys at a time: one accumulator per key (independent FMAs, no chain of latencies),
+    the keys' sums reduced together by one transposing tree (`vsum_lanes`) instead of one horizontal
+    sum each. V rows are summed over the keys into four output vectors of a head at once, again
+    independent chains. A head dim that is not a multiple of LANES takes the scalar tail loops."""
     n, Dh = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
-    qf, of = q.reshape(-1), out.reshape(-1)
-    full = Dh - Dh % LANES
-    nb = (n_keys + bs - 1) // bs
-    for bi in range(nb):
-        blk = table[bi]
-        if bi + 1 < nb:
-            _prefetch_block(k_cache, table[bi + 1], kv0, n // G)
-        for off in range(min(bs, n_keys - bi * bs)):
-            row = (blk * bs + off) * Hkv + kv0
+    qf, of, sf = q.reshape(-1), out.reshape(-1), s.reshape(-1)
+    W = s.shape[1]
+    for l in range(W):  # each key's row of kv head kv0 (K and V share the layout); the padding repeats the last
+        key = min(l, n_keys - 1)
+        offs[l] = ((table[key // bs] * bs + key % bs) * Hkv + kv0) * Dh
+    if Dh % LANES == 0:
+        for k0 in range(0, n_keys, LANES):
+            group = offs[k0 : k0 + LANES]
             for h in range(n):
-                base = (row + h // G) * Dh
-                acc = vzero()
-                for c in range(0, full, LANES):
-                    acc = vfma(vload(qf, h * Dh + c), vload(kf, base + c), acc)
-                dot = hsum(acc)
-                for d in range(full, Dh):
+                acc = vzero_n(LANES)
+                for c in range(0, Dh, LANES):
+                    acc = vfma_rows(vload(qf, h * Dh + c), kf, group, (h // G) * Dh + c, acc)
+                vstore(sf, h * W + k0, vscale(vsum_lanes(acc), scale))
+    else:
+        for h in range(n):
+            for l in range(n_keys):
+                base = offs[l] + (h // G) * Dh
+                dot = f32(0.0)
+                for d in range(Dh):
                     dot += qf[h * Dh + d] * kf[base + d]
-                s[h, bi * bs + off] = dot * scale
+                sf[h * W + l] = dot * scale
     for h in range(n):
         _softmax(s[h], n_keys)
-    for h in range(n):
-        for c in range(0, full, LANES):
-            acc = vzero()
-            for bi in range(nb):
-                blk = table[bi]
-                for off in range(min(bs, n_keys - bi * bs)):
-                    acc = vfma_s(vload(vf, ((blk * bs + off) * Hkv + kv0 + h // G) * Dh + c), s[h, bi * bs + off], acc)
-            vstore(of, h * Dh + c, acc)
-        for d in range(full, Dh):
-            t = f32(0.0)
-            for bi in range(nb):
-                blk = table[bi]
-                for off in range(min(bs, n_keys - bi * bs)):
-                    t += s[h, bi * bs + off] * vf[((blk * bs + off) * Hkv + kv0 + h // G) * Dh + d]
-            of[h * Dh + d] = t
+    wide = Dh - Dh % (4 * LANES)
+    full = Dh - Dh % LANES
+    of[:] = 0.0
+    for k0 in range(0, n_keys, LANES):  # a group's V rows serve every head while they are in L1
+        k1 = min(k0 + LANES, n_keys)
+        for h in range(n):
+            hd = (h // G) * Dh
+            for c in range(0, wide, 4 * LANES):
+                o = h * Dh + c
+                a0, a1, a2, a3 = vload(of, o), vload(of, o + LANES), vload(of, o + 2 * LANES), vload(of, o + 3 * LANES)
+                for l in range(k0, k1):
+                    p = sf[h * W + l]
+                    base = offs[l] + hd + c
+                    a0 = vfma_s(vload(vf, base), p, a0)
+                    a1 = vfma_s(vload(vf, base + LANES), p, a1)
+                    a2 = vfma_s(vload(vf, base + 2 * LANES), p, a2)
+                    a3 = vfma_s(vload(vf, base + 3 * LANES), p, a3)
+                vstore(of, o, a0)
+                vstore(of, o + LANES, a1)
+                vstore(of, o + 2 * LANES, a2)
+                vstore(of, o + 3 * LANES, a3)
+            for c in range(wide, full, LANES):
+                acc = vload(of, h * Dh + c)
+                for l in range(k0, k1):
+                    acc = vfma_s(vload(vf, offs[l] + hd + c), sf[h * W + l], acc)
+                vstore(of, h * Dh + c, acc)
+            for d in range(full, Dh):
+                t = of[h * Dh + d]
+                for l in range(k0, k1):
+                    t += sf[h * W + l] * vf[offs[l] + hd + d]
+                of[h * Dh + d] = t
 
 
 @njit(**JIT)
@@ -158,7 +210,9 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     i1 = min(r1, i0 + ROW_TILE)
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
     if i1 - i0 == 1:
-        s = np.empty(((kv1 - kv0) * G, n_keys), dtype=np.float32)
+        width = (n_keys + LANES - 1) // LANES * LANES
+        s = np.empty(((kv1 - kv0) * G, width), dtype=np.float32)
+        offs = np.empty(width, dtype=np.int64)
         _attend_in_place(
             q[i0, kv0 * G : kv1 * G],
             k_cache,
@@ -169,19 +223,34 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
             n_keys,
             scale,
             s,
+            offs,
             out[i0, kv0 * G : kv1 * G],
         )
         return
-    kt = np.empty((Dh, n_keys), dtype=np.float32)
+    # Row stride of K^T and the scores: whole vectors, an odd number of them so that a column's values
+    # (one per head dim, or per query) fall in different cache sets (a power-of-two stride keeps them
+    # all in one: a context of 512 or 1024 keys ran at a third of the speed).
+    W = (n_keys + LANES - 1) // LANES
+    W = (W + 1 - W % 2) * LANES
+    kt = np.empty((Dh, W), dtype=np.float32)
     v = np.empty((n_keys, Dh), dtype=np.float32)
-    s = np.empty(n_keys, dtype=np.float32)
+    nq = (i1 - i0) * G  # query vectors of one kv head: the tile's rows times the group's heads
+    padded = (nq + QT - 1) // QT * QT
+    s = np.empty((nq, W), dtype=np.float32)
+    qoffs = np.empty(padded, dtype=np.int64)
+    soffs = np.empty(padded, dtype=np.int64)
+    vis = np.empty(nq, dtype=np.int64)
+    H = q.shape[1]
     for kvh in range(kv0, kv1):
         _gather(k_cache, v_cache, block_tables[b], kvh, n_keys, kt, v)
-        for i in range(i0, i1):
-            visible = start + (i - r0) + 1
-            for g in range(G):
-                h = kvh * G + g
-                _attend_row(q[i, h], kt, v, visible, scale, s, out[i, h])
+        for j in range(padded):
+            jj = min(j, nq - 1)
+            i = i0 + jj // G
+            qoffs[j] = (i * H + kvh * G + jj % G) * Dh
+            soffs[j] = jj * W
+            if j < nq:
+                vis[j] = start + (i - r0) + 1
+        _attend_rows(q.reshape(-1), out.reshape(-1), kt, v, qoffs, vis, nq, scale, s, soffs)
 
 
 @njit(parallel=True, **JIT)

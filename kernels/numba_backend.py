@@ -71,12 +71,18 @@ SPLIT_MAX_ROWS = MATVEC_MAX_ROWS
 # Attention steps under this many query-key dot products run on the calling thread (on 2 cores the two
 # tie at ~2,000: docs/performance.md).
 SERIAL_ATTENTION_DOTS = 1 << 11
-# A sequence with at least this many new rows in a step (a prompt's chunk) takes its attention from
-# BLAS products in tiles of this many query rows, the workers taking tiles: a tile's scores are one
-# matrix product, which BLAS runs faster than the compiled kernel's row-at-a-time loops.
-BLAS_ATTENTION_ROWS = 64
+# A sequence with at least this many new rows in a step (a long prompt chunk) takes its attention from
+# BLAS products in tiles of this many query rows, the workers taking tiles. Below it the compiled
+# kernel's register tiles are faster (2-5x at 64-128 rows); from about here the two tie
+# (docs/performance.md), and the BLAS tiles' share-out keeps both cores busy on one long sequence.
+BLAS_ATTENTION_ROWS = 256
+BLAS_TILE_ROWS = 64  # query rows per BLAS tile: enough tiles for the workers to share out
 # float32 values per dequantized weight panel (1 MiB: L2-sized, and enough panels to share out).
 PANEL_VALUES = 1 << 18
+# Up to this many activation rows a panel's product runs as W_panel @ x^T (x^T copied once a product),
+# beyond it as x @ W_panel^T: OpenBLAS blocks a short x better as the right operand (49-64 rows: 13%
+# faster on two Zen 4 cores), a tall one better as the left (256 rows: 6%).
+TRANSPOSED_PANEL_MAX_ROWS = 128
 
 
 def configure_process() -> None:
@@ -324,14 +330,18 @@ class NumbaBackend(host_ops.CpuHostOps):
         N = w.shape[0]
         out = np.empty((T, N), dtype=np.float32)
         step = max(16, PANEL_VALUES // K)
+        xt = np.ascontiguousarray(x.T) if T <= TRANSPOSED_PANEL_MAX_ROWS else None
 
         def panel(r0: int) -> None:
             n = min(step, N - r0)
-            scratch = getattr(self._local, "panel", None)
-            if scratch is None or scratch.size < n * K:
-                scratch = self._local.panel = np.empty(step * K, dtype=np.float32)
+            scratch = self._thread_scratch("panel", step * K)
             wd = self.dequantize_rows(w, np.arange(r0, r0 + n, dtype=np.int64), scratch[: n * K].reshape(n, K))
-            np.matmul(x, wd.T, out=out[:, r0 : r0 + n])
+            if xt is None:
+                np.matmul(x, wd.T, out=out[:, r0 : r0 + n])
+            else:
+                part = self._thread_scratch("panel_out", step * T)[: n * T].reshape(n, T)
+                np.matmul(wd, xt, out=part)
+                out[:, r0 : r0 + n] = part.T
 
         starts = range(0, N, step)
         if self._pool is None or self.active_threads == 1 or len(starts) == 1:
@@ -340,6 +350,14 @@ class NumbaBackend(host_ops.CpuHostOps):
         else:  # panels handed out one at a time: a worker that loses its core does less of them
             list(self._pool.map(panel, starts))
         return out
+
+    def _thread_scratch(self, name: str, size: int) -> np.ndarray:
+        """The calling worker's float32 scratch `name`, at least `size` values (kept between calls)."""
+        buf = getattr(self._local, name, None)
+        if buf is None or buf.size < size:
+            buf = np.empty(size, dtype=np.float32)
+            setattr(self._local, name, buf)
+        return buf
 
     def rope_write_kv(
         self,
@@ -411,14 +429,12 @@ class NumbaBackend(host_ops.CpuHostOps):
         workers largest first (a causal tile's cost grows with its last row)."""
         ops = prefill_operands(self._scratch, q, k_cache, v_cache, table, c, r0, r1, scale)
         n = r1 - r0
-        spans = [(i0, min(n, i0 + BLAS_ATTENTION_ROWS)) for i0 in range(0, n, BLAS_ATTENTION_ROWS)][::-1]
+        spans = [(i0, min(n, i0 + BLAS_TILE_ROWS)) for i0 in range(0, n, BLAS_TILE_ROWS)][::-1]
 
         def run(span: tuple[int, int]) -> None:
             shape = ops.scores_shape(*span)
             size = int(np.prod(shape))
-            scratch = getattr(self._local, "scores", None)
-            if scratch is None or scratch.size < size:  # the first tile a worker takes is its largest
-                scratch = self._local.scores = np.empty(size, dtype=np.float32)
+            scratch = self._thread_scratch("scores", size)  # the first tile a worker takes is its largest
             prefill_tile(ops, *span, out, scratch[:size].reshape(shape))
 
         if self._pool is None or self.active_threads == 1:

@@ -903,6 +903,146 @@ def vfma_s(typingctx, v, s, acc):
     return v(v, s, acc), codegen_tuple
 
 
+def _lane_sum_shuffles(lanes: int) -> list[tuple[list[int], list[int]]]:
+    """The (low, high) shuffle masks of one level of `vsum_lanes`'s tree per group width: a vector
+    whose groups of width w each hold partial sums of one input, paired with the next such vector,
+    becomes one vector of groups of width w / 2 (the first's groups, then the second's)."""
+    levels = []
+    w = lanes
+    while w > 1:
+        half = w // 2
+        lo = [base + g * w + i for base in (0, lanes) for g in range(lanes // w) for i in range(half)]
+        levels.append((lo, [i + half for i in lo]))
+        w = half
+    return levels
+
+
+@intrinsic
+def vsum_lanes(typingctx, accs):
+    """A vector whose lane i is the sum of accs[i]'s lanes (a tuple of as many float vectors as they
+    have lanes): a transposing tree of shuffles and adds, lanes - 1 adds for all the sums where one
+    `hsum` each would take log2(lanes) dependent steps and a scalar per sum."""
+    if not (isinstance(accs, types.UniTuple) and isinstance(accs.dtype, F32VecType)):
+        return None
+    if accs.count != accs.dtype.lanes:
+        return None
+    levels = _lane_sum_shuffles(accs.count)
+
+    def codegen(context, builder, sig, args):
+        (t,) = args
+        vs = [builder.extract_value(t, i) for i in range(accs.count)]
+        for lo, hi in levels:
+            lo_m = ir.Constant(ir.VectorType(_i32, len(lo)), lo)
+            hi_m = ir.Constant(ir.VectorType(_i32, len(hi)), hi)
+            vs = [
+                builder.fadd(builder.shuffle_vector(a, b, lo_m), builder.shuffle_vector(a, b, hi_m))
+                for a, b in zip(vs[0::2], vs[1::2])
+            ]
+        return vs[0]
+
+    return accs.dtype(accs), codegen
+
+
+@intrinsic
+def vzero_n(typingctx, n):
+    """n (a constant) zero F32xN: the accumulators of a register tile."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    ret = types.UniTuple(F32xN, n.literal_value)
+
+    def codegen(context, builder, sig, args):
+        return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * ret.count)
+
+    return ret(n), codegen
+
+
+@intrinsic
+def vfma_rows(typingctx, v, a, offs, j, accs):
+    """accs[i] + v * a[offs[i] + j : ... + LANES] for every i: one vector (a query's slice) against the
+    same slice of several rows found through an offset table (offs: 1-D int64, at least len(accs))."""
+    _check_flat(a, offs)
+    if not (isinstance(accs, types.UniTuple) and accs.dtype == F32xN and v == F32xN and a.dtype == types.float32):
+        return None
+    if offs.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v_, a_, offs_, j_, acc_ = args
+        j_ = context.cast(builder, j_, sig.args[3], types.intp)
+        offs_ary = context.make_array(sig.args[2])(context, builder, offs_)
+        outs = []
+        for i in range(accs.count):
+            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
+            w = _load_f32(
+                builder, _flat_ptr(context, builder, sig.args[1], a_, builder.add(o, j_)), types.float32, LANES
+            )
+            outs.append(_fmuladd(builder, v_, w, builder.extract_value(acc_, i)))
+        return context.make_tuple(builder, sig.return_type, outs)
+
+    return accs(v, a, offs, j, accs), codegen
+
+
+@intrinsic
+def vfma_bcast(typingctx, v, a, offs, j, accs):
+    """accs[i] + v * a[offs[i] + j] for every i (the scalar broadcast): one vector (a row of keys'
+    values, or a V slice) against one value of several query rows found through an offset table
+    (offs: 1-D int64, at least len(accs)). The register tile of a small matrix product."""
+    _check_flat(a, offs)
+    if not (isinstance(accs, types.UniTuple) and accs.dtype == F32xN and v == F32xN and a.dtype == types.float32):
+        return None
+    if offs.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v_, a_, offs_, j_, acc_ = args
+        j_ = context.cast(builder, j_, sig.args[3], types.intp)
+        offs_ary = context.make_array(sig.args[2])(context, builder, offs_)
+        outs = []
+        for i in range(accs.count):
+            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
+            x = builder.load(_flat_ptr(context, builder, sig.args[1], a_, builder.add(o, j_)))
+            outs.append(_fmuladd(builder, v_, _splat(builder, x, _vf), builder.extract_value(acc_, i)))
+        return context.make_tuple(builder, sig.return_type, outs)
+
+    return accs(v, a, offs, j, accs), codegen
+
+
+@intrinsic
+def vstore_rows(typingctx, a, offs, j, vs):
+    """a[offs[i] + j : ... + LANES] = vs[i] for every i (a flat float32 array; offs 1-D int64). Rows may
+    repeat (a padded tile): each then gets the same values."""
+    _check_flat(a, offs)
+    if not (isinstance(vs, types.UniTuple) and vs.dtype == F32xN and a.dtype == types.float32):
+        return None
+    if offs.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, offs_, j_, vs_ = args
+        j_ = context.cast(builder, j_, sig.args[2], types.intp)
+        offs_ary = context.make_array(sig.args[1])(context, builder, offs_)
+        for i in range(vs.count):
+            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
+            ptr = builder.bitcast(_flat_ptr(context, builder, sig.args[0], a_, builder.add(o, j_)), _vf.as_pointer())
+            builder.store(builder.extract_value(vs_, i), ptr).align = 1
+        return context.get_dummy_value()
+
+    return types.none(a, offs, j, vs), codegen
+
+
+@intrinsic
+def vscale(typingctx, v, s):
+    """v * s (s a float32 scalar, broadcast)."""
+    if not (_is_vec(v) and s == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v_, s_ = args
+        return builder.fmul(v_, _splat(builder, s_, v_.type))
+
+    return v(v, s), codegen
+
+
 @intrinsic
 def hsum(typingctx, v):
     """The sum of a float vector's lanes (float32)."""
@@ -962,10 +1102,16 @@ __all__ = [
     "q4_dequant32",
     "q8_dequant16",
     "vfma",
+    "vfma_bcast",
+    "vfma_rows",
     "vfma_s",
+    "vscale",
+    "vsum_lanes",
     "vload",
     "vstore",
+    "vstore_rows",
     "vzero",
     "vzero8",
+    "vzero_n",
     "vzero_tile",
 ]

@@ -26,7 +26,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 
 from engine.loader.quant import GGML_TYPES, gguf_weight
 from kernels import numba_attention, numba_backend, numba_layout, numba_linear
-from kernels.numba_backend import MATVEC_MAX_ROWS, NumbaBackend
+from kernels.numba_backend import MATVEC_MAX_ROWS, TRANSPOSED_PANEL_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
 from kernels.simd import target_has
@@ -116,10 +116,13 @@ def test_linear_matches_the_numpy_backend_on_model_shapes(be, rng):
     )
 
 
-def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch):
+@pytest.mark.parametrize(
+    "rows", [MATVEC_MAX_ROWS + 2, TRANSPOSED_PANEL_MAX_ROWS + 1], ids=["W@xT", "x@WT"]
+)  # both forms of a panel's product
+def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch, rows):
     monkeypatch.setattr("kernels.numba_backend.PANEL_VALUES", 16 * 64)  # 16-row panels over 150 rows
     w, dense = quantized(8, 150, 64, rng)
-    x = rng.standard_normal((MATVEC_MAX_ROWS + 2, 64)).astype(np.float32)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
     np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), x @ dense.T, rtol=1e-4, atol=1e-3)
 
 
@@ -254,6 +257,26 @@ def test_decode_attention_reads_the_cache_in_place_on_model_shapes(be, rng, monk
 
     monkeypatch.setattr("kernels.numba_backend.SERIAL_ATTENTION_DOTS", serial_below)
     case = make_case(rng, [(1, 1), (1, 16), (1, 33), (1, 100), (1, 257)], heads=9, kv_heads=3, head_dim=64)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.125)
+    np.testing.assert_allclose(got, naive_attention(case, 0.125), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [(4, 4, 24), (8, 2, 80), (6, 3, 40), (32, 8, 64), (4, 1, 128)],
+    ids=["mha-24", "gqa4-80", "gqa2-40", "llama-1b", "mqa-128"],
+)
+def test_attention_register_tiles_on_every_head_shape(be, rng, heads, kv_heads, head_dim):
+    # Decode rows (keys LANES at a time, a transposing reduction) and prompt chunks (query register
+    # tiles) on head dims on and off the vector width, groups of 1-4 query heads per kv head, contexts
+    # just short of, on and past power-of-two strides, chunks short of and past a register tile.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    seqs = [(1, 1), (1, 17), (1, 511), (3, 3), (17, 512), (40, 1024), (1, 1025), (15, 100)]
+    case = make_case(rng, seqs, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=16)
     meta = case.meta()
     be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
     got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.125)
