@@ -55,7 +55,7 @@ log = logging.getLogger("forge.kernels")
 # The matvec kernels cost about linearly in rows (tiles share each weight group's unpacking); the
 # panels pay a fixed dequantization per call and then run at BLAS speed, so they win from some row
 # count on; `scripts/matvec_bench.py --rows` measures where (docs/performance.md has the figures).
-MATVEC_MAX_ROWS = 48
+MATVEC_MAX_ROWS = 40
 # Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
 # weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). A tile holds 16 activation
 # rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so

@@ -34,6 +34,11 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
   of float16 bits (the numba backend's scales where they are float16 values: half the memory; numba
   has no float16 type on the CPU), converted to
   float32 in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only where `target_has("f16c")`).
+- The attention's register tiles: `vfma_rows(v, a, offs, j, accs)` (accs[i] + v * the vector at
+  a[offs[i] + j]: one query slice against several keys), `vfma_bcast(v, a, offs, j, accs)` (accs[i] +
+  v * the value a[offs[i] + j], broadcast: a vector of keys or values against several queries),
+  `vstore_rows(a, offs, j, vs)`, `vsum_lanes(accs)` (LANES vectors' lane sums as one vector, by a
+  transposing tree), `vzero_n(n)` (n zero F32xN), `vscale(v, s)`.
 - `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)`
   (acc + v * s, also element-wise over tuples; s a float32 or, over tuples, a splat vector),
   `hsum(v)`, `hsum_halves(v)` (an F32x8's lanes 0-3, 4-7), `fold4(v)` (the sums of lanes k,
