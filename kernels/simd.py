@@ -961,27 +961,38 @@ def vzero_n(typingctx, n):
     return ret(n), codegen
 
 
+def _offset_tile_ok(a, offs, vs) -> bool:
+    """The operands of the offset-table blocks: a flat float32 array, flat int64 offsets, a tuple of F32xN."""
+    _check_flat(a, offs)
+    return (
+        isinstance(vs, types.UniTuple) and vs.dtype == F32xN and a.dtype == types.float32 and offs.dtype == types.int64
+    )
+
+
+def _offset_ptrs(context, builder, sig, a_pos, offs_pos, j_pos, args, count):
+    """The addresses of a[offs[i] + j] for i < count (a, offs, j the arguments at those positions)."""
+    j_ = context.cast(builder, args[j_pos], sig.args[j_pos], types.intp)
+    offs_ary = context.make_array(sig.args[offs_pos])(context, builder, args[offs_pos])
+    ptrs = []
+    for i in range(count):
+        o = builder.load(cgutils.gep(builder, offs_ary.data, i))
+        ptrs.append(_flat_ptr(context, builder, sig.args[a_pos], args[a_pos], builder.add(o, j_)))
+    return ptrs
+
+
 @intrinsic
 def vfma_rows(typingctx, v, a, offs, j, accs):
     """accs[i] + v * a[offs[i] + j : ... + LANES] for every i: one vector (a query's slice) against the
     same slice of several rows found through an offset table (offs: 1-D int64, at least len(accs))."""
-    _check_flat(a, offs)
-    if not (isinstance(accs, types.UniTuple) and accs.dtype == F32xN and v == F32xN and a.dtype == types.float32):
-        return None
-    if offs.dtype != types.int64:
+    if not (v == F32xN and _offset_tile_ok(a, offs, accs)):
         return None
 
     def codegen(context, builder, sig, args):
-        v_, a_, offs_, j_, acc_ = args
-        j_ = context.cast(builder, j_, sig.args[3], types.intp)
-        offs_ary = context.make_array(sig.args[2])(context, builder, offs_)
-        outs = []
-        for i in range(accs.count):
-            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
-            w = _load_f32(
-                builder, _flat_ptr(context, builder, sig.args[1], a_, builder.add(o, j_)), types.float32, LANES
-            )
-            outs.append(_fmuladd(builder, v_, w, builder.extract_value(acc_, i)))
+        ptrs = _offset_ptrs(context, builder, sig, 1, 2, 3, args, accs.count)
+        outs = [
+            _fmuladd(builder, args[0], _load_f32(builder, p, types.float32, LANES), builder.extract_value(args[4], i))
+            for i, p in enumerate(ptrs)
+        ]
         return context.make_tuple(builder, sig.return_type, outs)
 
     return accs(v, a, offs, j, accs), codegen
@@ -992,21 +1003,15 @@ def vfma_bcast(typingctx, v, a, offs, j, accs):
     """accs[i] + v * a[offs[i] + j] for every i (the scalar broadcast): one vector (a row of keys'
     values, or a V slice) against one value of several query rows found through an offset table
     (offs: 1-D int64, at least len(accs)). The register tile of a small matrix product."""
-    _check_flat(a, offs)
-    if not (isinstance(accs, types.UniTuple) and accs.dtype == F32xN and v == F32xN and a.dtype == types.float32):
-        return None
-    if offs.dtype != types.int64:
+    if not (v == F32xN and _offset_tile_ok(a, offs, accs)):
         return None
 
     def codegen(context, builder, sig, args):
-        v_, a_, offs_, j_, acc_ = args
-        j_ = context.cast(builder, j_, sig.args[3], types.intp)
-        offs_ary = context.make_array(sig.args[2])(context, builder, offs_)
-        outs = []
-        for i in range(accs.count):
-            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
-            x = builder.load(_flat_ptr(context, builder, sig.args[1], a_, builder.add(o, j_)))
-            outs.append(_fmuladd(builder, v_, _splat(builder, x, _vf), builder.extract_value(acc_, i)))
+        ptrs = _offset_ptrs(context, builder, sig, 1, 2, 3, args, accs.count)
+        outs = [
+            _fmuladd(builder, args[0], _splat(builder, builder.load(p), _vf), builder.extract_value(args[4], i))
+            for i, p in enumerate(ptrs)
+        ]
         return context.make_tuple(builder, sig.return_type, outs)
 
     return accs(v, a, offs, j, accs), codegen
@@ -1016,20 +1021,12 @@ def vfma_bcast(typingctx, v, a, offs, j, accs):
 def vstore_rows(typingctx, a, offs, j, vs):
     """a[offs[i] + j : ... + LANES] = vs[i] for every i (a flat float32 array; offs 1-D int64). Rows may
     repeat (a padded tile): each then gets the same values."""
-    _check_flat(a, offs)
-    if not (isinstance(vs, types.UniTuple) and vs.dtype == F32xN and a.dtype == types.float32):
-        return None
-    if offs.dtype != types.int64:
+    if not _offset_tile_ok(a, offs, vs):
         return None
 
     def codegen(context, builder, sig, args):
-        a_, offs_, j_, vs_ = args
-        j_ = context.cast(builder, j_, sig.args[2], types.intp)
-        offs_ary = context.make_array(sig.args[1])(context, builder, offs_)
-        for i in range(vs.count):
-            o = builder.load(cgutils.gep(builder, offs_ary.data, i))
-            ptr = builder.bitcast(_flat_ptr(context, builder, sig.args[0], a_, builder.add(o, j_)), _vf.as_pointer())
-            builder.store(builder.extract_value(vs_, i), ptr).align = 1
+        for i, p in enumerate(_offset_ptrs(context, builder, sig, 0, 1, 2, args, vs.count)):
+            builder.store(builder.extract_value(args[3], i), builder.bitcast(p, _vf.as_pointer())).align = 1
         return context.get_dummy_value()
 
     return types.none(a, offs, j, vs), codegen
