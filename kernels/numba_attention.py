@@ -125,8 +125,9 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs,
 
     Scores LANES keys at a time: one accumulator per key (independent FMAs, no chain of latencies),
     the keys' sums reduced together by one transposing tree (`vsum_lanes`) instead of one horizontal
-    sum each. V rows are summed over the keys into four output vectors of a head at once, again
-    independent chains. A head dim that is not a multiple of LANES takes the scalar tail loops."""
+    sum each. Then each group of LANES keys' V rows serves every head while it is in L1, a head's
+    output added up four vectors at a time (independent chains again). A head dim that is not a
+    multiple of LANES takes the scalar tail loops."""
     n, Dh = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)

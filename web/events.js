@@ -22,6 +22,7 @@ export function handleEvent(ev) {
       break;
     case "history":
       if (!isCurrent) break;
+      state.histories++;
       setMessages(ev.messages || []);
       if (ev.seq != null) { // a reply going on: its text up to event `seq`, the rest follows
         const live = findMessage(state.streaming.get(sid));

@@ -65,11 +65,14 @@ export async function openSession(id) {
   emit("sessions");
   if (openCurrent()) return;
   // no socket yet: show the stored history over REST; the socket re-opens it when it connects
+  const histories = state.histories;
   try {
     const { messages, ...session } = await api.getSession(id);
     if (currentId() !== id) return;
     upsertSession(session);
-    setMessages(messages || []);
+    // the socket's history, if it came first, is newer: a reply going on is there as far as it got, and its
+    // deltas follow from there (the stored copy may be a few flushes behind)
+    if (state.histories === histories) setMessages(messages || []);
   } catch (err) {
     if (err instanceof ApiError && err.status === 404) {
       toast("That conversation no longer exists", "error");

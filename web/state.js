@@ -11,6 +11,7 @@ export const state = {
   streaming: new Map(), // session id -> id of the assistant message being generated
   own: new Set(), // assistant replies this socket started (their deltas come to us)
   lastDelta: 0, // when the last delta arrived (ms since the epoch)
+  histories: 0, // `history` events applied: a REST copy fetched before the latest one is older than it
 };
 
 const listeners = new Map();

@@ -461,3 +461,43 @@ def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context
     stored = server.session(sid)["messages"][-1]
     assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
     other.close()
+
+
+def test_a_stored_copy_arriving_after_the_live_one_does_not_replace_it(chat, server, context):
+    # A tab opening a session asks for the stored history over REST until its socket is open; the socket's
+    # history (a reply going on as far as it got, its deltas after that) can come first. The stored copy,
+    # a few flushes behind, must not then replace the live one: the deltas after it would leave a gap.
+    page = chat.open().page
+    sid = chat.new_session()
+    chat.set_settings(max_tokens=400, temperature=0)
+    chat.send(LONG_PROMPT)
+    reply = chat.assistant()
+    reply.wait_for()
+    reply_id = reply.get_attribute("data-id")
+
+    other = context.new_page()
+    held = []  # the REST request, answered only once the socket's history is on the page
+    other.route(f"**/api/sessions/{sid}", lambda route: held.append(route))
+    sockets = []  # the first socket is refused, so that the page opens the session over REST meanwhile
+
+    def socket(ws) -> None:
+        sockets.append(ws)
+        ws.close() if len(sockets) == 1 else ws.connect_to_server()
+
+    other.route_web_socket("**/ws*", socket)
+    other.goto(f"/#/s/{sid}")
+    other.wait_for_selector('[data-testid="conn-status"][data-state="open"]')
+    content = f'[data-testid=message][data-id="{reply_id}"] [data-testid=message-content]'
+    shown = "sel => (document.querySelector(sel)?.textContent || '').length"
+    other.wait_for_function(f"sel => ({shown})(sel) > 0", arg=content)
+    assert len(held) == 1
+    held[0].continue_()
+    at = other.evaluate(shown, content)
+    other.wait_for_function(f"([sel, n]) => ({shown})(sel) > n", arg=[content, at])  # deltas after the answer
+
+    page.get_by_test_id("stop").click()
+    assert chat.wait_finished(reply) == "stopped"
+    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
+    stored = server.session(sid)["messages"][-1]
+    assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
+    other.close()
