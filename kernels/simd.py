@@ -868,6 +868,11 @@ def tile_offsets(typingctx, t, K, n):
     return ret(t, K, n), codegen
 
 
+def _zeros(context, builder, ret):
+    """A tuple `ret` of zero F32xN."""
+    return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * ret.count)
+
+
 @intrinsic
 def vzero_tile(typingctx, rows):
     """A zero F32xN per element of the tuple `rows` (a tile's accumulators)."""
@@ -876,7 +881,7 @@ def vzero_tile(typingctx, rows):
     ret = types.UniTuple(F32xN, rows.count)
 
     def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * rows.count)
+        return _zeros(context, builder, ret)
 
     return ret(rows), codegen
 
@@ -956,7 +961,7 @@ def vzero_n(typingctx, n):
     ret = types.UniTuple(F32xN, n.literal_value)
 
     def codegen(context, builder, sig, args):
-        return context.make_tuple(builder, ret, [ir.Constant(_vf, [0.0] * LANES)] * ret.count)
+        return _zeros(context, builder, ret)
 
     return ret(n), codegen
 

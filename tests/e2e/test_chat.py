@@ -434,15 +434,29 @@ def test_sending_without_a_session_creates_one(chat, server, page):
     assert page.locator(f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]').count() == 1
 
 
-def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context):
+def _long_reply(chat):
+    """A new session's reply to LONG_PROMPT, streaming (greedy, up to 400 tokens): (page, session id, reply, its id)."""
     page = chat.open().page
     sid = chat.new_session()
     chat.set_settings(max_tokens=400, temperature=0)
     chat.send(LONG_PROMPT)
     reply = chat.assistant()
     reply.wait_for()
-    reply_id = reply.get_attribute("data-id")
+    return page, sid, reply, reply.get_attribute("data-id")
 
+
+def _stop_and_match(chat, server, page, reply, other, sid: str, reply_id: str) -> None:
+    """Stop the reply from `page`; `other` shows it stopped, with exactly the stored text."""
+    page.get_by_test_id("stop").click()
+    assert chat.wait_finished(reply) == "stopped"
+    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
+    stored = server.session(sid)["messages"][-1]
+    assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
+    other.close()
+
+
+def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context):
+    page, sid, reply, reply_id = _long_reply(chat)
     other = context.new_page()
     other.goto(f"/#/s/{sid}")
     other.wait_for_selector('[data-testid="conn-status"][data-state="open"]')
@@ -454,27 +468,14 @@ def test_a_second_tab_follows_a_reply_streaming_in_another(chat, server, context
         arg=reply_id,
     )
     assert other.get_by_test_id("stop").is_visible()
-
-    page.get_by_test_id("stop").click()
-    assert chat.wait_finished(reply) == "stopped"
-    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
-    stored = server.session(sid)["messages"][-1]
-    assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
-    other.close()
+    _stop_and_match(chat, server, page, reply, other, sid, reply_id)
 
 
 def test_a_stored_copy_arriving_after_the_live_one_does_not_replace_it(chat, server, context):
     # A tab opening a session asks for the stored history over REST until its socket is open; the socket's
     # history (a reply going on as far as it got, its deltas after that) can come first. The stored copy,
     # a few flushes behind, must not then replace the live one: the deltas after it would leave a gap.
-    page = chat.open().page
-    sid = chat.new_session()
-    chat.set_settings(max_tokens=400, temperature=0)
-    chat.send(LONG_PROMPT)
-    reply = chat.assistant()
-    reply.wait_for()
-    reply_id = reply.get_attribute("data-id")
-
+    page, sid, reply, reply_id = _long_reply(chat)
     other = context.new_page()
     held = []  # the REST request, answered only once the socket's history is on the page
     other.route(f"**/api/sessions/{sid}", lambda route: held.append(route))
@@ -494,10 +495,4 @@ def test_a_stored_copy_arriving_after_the_live_one_does_not_replace_it(chat, ser
     held[0].continue_()
     at = other.evaluate(shown, content)
     other.wait_for_function(f"([sel, n]) => ({shown})(sel) > n", arg=[content, at])  # deltas after the answer
-
-    page.get_by_test_id("stop").click()
-    assert chat.wait_finished(reply) == "stopped"
-    other.wait_for_selector(f'[data-testid="message"][data-id="{reply_id}"][data-status="stopped"]')
-    stored = server.session(sid)["messages"][-1]
-    assert chat.copied_text(other.locator(f'[data-testid="message"][data-id="{reply_id}"]')) == stored["content"]
-    other.close()
+    _stop_and_match(chat, server, page, reply, other, sid, reply_id)
