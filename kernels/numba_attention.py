@@ -242,15 +242,16 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     soffs = np.empty(padded, dtype=np.int64)
     vis = np.empty(nq, dtype=np.int64)
     H = q.shape[1]
+    for j in range(padded):  # query vector j is head j % G of the group at row i0 + j // G
+        jj = min(j, nq - 1)
+        soffs[j] = jj * W
+        if j < nq:
+            vis[j] = start + (i0 + jj // G - r0) + 1
     for kvh in range(kv0, kv1):
         _gather(k_cache, v_cache, block_tables[b], kvh, n_keys, kt, v)
         for j in range(padded):
             jj = min(j, nq - 1)
-            i = i0 + jj // G
-            qoffs[j] = (i * H + kvh * G + jj % G) * Dh
-            soffs[j] = jj * W
-            if j < nq:
-                vis[j] = start + (i - r0) + 1
+            qoffs[j] = ((i0 + jj // G) * H + kvh * G + jj % G) * Dh
         _attend_rows(q.reshape(-1), out.reshape(-1), kt, v, qoffs, vis, nq, scale, s, soffs)
 
 

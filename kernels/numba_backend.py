@@ -2,7 +2,7 @@
 compiled kernels (kernels/numba_*.py); the host ops it shares with the NumPy reference come from
 kernels/host_ops.py.
 
-Matrix products with up to 48 activation rows (decode, batched decode, speculative verification,
+Matrix products with up to MATVEC_MAX_ROWS activation rows (decode, batched decode, speculative verification,
 short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
 products of 12 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
 rounding). Otherwise, with more rows (prefill) each worker thread takes panels
