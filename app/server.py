@@ -137,6 +137,8 @@ def serve(settings: Settings) -> None:
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
+        loop="uvloop",
+        http="httptools",
         ws_max_size=MAX_FRAME_BYTES,
         timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
     )
