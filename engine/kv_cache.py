@@ -7,7 +7,13 @@ block each token goes to.
 Prefix reuse: a full block is keyed by hash(parent_key, its token ids). A new sequence
 walks the keys of its prompt and shares every leading block already cached (ref counted,
 never copied). A freed block keeps its key and waits on an LRU free list; it is evicted
-only when a fresh block is needed. Partial blocks are never shared.
+only when a fresh block is needed.
+
+Partial blocks are never shared, but a finished sequence's last, partly written block (a
+"tail") waits on the free list too, under its parent's key and its tokens: a new sequence
+whose prompt goes on past the same full blocks with those tokens takes it over whole and
+writes on after them. A chat's next turn thus recomputes only its new tokens, not the
+previous reply's last partial block as well (up to `block_size` - 1 tokens a turn).
 
 With a spill tier (engine/kv_spill.py) an evicted block's K/V goes to disk under its chain digest, and a prefix
 walk that runs out of cached blocks goes on in the tier, reading blocks back into fresh ones.
@@ -35,6 +41,7 @@ class Block:
     parent_key: int | None = None
     tokens: tuple[int, ...] = ()  # kept for the collision check
     digest: bytes | None = None  # the stable chain digest: the block's name in the spill tier
+    tail: bool = False  # a free partial block offered under (parent_key, tokens); never keyed
 
 
 @dataclass(slots=True)
@@ -57,6 +64,7 @@ class BlockManager:
     blocks: list[Block] = field(init=False)
     free: OrderedDict[int, None] = field(init=False)  # ref_count == 0, least recently used first
     cached: dict[int, int] = field(init=False)  # key -> block id
+    tails: dict[int | None, dict[tuple[int, ...], int]] = field(init=False)  # parent key -> tokens -> block id
     stats: PrefixStats = field(default_factory=PrefixStats)
     spill: KVSpill | None = None
 
@@ -65,6 +73,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free = OrderedDict((i, None) for i in range(self.num_blocks))
         self.cached = {}
+        self.tails = {}
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -113,6 +122,8 @@ class BlockManager:
             matched += self._restore(seq.token_ids, matched)
         seq.block_table = matched
         seq.num_computed = len(matched) * self.block_size
+        if seq.pooled is None:
+            self._take_tail(seq)
         return seq.num_computed
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -157,7 +168,8 @@ class BlockManager:
             self.free.move_to_end(bid, last=False)
 
     def release(self, seq: Sequence) -> None:
-        """Drop `seq`'s references. Cached blocks stay reusable until evicted."""
+        """Drop `seq`'s references. Cached blocks, and its last partial block, stay reusable until evicted."""
+        self._offer_tail(seq)
         # Tail blocks go to the free list first so that they are evicted before the shared
         # head of the chain (deep blocks are the least likely to be hit again).
         for bid in reversed(seq.block_table):
@@ -166,7 +178,7 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[bid] = None
-                if block.key is None:  # nothing worth keeping: reuse it first
+                if block.key is None and not block.tail:  # nothing worth keeping: reuse it first
                     self.free.move_to_end(bid, last=False)
         seq.block_table = []
         seq.num_computed = 0
@@ -181,6 +193,10 @@ class BlockManager:
                 self.spill.offer(block.digest, block.tokens, bid)
             self._forget(block)
             if self.blocks[bid].ref_count == 0:
+                self.free.move_to_end(bid, last=False)
+        for tails in list(self.tails.values()):
+            for bid in list(tails.values()):
+                self._forget(self.blocks[bid])
                 self.free.move_to_end(bid, last=False)
 
     def spill_cached(self, deadline: float | None = None) -> None:
@@ -214,9 +230,50 @@ class BlockManager:
             self.stats.evictions += 1
             if self.spill is not None and block.digest is not None:
                 self.spill.offer(block.digest, block.tokens, bid)
-            self._forget(block)
+        self._forget(block)
         block.ref_count = 1
         return bid
+
+    def _offer_tail(self, seq: Sequence) -> None:
+        """Offer the partly written block after `seq`'s full ones, before `seq` lets go of it."""
+        bs = self.block_size
+        full, written = divmod(seq.num_computed, bs)
+        if not written or seq.pooled is not None or full >= len(seq.block_table):
+            return
+        block = self.blocks[seq.block_table[full]]
+        parent = self.blocks[seq.block_table[full - 1]].key if full else None
+        if block.ref_count != 1 or block.key is not None or block.tail or (full and parent is None):
+            return  # shared, or after a block that is not in the prefix cache
+        tokens = tuple(seq.token_ids[full * bs : seq.num_computed])
+        offered = self.tails.setdefault(parent, {})
+        if tokens not in offered:  # one copy of the same tail is enough
+            offered[tokens] = block.block_id
+            block.tail, block.parent_key, block.tokens = True, parent, tokens
+
+    def _take_tail(self, seq: Sequence) -> None:
+        """Take over the longest free tail that goes on from `seq`'s cached full blocks (leaving one token
+        to compute), as its next block."""
+        bs, table = self.block_size, seq.block_table
+        parent = self.blocks[table[-1]].key if table else None
+        offered = self.tails.get(parent)
+        if not offered or (table and parent is None):
+            return
+        start = len(table) * bs
+        room = len(seq.token_ids) - 1 - start
+        best: tuple[int, ...] = ()
+        for tokens in offered:
+            if len(best) < len(tokens) <= room and tuple(seq.token_ids[start : start + len(tokens)]) == tokens:
+                best = tokens
+        if not best:
+            return
+        bid = offered[best]
+        block = self.blocks[bid]
+        assert block.ref_count == 0 and block.tail, f"offered tail {bid} is in use"
+        self._forget(block)
+        del self.free[bid]
+        block.ref_count = 1
+        table.append(bid)
+        seq.num_computed = start + len(best)
 
     def _restore(self, token_ids: list[int], matched: list[int]) -> list[int]:
         """Go on with the prefix walk past the cached blocks `matched` (taken) in the spill tier: each block found
@@ -252,4 +309,9 @@ class BlockManager:
     def _forget(self, block: Block) -> None:
         if block.key is not None and self.cached.get(block.key) == block.block_id:
             del self.cached[block.key]
-        block.key, block.parent_key, block.tokens, block.digest = None, None, (), None
+        if block.tail:
+            offered = self.tails[block.parent_key]
+            del offered[block.tokens]
+            if not offered:
+                del self.tails[block.parent_key]
+        block.key, block.parent_key, block.tokens, block.digest, block.tail = None, None, (), None, False

@@ -170,3 +170,53 @@ def test_trim_returns_rejected_draft_blocks_and_commit_keys_only_accepted_ones()
     assert bm.match_prefix(list(range(8)) + [99]) == seq.block_table  # both full blocks, accepted tokens only
     assert bm.free and next(iter(bm.free)) not in seq.block_table  # the trimmed block is reused first
     check_invariants(bm, [seq])
+
+
+def test_a_finished_sequences_partial_block_is_taken_over_by_a_prompt_that_goes_on_from_it():
+    bm = BlockManager(8, BS)
+    a = make_seq(list(range(10)))  # two full blocks + a partial one holding 8, 9
+    run_prompt(bm, a)
+    tail = a.block_table[2]
+    bm.release(a)
+    check_invariants(bm, [])
+    b = make_seq(list(range(10)) + [50, 51], seq_id=1)  # the next turn of the same chat
+    assert bm.admit(b) == 10
+    assert b.block_table[2] == tail and bm.blocks[tail].ref_count == 1
+    assert bm.reserve(b, b.remaining) and len(b.block_table) == 3  # writes on in the same block
+    check_invariants(bm, [b])
+    c = make_seq(list(range(10)) + [60], seq_id=2)  # b owns the tail now: c recomputes it
+    assert bm.admit(c) == 8
+    assert bm.reserve(c, c.remaining)
+    check_invariants(bm, [b, c])
+
+
+def test_a_tail_is_taken_only_whole_and_never_for_a_prompts_last_token():
+    for prompt in (list(range(10)) + [77, 78], list(range(11))):
+        bm = BlockManager(8, BS)
+        a = make_seq(list(range(11)))  # tail 8, 9, 10
+        run_prompt(bm, a)
+        bm.release(a)
+        # diverges inside the tail; or the tail would leave nothing to compute
+        assert bm.admit(make_seq(prompt, seq_id=1)) == 8
+
+
+def test_the_longest_matching_tail_wins_and_eviction_or_reset_forgets_tails():
+    bm = BlockManager(8, BS)
+    for i, extra in enumerate(([8, 9, 10], [8, 9], [8])):
+        s = make_seq(list(range(8)) + extra, seq_id=i)
+        run_prompt(bm, s)
+        bm.release(s)
+    assert sorted(map(len, bm.tails[bm.blocks[bm.match_prefix(list(range(9)))[1]].key])) == [1, 2, 3]
+    b = make_seq(list(range(11)) + [5], seq_id=9)
+    assert bm.admit(b) == 11
+    bm.release(b)
+    while bm.tails:  # fresh blocks evict the tails (after the blocks never cached)
+        bm._fresh()
+    assert bm.admit(make_seq(list(range(11)) + [5], seq_id=10)) == 8
+    bm2 = BlockManager(8, BS)
+    a = make_seq(list(range(10)))
+    run_prompt(bm2, a)
+    bm2.release(a)
+    bm2.reset_prefix_cache()
+    assert not bm2.tails and not bm2.cached
+    check_invariants(bm2, [])
