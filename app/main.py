@@ -111,6 +111,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         finally:
             svc.chat.interrupt_all()
             await svc.chat.drain(settings.shutdown_grace_s)
+            await svc.chat.close()
             await membership.stop()  # after the drain: the replies are stored, the session leases released
             if engine is None:
                 await eng.shutdown()

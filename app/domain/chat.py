@@ -407,6 +407,10 @@ class ChatService:
         if pending:
             await asyncio.wait(pending, timeout=5.0)
 
+    async def close(self) -> None:
+        """After `drain`: stop the background writes (the replies' progress)."""
+        await self.runner.progress.close()
+
     def active(self) -> list[dict[str, Any]]:
         """Sessions generating a reply ("generating") or open on a connected client ("open")."""
         return self.presence.active(self.guard.turns.values())

@@ -1,5 +1,6 @@
 """Running an admitted turn: the engine's events go to the turn's sink as `delta`s, the reply is stored as it
-grows (at most SAVE_INTERVAL_S apart) and at the end, then the turn gives back its place and its session.
+grows (noted at most SAVE_INTERVAL_S apart, written with every other reply's in one batch: app/domain/progress.py)
+and at the end, then the turn gives back its place and its session.
 
 A turn runs in its own task, independent of the socket or HTTP response that started it: it goes on when the
 transport goes away (app/domain/replay.py). When it is stopped the engine aborts the sequence within a step, and
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from app.domain.admit import Admitter
 from app.domain.errors import ServiceError
 from app.domain.guard import Guard
+from app.domain.progress import Progress
 from app.domain.tools import ToolReply
 from app.domain.turn import Turn
 from app.metrics import Metrics
@@ -43,6 +45,7 @@ class Runner:
         self.metrics = metrics
         self.admitter = admitter
         self.guard = guard
+        self.progress = Progress(store, SAVE_INTERVAL_S)
 
     async def run(self, turn: Turn, gen: RequestStream, prompt_len: int) -> None:
         """Until the engine's final event, an abort or `drain`'s cancel; the reply is stored in every case."""
@@ -79,7 +82,7 @@ class Runner:
                         break
                     if time.monotonic() - last_save >= SAVE_INTERVAL_S:
                         last_save = time.monotonic()
-                        await self._save_progress(turn, "".join(parts), completion)
+                        self.progress.note(turn.message_id, "".join(parts), completion)
             finally:
                 await gen.aclose()
         except asyncio.CancelledError:
@@ -151,6 +154,7 @@ class Runner:
         tps = None
         if timings and completion >= 2 and timings.total > timings.ttft:
             tps = round((completion - 1) / (timings.total - timings.ttft), 3)
+        await self.progress.settle(turn.message_id)
         if not await self._store_final(
             turn, "".join(parts), status, reason, prompt_tokens, cached, completion, ttft_ms, tps, tool_calls
         ):
@@ -210,9 +214,3 @@ class Runner:
         except Exception:  # the database is gone: the next start marks the reply "interrupted"
             log.exception("could not mark the reply %s as failed", turn.message_id)
         return False
-
-    async def _save_progress(self, turn: Turn, text: str, completion: int) -> None:
-        try:
-            await self.store.save_progress(turn.message_id, text, completion)
-        except Exception as e:  # a busy database must not end the reply; the final write retries the lot
-            log.warning("could not store the progress of reply %s: %s", turn.message_id, e)

@@ -99,7 +99,7 @@ class Message(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # Last write; a streaming reply is rewritten every 0.5 s (app.chat.SAVE_INTERVAL_S) while tokens arrive.
+    # Last write; a streaming reply is rewritten about every 0.5 s (app/domain/progress.py) while tokens arrive.
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # The replica generating a reply (its --replica-name); None for replies stored before replicas existed.
     replica: Mapped[str | None] = mapped_column(String(REPLICA_NAME_CHARS), nullable=True)

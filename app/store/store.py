@@ -6,10 +6,11 @@ Returns plain dicts (the API's JSON shapes) so nothing ORM-bound escapes a sessi
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -276,14 +277,26 @@ class Store:
             session.updated_at = now
             return session.to_dict(), {**msg.to_dict(), "siblings": [r.id for r in rows if r.parent_id == below.id]}
 
-    async def save_progress(self, message_id: str, content: str, completion_tokens: int) -> None:
-        """Store a streaming reply as it stands (also re-asserts status "streaming", see mark_interrupted)."""
-        async with self.sessionmaker.begin() as db:
-            await db.execute(
-                update(Message)
-                .where(Message.id == message_id)
-                .values(content=content, completion_tokens=completion_tokens, status="streaming", updated_at=utcnow())
+    async def save_progress(self, replies: Mapping[str, tuple[str, int]]) -> None:
+        """Store streaming replies as they stand, message id -> (text, completion tokens), in one transaction
+        (also re-asserts status "streaming", see mark_interrupted)."""
+        if not replies:
+            return
+        table = Message.metadata.tables[Message.__tablename__]
+        # Core, not the ORM's bulk update: a row deleted meanwhile (its session deleted) is skipped, not an error.
+        stmt = (
+            update(table)
+            .where(table.c.id == bindparam("message_id"))
+            .values(
+                content=bindparam("text"),
+                completion_tokens=bindparam("tokens"),
+                status="streaming",
+                updated_at=utcnow(),
             )
+        )
+        rows = [{"message_id": m, "text": content, "tokens": n} for m, (content, n) in replies.items()]
+        async with self.sessionmaker.begin() as db:
+            await db.execute(stmt, rows)
 
     async def finish_reply(
         self,

@@ -133,7 +133,7 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
     assert (r1["position"], r1["role"], r1["status"], r1["content"]) == (1, "assistant", "streaming", "")
     assert (r1["parent_id"], r1["siblings"]) == (u1["id"], [r1["id"]])
 
-    await store.save_progress(r1["id"], "partial", 3)
+    await store.save_progress({r1["id"]: ("partial", 3)})
     _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == ("partial", 3, "streaming")
 
@@ -193,12 +193,93 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
 async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> None:
     s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
     _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
-    await store.save_progress(r["id"], "half a rep", 4)
+    await store.save_progress({r["id"]: ("half a rep", 4)})
     assert await store.mark_interrupted(older_than_s=3600) == 0  # recent: a live worker may own it
     assert await store.mark_interrupted() == 1
     _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
     assert [(m["status"], m["content"]) for m in msgs] == [("complete", "q"), ("interrupted", "half a rep")]
     assert await store.mark_interrupted() == 0
+
+
+async def test_progress_of_many_replies_goes_in_one_batch_that_skips_deleted_ones(store: Store) -> None:
+    replies = []
+    for i in range(3):
+        s = await store.create_session(ME, f"t{i}", None, DEFAULT_SETTINGS)
+        _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
+        replies.append((s["id"], r["id"]))
+    assert await store.delete_session(replies[1][0], ME)  # deleted while its reply streams
+    await store.save_progress({r: (f"text {i}", i + 1) for i, (_, r) in enumerate(replies)})
+    for i in (0, 2):
+        _, msgs = await store.get_history(replies[i][0], ME)  # type: ignore[misc]
+        assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == (
+            f"text {i}",
+            i + 1,
+            "streaming",
+        )
+
+
+async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(store: Store) -> None:
+    """app/domain/progress.py: notes of several replies become one write; a reply settled before its final
+    write (as the runner does) is not rewritten by a batch that was pending or still being written."""
+    from app.domain.progress import Progress
+
+    writes: list[dict] = []
+    written = asyncio.Event()  # the test lets the first batch reach the database
+    save = store.save_progress
+
+    async def gated(replies):  # type: ignore[no-untyped-def]
+        writes.append(dict(replies))
+        await written.wait()
+        await save(replies)
+
+    async def until(check) -> None:  # type: ignore[no-untyped-def]
+        async with asyncio.timeout(30):
+            while not await check():
+                await asyncio.sleep(0.01)
+
+    store.save_progress = gated  # type: ignore[method-assign]
+    progress = Progress(store, interval_s=0.01)
+    ids = []
+    for i in range(3):
+        s = await store.create_session(ME, f"t{i}", None, DEFAULT_SETTINGS)
+        _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
+        ids.append((s["id"], r["id"]))
+    for i, (_, r) in enumerate(ids):
+        progress.note(r, f"part {i}", 1)
+
+    async def first_batch_started() -> bool:
+        return bool(writes)
+
+    await until(first_batch_started)
+    assert writes == [{r: (f"part {i}", 1) for i, (_, r) in enumerate(ids)}]
+    progress.note(ids[0][1], "more", 2)  # pending for the next batch...
+    settled = asyncio.create_task(progress.settle(ids[0][1]))  # ...dropped; then it waits for the batch in flight
+    await asyncio.sleep(0.05)
+    assert not settled.done()
+    written.set()
+    await settled
+    await store.finish_reply(
+        ids[0][1],
+        content="final",
+        status="complete",
+        finish_reason="stop",
+        prompt_tokens=1,
+        cached_tokens=0,
+        completion_tokens=3,
+        ttft_ms=1.0,
+        tokens_per_s=1.0,
+    )
+    progress.note(ids[1][1], "later", 2)
+
+    async def later_stored() -> bool:
+        _, msgs = await store.get_history(ids[1][0], ME)  # type: ignore[misc]
+        return msgs[1]["content"] == "later"
+
+    await until(later_stored)
+    await progress.close()
+    assert [list(w) for w in writes] == [[r for _, r in ids], [ids[1][1]]]
+    _, msgs = await store.get_history(ids[0][0], ME)  # type: ignore[misc]
+    assert (msgs[1]["content"], msgs[1]["status"]) == ("final", "complete")
 
 
 async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: Store) -> None:

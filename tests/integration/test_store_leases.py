@@ -45,7 +45,7 @@ async def reply(store: Store, replica: str | None) -> tuple[str, str]:
     started = await store.start_reply(s["id"], ME, parent_id=None, user_content="q", replica=replica)
     assert started is not None
     r = started[1][-1]
-    await store.save_progress(r["id"], "half a rep", 3)
+    await store.save_progress({r["id"]: ("half a rep", 3)})
     return s["id"], r["id"]
 
 
