@@ -330,6 +330,12 @@ class NumbaBackend(host_ops.CpuHostOps):
         N = w.shape[0]
         out = np.empty((T, N), dtype=np.float32)
         step = max(16, PANEL_VALUES // K)
+        workers = 1 if self._pool is None else self.active_threads
+        if workers > 1:
+            # Equal panels, a multiple of the workers in number: none waits while another does a short last one
+            # (docs/performance.md, "Many users at once").
+            panels = -(-N // step)
+            step = -(-N // (-(-panels // workers) * workers))
         xt = np.ascontiguousarray(x.T) if T <= TRANSPOSED_PANEL_MAX_ROWS else None
 
         def panel(r0: int) -> None:
