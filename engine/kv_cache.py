@@ -170,8 +170,8 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Cached blocks, and its last partial block, stay reusable until evicted."""
         self._offer_tail(seq)
-        # Tail blocks go to the free list first so that they are evicted before the shared
-        # head of the chain (deep blocks are the least likely to be hit again).
+        # The chain's deep end goes to the free list first so that it is evicted before the
+        # shared head (deep blocks are the least likely to be hit again).
         for bid in reversed(seq.block_table):
             block = self.blocks[bid]
             assert block.ref_count > 0, f"double free of block {bid}"

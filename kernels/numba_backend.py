@@ -333,7 +333,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         workers = 1 if self._pool is None else self.active_threads
         if workers > 1:
             # Equal panels, a multiple of the workers in number: none waits while another does a short last one
-            # (docs/performance.md, "Many users at once").
+            # (docs/performance.md, "Measured effects of design choices").
             panels = -(-N // step)
             step = -(-N // (-(-panels // workers) * workers))
         xt = np.ascontiguousarray(x.T) if T <= TRANSPOSED_PANEL_MAX_ROWS else None

@@ -3,8 +3,8 @@ every `interval_s`.
 
 A reply's stored text lags its stream by at most about two intervals (a turn notes its text at most once an
 interval; the batch goes out within one more), whatever the number of replies streaming: one write a
-replica per interval, not one per reply (64 replies at 0.5 s each were ~130 transactions a second, most of
-the event loop's time under load).
+replica per interval, not one per reply (a transaction per reply and interval was most of the event loop's
+time under many clients: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ log = logging.getLogger("forge.chat")
 
 
 class Progress:
+    """`note` a streaming reply's text as it grows; `settle` it before its final write; `close` at shutdown."""
+
     def __init__(self, store: Store, interval_s: float) -> None:
         self.store, self.interval_s = store, interval_s
         self._pending: dict[str, tuple[str, int]] = {}  # message id -> (text, completion tokens)
