@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
@@ -154,8 +154,9 @@ class NumbaBackend(host_ops.CpuHostOps):
         # instead of a couple, a hundred-odd launches a step).
         numba.set_num_threads(1)
         self._lut: np.ndarray | None = None
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="forge-gemm") if self.threads > 1 else None
-        self._local = threading.local()  # each worker's panel and attention scores scratch
+        # The stepping thread works beside these (`_share_out`): threads - 1 of them.
+        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="forge-gemm") if self.threads > 1 else None
+        self._local = threading.local()  # each worker's (the stepping thread's too) panel and attention scores scratch
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
@@ -353,9 +354,27 @@ class NumbaBackend(host_ops.CpuHostOps):
         if self._pool is None or self.active_threads == 1 or len(starts) == 1:
             for r0 in starts:
                 panel(r0)
-        else:  # panels handed out one at a time: a worker that loses its core does less of them
-            list(self._pool.map(panel, starts))
+        else:
+            self._share_out(panel, starts, workers)
         return out
+
+    def _share_out(self, work: Callable[[Any], None], items: Sequence[Any], workers: int) -> None:
+        """`work(item)` for every item, on this thread and `workers` - 1 pool threads: each takes the next item
+        when it is done with one (a worker that loses its core does fewer), one hand-off per worker rather than a
+        future per item."""
+        assert self._pool is not None
+        pending = iter(items)  # next() on it is one step under the GIL: no item is taken twice
+
+        def drain() -> None:
+            for item in pending:
+                work(item)
+
+        helpers = [self._pool.submit(drain) for _ in range(workers - 1)]
+        try:
+            drain()
+        finally:
+            for f in helpers:
+                f.result()
 
     def _thread_scratch(self, name: str, size: int) -> np.ndarray:
         """The calling worker's float32 scratch `name`, at least `size` values (kept between calls)."""
@@ -447,4 +466,4 @@ class NumbaBackend(host_ops.CpuHostOps):
             for span in spans:
                 run(span)
         else:
-            list(self._pool.map(run, spans))
+            self._share_out(run, spans, self.active_threads)
