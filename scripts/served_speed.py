@@ -3,8 +3,12 @@
   served     streaming `/v1/chat/completions` on a live `forge serve` (its own server on 127.0.0.1,
              temp database), read with the official `openai` client: tokens after the first chunk
              over the time from the first content chunk to the last
-  in-process the same rendered prompt through `Engine.generate` in this process (the server stopped,
-             so the two never share cores): tokens after the first step over the same span
+  in-process the same rendered prompt through `Engine.generate` in this process: tokens after the first
+             step over the same span
+
+Both are loaded at once and their runs alternate, one served then one in-process, the other side idle
+meanwhile (so the two never share cores, and a drift of the machine's speed between minutes, common on
+shared VMs, weighs on both alike).
 
     python scripts/served_speed.py [--max-tokens 128] [--repeats 3] [--threads N]
 
@@ -97,11 +101,18 @@ async def in_process(engine: Engine, max_tokens: int) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-async def in_process_runs(args: argparse.Namespace) -> list[float]:
+async def alternating(srv: Server, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """(served runs, in-process runs), taken in turn."""
     engine = Engine.load(threads=args.threads)
     try:
-        await in_process(engine, 8)  # warm-up
-        return [await in_process(engine, args.max_tokens) for _ in range(args.repeats)]
+        await asyncio.to_thread(served, srv, 8, False)  # warm-ups
+        await in_process(engine, 8)
+        over_http: list[float] = []
+        direct: list[float] = []
+        for _ in range(args.repeats):
+            over_http.append(await asyncio.to_thread(served, srv, args.max_tokens))
+            direct.append(await in_process(engine, args.max_tokens))
+        return over_http, direct
     finally:
         await engine.shutdown()
 
@@ -116,11 +127,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         srv = Server(Path(tmp), [KEY], env).start()
         try:
-            served(srv, 8, measure=False)  # warm-up
-            over_http = [served(srv, args.max_tokens) for _ in range(args.repeats)]
+            over_http, direct = asyncio.run(alternating(srv, args))
         finally:
             srv.stop()
-    direct = asyncio.run(in_process_runs(args))
     a, b = statistics.median(over_http), statistics.median(direct)
     print(f"served decode      {a:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in over_http)})")
     print(f"in-process decode  {b:6.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in direct)})")
