@@ -351,7 +351,7 @@ class NumbaBackend(host_ops.CpuHostOps):
                 out[:, r0 : r0 + n] = part.T
 
         starts = range(0, N, step)
-        if self._pool is None or self.active_threads == 1 or len(starts) == 1:
+        if workers == 1 or len(starts) == 1:
             for r0 in starts:
                 panel(r0)
         else:

@@ -201,21 +201,29 @@ async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> 
     assert await store.mark_interrupted() == 0
 
 
-async def test_progress_of_many_replies_goes_in_one_batch_that_skips_deleted_ones(store: Store) -> None:
-    replies = []
-    for i in range(3):
+async def streaming_replies(store: Store, n: int) -> list[tuple[str, str]]:
+    """(session id, reply id) of `n` new sessions, each with a reply streaming below its first message."""
+    out = []
+    for i in range(n):
         s = await store.create_session(ME, f"t{i}", None, DEFAULT_SETTINGS)
         _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
-        replies.append((s["id"], r["id"]))
+        out.append((s["id"], r["id"]))
+    return out
+
+
+async def stored_reply(store: Store, session_id: str) -> dict:
+    """The reply below the first message of `session_id`, as stored."""
+    _, msgs = await store.get_history(session_id, ME)  # type: ignore[misc]
+    return msgs[1]
+
+
+async def test_progress_of_many_replies_goes_in_one_batch_that_skips_deleted_ones(store: Store) -> None:
+    replies = await streaming_replies(store, 3)
     assert await store.delete_session(replies[1][0], ME)  # deleted while its reply streams
     await store.save_progress({r: (f"text {i}", i + 1) for i, (_, r) in enumerate(replies)})
     for i in (0, 2):
-        _, msgs = await store.get_history(replies[i][0], ME)  # type: ignore[misc]
-        assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == (
-            f"text {i}",
-            i + 1,
-            "streaming",
-        )
+        got = await stored_reply(store, replies[i][0])
+        assert (got["content"], got["completion_tokens"], got["status"]) == (f"text {i}", i + 1, "streaming")
 
 
 async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(store: Store) -> None:
@@ -239,11 +247,7 @@ async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(st
 
     store.save_progress = gated  # type: ignore[method-assign]
     progress = Progress(store, interval_s=0.01)
-    ids = []
-    for i in range(3):
-        s = await store.create_session(ME, f"t{i}", None, DEFAULT_SETTINGS)
-        _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
-        ids.append((s["id"], r["id"]))
+    ids = await streaming_replies(store, 3)
     for i, (_, r) in enumerate(ids):
         progress.note(r, f"part {i}", 1)
 
@@ -272,14 +276,13 @@ async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(st
     progress.note(ids[1][1], "later", 2)
 
     async def later_stored() -> bool:
-        _, msgs = await store.get_history(ids[1][0], ME)  # type: ignore[misc]
-        return msgs[1]["content"] == "later"
+        return (await stored_reply(store, ids[1][0]))["content"] == "later"
 
     await until(later_stored)
     await progress.close()
     assert [list(w) for w in writes] == [[r for _, r in ids], [ids[1][1]]]
-    _, msgs = await store.get_history(ids[0][0], ME)  # type: ignore[misc]
-    assert (msgs[1]["content"], msgs[1]["status"]) == ("final", "complete")
+    final = await stored_reply(store, ids[0][0])
+    assert (final["content"], final["status"]) == ("final", "complete")
 
 
 async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: Store) -> None:
