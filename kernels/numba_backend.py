@@ -33,8 +33,8 @@ from kernels.attention_meta import AttentionMetadata
 from kernels.host_ops import Scratch, prefill_operands, prefill_tile
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
-from kernels.numba_layout import Blocked, block_rows, dequant_rows, half_exact
-from kernels.numba_linear import half_dequant, matvec_i8, matvec_q4, matvec_q4_split, matvec_q8
+from kernels.numba_layout import STRIPE16, Blocked, block_rows, block_rows16, dequant_rows, dequant_rows16, half_exact
+from kernels.numba_linear import half_dequant, matvec_i8, matvec_i8_x16, matvec_q4, matvec_q4_split, matvec_q8
 from kernels.numba_ops import (
     PARALLEL_ROWS,
     add_rms_norm_parallel,
@@ -195,7 +195,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
         parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
         weights = [
-            Linear(w.shape, block_rows(w, half=dtype == np.uint16))
+            Linear(w.shape, (block_rows16 if self._stripe16(w) else block_rows)(w, half=dtype == np.uint16))
             for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str)
             for w in parts
         ]
@@ -237,7 +237,8 @@ class NumbaBackend(host_ops.CpuHostOps):
         if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
             return lin
         if w.kind in ("q4", "q8"):
-            blocked = block_rows(w, half=self.half_scales and half_exact(w))
+            half = self.half_scales and half_exact(w)
+            blocked = block_rows16(w, half) if self._stripe16(w) else block_rows(w, half)
             lin = Linear(w.shape, blocked)
             self.scale_dtypes.add(blocked.scale.dtype)
         else:
@@ -245,13 +246,22 @@ class NumbaBackend(host_ops.CpuHostOps):
         self._recent = (weakref.ref(w.data), weakref.ref(lin))
         return lin
 
+    def _stripe16(self, w: Weight) -> bool:
+        """Whether a weight is blocked sixteen rows at a time (kernels/numba_layout.py `block_rows16`): q4 whose
+        every product takes int8 activations on AVX-512 VNNI (`matvec_i8_x16`: a group's sums one row per lane,
+        a third of the four-row kernel's scaling work). Not on AMX CPUs, whose long products keep the tiles
+        that read the four-row order."""
+        return self.activations == "q8" and w.kind == "q4" and VNNI512 and not self.amx
+
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)
 
     def dequantize_rows(self, lin: Linear, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """out [len(rows), K] = the weight's `rows` (int64) in float32."""
         b = lin.blocked
-        if b is not None:
+        if b is not None and b.stripe == STRIPE16:
+            dequant_rows16(b.data, b.scale, b.min, b.zero, rows, out)
+        elif b is not None:
             dequant_rows(b.data, b.scale, b.min, b.kind == "q4", b.group, b.zero, rows, out)
         elif (w := lin.plain).kind == "f32":
             np.take(w.data, rows, axis=0, out=out)
@@ -304,7 +314,9 @@ class NumbaBackend(host_ops.CpuHostOps):
             minv, mf = b.min_operand()
             # sizes the matvec kernels' work items, a hint (asking numba.get_num_threads() takes a lock each time)
             threads = self.active_threads
-            if int8:
+            if int8 and b.stripe == STRIPE16:
+                matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, threads)
+            elif int8:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:
                 # the real count, whichever thread calls: it sizes one scratch per kernel thread

@@ -22,6 +22,18 @@ half the memory. The kernels read both dtypes through `kernels.simd`'s readers (
 `f32x4_at`, `splat_at`, `vload`); a weight's scales and mins share one dtype (one compiled
 specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
+
+q4 weights whose every product takes int8 activations on AVX-512 VNNI (`--activations q8`; NumbaBackend
+chooses) are blocked sixteen rows at a time instead (`block_rows16`, `Blocked.stripe` 16), so that one
+vpdpbusd multiplies sixteen rows' four values by four broadcast activations and a group's sums land one
+row per lane (kernels/numba_linear.py `matvec_i8_x16`):
+
+    data   [N16 / 16, K / 32, 4, 16, 4]   uint8: group g's load j, row r, byte i holds values
+                                          8j + i (low nibble) and 8j + 4 + i (high nibble)
+    scale  [N16 / 16, K / 32, 16]         float32, or float16 bits
+    min    [N16 / 16, K / 32, 16]         as scale, or empty
+
+The same bytes as the four-row order, in another order.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from kernels.simd import f32_at, q4_dequant32, q8_dequant16
 from kernels.weight import Weight
 
 ROWS = 4  # rows per block
+STRIPE16 = 16  # rows per block of `block_rows16`
 f32 = np.float32
 
 
@@ -51,6 +64,7 @@ class Blocked:
     scale: np.ndarray  # float32, or uint16: float16 bits
     min: np.ndarray  # as scale; size 0 when the type has no offset
     zero: int = 0  # 8: a symmetric q4 type, its mins -8 * scale (not stored)
+    stripe: int = ROWS  # rows per block: ROWS, or STRIPE16 (`block_rows16`)
 
     @property
     def groups(self) -> int:
@@ -70,14 +84,15 @@ class Blocked:
         return self.data.nbytes + self.scale.nbytes + self.min.nbytes
 
 
-def _blocks(a: np.ndarray, per_group: int) -> np.ndarray:
-    """[N, ng * per_group] -> flat [N4 / 4, ng, 4, per_group], zero rows appended up to N4."""
+def _blocks(a: np.ndarray, per_group: int, rows: int = ROWS) -> np.ndarray:
+    """[N, ng * per_group] -> flat [N' / rows, ng, rows, per_group], zero rows appended up to N' (N rounded up to
+    a multiple of `rows`)."""
     n = a.shape[0]
-    n4 = -(-n // ROWS) * ROWS
+    n4 = -(-n // rows) * rows
     if n4 != n:
         a = np.concatenate([a, np.zeros((n4 - n, a.shape[1]), a.dtype)])
     ng = a.shape[1] // per_group
-    return np.ascontiguousarray(a.reshape(n4 // ROWS, ROWS, ng, per_group).transpose(0, 2, 1, 3)).reshape(-1)
+    return np.ascontiguousarray(a.reshape(n4 // rows, rows, ng, per_group).transpose(0, 2, 1, 3)).reshape(-1)
 
 
 def half_exact(w: Weight) -> bool:
@@ -105,6 +120,61 @@ def block_rows(w: Weight, half: bool = False) -> Blocked:
         return out.view(np.uint16) if half else out
 
     return Blocked(w.kind, rows, cols, w.group, _blocks(w.data, per_group), vec(w.scales), vec(w.mins), w.zero)
+
+
+def block_rows16(w: Weight, half: bool = False) -> Blocked:
+    """Repack a q4 weight (groups of 32) sixteen rows to a block in STRIPE16 order (the module docstring); a copy,
+    scales and mins as float16 bits when `half`."""
+    if w.kind != "q4":
+        raise ValueError(f"only q4 weights take the 16-row order, got {w.kind}")
+    rows, cols = w.shape
+    n16 = -(-rows // STRIPE16) * STRIPE16
+    data = np.zeros(n16 // STRIPE16 * (cols // 32) * 256, dtype=np.uint8)
+    _stripe16(w.data, rows, cols // 32, data)
+    dtype = np.float16 if half else np.float32
+
+    def vec(a: np.ndarray | None) -> np.ndarray:
+        out = _blocks(a, 1, STRIPE16).astype(dtype, copy=False) if a is not None else np.empty(0, dtype)
+        return out.view(np.uint16) if half else out
+
+    return Blocked("q4", rows, cols, 32, data, vec(w.scales), vec(w.mins), w.zero, STRIPE16)
+
+
+@njit(**JIT_EXACT)
+def _stripe16(src, rows, ng, out):
+    """src [rows, ng * 16] packed groups (`Weight` q4: value j low nibble, j + 16 high) -> out in STRIPE16 order."""
+    for r in range(rows):
+        blk, lane = r // STRIPE16, r % STRIPE16
+        for g in range(ng):
+            base = (blk * ng + g) * 256 + lane * 4
+            for v in range(0, 32, 8):  # values v .. v + 7: one load's four bytes of this row
+                for i in range(4):
+                    lo, hi = v + i, v + 4 + i
+                    a = (src[r, g * 16 + lo % 16] >> (4 * (lo // 16))) & 15
+                    b = (src[r, g * 16 + hi % 16] >> (4 * (hi // 16))) & 15
+                    out[base + (v // 8) * 64 + i] = a | (b << 4)
+
+
+@njit(**JIT_EXACT)
+def dequant_rows16(data, scale, minv, zero, rows, out):
+    """`dequant_rows` of a STRIPE16 q4 weight: out [len(rows), K] = scale * q + min, or scale * (q - zero)."""
+    K = out.shape[1]
+    ng = K // 32
+    has_min = minv.shape[0] > 0
+    for i in range(rows.shape[0]):
+        blk, lane = rows[i] // STRIPE16, rows[i] % STRIPE16
+        for g in range(ng):
+            s = (blk * ng + g) * STRIPE16 + lane
+            d = f32_at(scale, s)
+            m = f32_at(minv, s) if has_min else f32(0.0)
+            base = (blk * ng + g) * 256 + lane * 4
+            for v in range(32):
+                byte = data[base + (v // 8) * 64 + v % 4]
+                q = (byte >> (4 * ((v // 4) % 2))) & 15
+                if zero:
+                    out[i, g * 32 + v] = d * f32(np.int32(q) - zero)
+                else:
+                    out[i, g * 32 + v] = d * f32(q) + m
 
 
 @njit(**JIT_EXACT)

@@ -37,6 +37,10 @@ Activation paths:
   groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 - Both integer paths take activation rows in tiles of up to I8_TILE: each weight group is loaded and
   unpacked once for the tile's rows.
+- int8 over q4 weights in sixteen-row blocks (`matvec_i8_x16`, numba_layout `block_rows16`: the backend's
+  choice for `--activations q8` on AVX-512 VNNI): a group's sums land one row per lane, so its scaling is
+  three vector operations per sixteen rows and activation row instead of per four, and a block's results
+  are one vector store; tiles of X16_TILE rows.
 
 A symmetric q4 type (Q4_0) keeps no mins: its scales stand in, times -8 (`Blocked.min_operand`,
 d * sum((q - 8) x) = d * sum(q x) - 8 d * sum(x)), in the same min term.
@@ -76,6 +80,7 @@ from kernels.simd import (
     q4_pair_i8_tile,
     q4_quad_i8_tile,
     q4_quad_split_tile,
+    q4_x16_i8_tile,
     q8_acc16_tile,
     q8_acc32_tile,
     q8_dot16,
@@ -92,9 +97,12 @@ from kernels.simd import (
     vfma,
     vfma_s,
     vload,
+    vstore,
     vzero,
     vzero_tile,
     vzero_tile_of,
+    x16_acc_min_tile,
+    x16_acc_tile,
 )
 
 f32 = np.float32
@@ -118,6 +126,9 @@ TINY = f32(2.0**-100)  # blocks of activations all below this count as zeros in 
 # Activation rows that share each unpacked weight group on the integer paths (a tile's accumulators stay
 # in registers, AVX2's 16 included); `_i8_chunk` and `_split_chunk` finish with one tile of the 1-3 left.
 I8_TILE = 4
+# Activation rows that share each unpacked group of a 16-row block (`matvec_i8_x16`): a tile's float
+# accumulators, one zmm a row, beside the group's eight unpacked weight vectors.
+X16_TILE = 8
 
 
 @njit(**JIT)
@@ -749,6 +760,234 @@ def matvec_i8(q, scale, minv, mf, is_q4, x, out, threads):
     cb = _chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _i8_chunk(q, scale, minv, is_q4, xqf, T, KX, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
+
+
+@njit(**JIT)
+def _times(a, f):
+    """a * f, a new array (a loop: a whole-array expression in a parallel kernel becomes a parallel loop)."""
+    out = np.empty_like(a)
+    for i in range(a.shape[0]):
+        out[i] = a[i] * f
+    return out
+
+
+@njit(**JIT)
+def _x16_tile(q, scale, minv, sym, xq, xd, xsm, out, ts, rows, xds, b0, b1, ng, N):
+    """Rows ts of the int8 activations (at offsets rows in xq, their scales and scaled sums from xds in xd and
+    xsm) times the 16-row blocks b0 .. b1 - 1 of a STRIPE16 q4 weight: each group is loaded and unpacked once
+    for the tile's rows, and a block's sixteen results for a row are one vector store."""
+    last = np.empty(16, dtype=np.float32)  # a ragged last block's row, before its padding is dropped
+    for blk in range(b0, b1):
+        a = vzero_tile_of(rows, 16)
+        for g in range(ng):
+            s = (blk * ng + g) * 16
+            b = s * 16  # 256 bytes a group
+            prefetch(q, b + PREFETCH_BYTES)
+            prefetch(q, b + PREFETCH_BYTES + 64)
+            prefetch(q, b + PREFETCH_BYTES + 128)
+            prefetch(q, b + PREFETCH_BYTES + 192)
+            ints = q4_x16_i8_tile(q, b, xq, g * 32, rows)
+            if sym:
+                a = x16_acc_tile(ints, scale, scale, s, xd, xsm, xds, g, a)
+            else:
+                a = x16_acc_min_tile(ints, scale, minv, s, xd, xsm, xds, g, a)
+        r = blk * 16
+        for i in range(len(ts)):
+            if r + 16 <= N:
+                vstore(out, ts[i] * N + r, a[i])
+            else:
+                vstore(last, 0, a[i])
+                for j in range(N - r):
+                    out[ts[i] * N + r + j] = last[j]
+
+
+@njit(**JIT)
+def _x16_chunk(q, scale, minv, sym, xq, T, K, xd, xsm, out, b0, b1, ng, N):
+    """T int8 activation rows in tiles of X16_TILE rows, then one tile of the rest (1 .. X16_TILE - 1 rows)."""
+    flat = out.reshape(T * N)
+    t = 0
+    while T - t >= X16_TILE:
+        o = tile_offsets(t, 1, X16_TILE)
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            o,
+            tile_offsets(t, K, X16_TILE),
+            tile_offsets(t, ng, X16_TILE),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+        t += X16_TILE
+    r = T - t
+    if r == 1:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 1),
+            tile_offsets(t, K, 1),
+            tile_offsets(t, ng, 1),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 2:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 2),
+            tile_offsets(t, K, 2),
+            tile_offsets(t, ng, 2),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 3:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 3),
+            tile_offsets(t, K, 3),
+            tile_offsets(t, ng, 3),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 4:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 4),
+            tile_offsets(t, K, 4),
+            tile_offsets(t, ng, 4),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 5:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 5),
+            tile_offsets(t, K, 5),
+            tile_offsets(t, ng, 5),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 6:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 6),
+            tile_offsets(t, K, 6),
+            tile_offsets(t, ng, 6),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+    elif r == 7:
+        _x16_tile(
+            q,
+            scale,
+            minv,
+            sym,
+            xq,
+            xd,
+            xsm,
+            flat,
+            tile_offsets(t, 1, 7),
+            tile_offsets(t, K, 7),
+            tile_offsets(t, ng, 7),
+            b0,
+            b1,
+            ng,
+            N,
+        )
+
+
+@njit(parallel=True, **JIT)
+def matvec_i8_x16(q, scale, minv, mf, x, out, threads):
+    """`matvec_i8` over a q4 weight in STRIPE16 order (numba_layout `block_rows16`): sixteen rows a block, a
+    group's sums one row per lane (`simd.q4_x16_i8`); minv empty for a symmetric type (Q4_0: the scales times
+    mf = -8 stand in), else the stored mins (mf = 1)."""
+    T, K = x.shape
+    N = out.shape[1]
+    ng = K // 32
+    xq = np.empty((T, K), dtype=np.int8)
+    xd = np.empty((T, ng), dtype=np.float32)
+    xsum = np.empty((T, ng), dtype=np.float32)
+    quantize_rows(x, xq, xd, xsum)
+    xsm = _times(xsum.reshape(T * ng), mf)
+    sym = minv.shape[0] == 0
+    nb = (N + 15) // 16
+    cb = _chunk_blocks(ng * 4, nb, threads)
+    for c in prange((nb + cb - 1) // cb):
+        _x16_chunk(
+            q,
+            scale,
+            minv,
+            sym,
+            xq.reshape(T * K),
+            T,
+            K,
+            xd.reshape(T * ng),
+            xsm,
+            out,
+            c * cb,
+            min(nb, (c + 1) * cb),
+            ng,
+            N,
+        )
 
 
 @njit(**JIT)

@@ -14,6 +14,10 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q8_dot16`, `q8_dot32`: 16 / 32 int8 values times float32 activations -> F32xN
 - `q8_dot32_i8(q, qi, xq, xi)`: the same group times 32 int8-quantized activations, as exact
   int32 sums per lane converted to F32x8.
+- `q4_x16_i8(q, qi, xq, xi)`: a 16-row block's packed group (256 bytes, numba_layout's STRIPE16
+  order) times 32 int8 activations -> F32x16 of exact int sums, lane r row r's: eight `vpdpbusd`, each
+  against four activations broadcast as one int32; `x16_acc_tile` / `x16_acc_min_tile` scale a tile's
+  sums into its accumulators (Q4_0's scales standing in for the mins, or stored mins).
 - `q4_pair_i8(q, qi, x2, xi)`: two rows' packed 4-bit groups (32 bytes: the layout's rows 0|1 or
   2|3 of a block) times int8 activations in pair layout ([x0..15, x0..15, x16..31, x16..31]), one
   vector for both rows: lanes 0-3 row A's exact sums, 4-7 row B's. Half the instructions of one
@@ -312,6 +316,94 @@ def _q4_quad_split(builder, qp):
     return split_dot
 
 
+def _q4_x16_i8(builder, qp):
+    """A 16-row block's packed 4-bit group (256 bytes, `numba_layout`'s STRIPE16 order: load j's row r at bytes
+    64j + 4r .. 64j + 4r + 3, byte i's low nibble value 8j + i, its high one 8j + 4 + i) -> dot(int8 x pointer)
+    -> F32x16 of exact int sums, lane r row r's. Each 64-byte load's low and high nibbles meet four activations
+    broadcast as one int32 (a broadcast load): eight vpdpbusd a group for sixteen rows, no reduction after."""
+    v64 = ir.VectorType(_i8, 64)
+    vi = ir.VectorType(_i32, 16)
+    parts = []
+    for j in range(4):
+        b = _load(builder, builder.bitcast(builder.gep(qp, [ir.Constant(_i32, 64 * j)]), v64.as_pointer()))
+        parts.append((builder.and_(b, ir.Constant(v64, [15] * 64)), 8 * j))
+        parts.append((builder.lshr(b, ir.Constant(v64, [4] * 64)), 8 * j + 4))
+
+    def dot(xb):
+        acc = ir.Constant(vi, [0] * 16)
+        for w, off in parts:
+            x4 = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), _i32.as_pointer()))
+            xs = _splat(builder, x4, vi)
+            if VNNI512:
+                acc = _dpbusd(builder, acc, w, xs)
+                continue
+            # plain vector IR, for any x86-64 (prepare_linear picks this layout only on VNNI512)
+            wide = ir.VectorType(_i32, 64)
+            prod = builder.mul(builder.zext(w, wide), builder.sext(builder.bitcast(xs, v64), wide))
+            for k in range(4):
+                acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(vi, list(range(k, 64, 4)))))
+        return builder.sitofp(acc, _vf16)
+
+    return dot
+
+
+def _stripe_acc_tile(with_min: bool):
+    """`x16_acc_tile` (Q4_0: the scales stand in for the mins) or `x16_acc_min_tile` (stored mins)."""
+
+    def acc_tile(typingctx, ints, scale, minv, si, xd, xsm, offs, g, accs):
+        if not (
+            isinstance(ints, types.UniTuple)
+            and ints.dtype == F32x16
+            and accs == ints
+            and _reads_as_f32(scale)
+            and (not with_min or minv == scale)
+            and isinstance(offs, types.UniTuple)
+            and offs.count == ints.count
+        ):
+            return None
+        _check_flat(xd, xsm)
+
+        def codegen(context, builder, sig, args):
+            ints_, sa, ma, si_, xa, sma, offs_, g_, accs_ = args
+            d16 = _load_f32(builder, _flat_ptr(context, builder, scale, sa, si_), scale.dtype, 16)
+            m16 = _load_f32(builder, _flat_ptr(context, builder, minv, ma, si_), minv.dtype, 16) if with_min else None
+            outs = []
+            for i in range(ints.count):
+                at = builder.add(
+                    context.cast(builder, builder.extract_value(offs_, i), offs.dtype, types.intp),
+                    context.cast(builder, g_, g, types.intp),
+                )
+                xdv = _splat(builder, _load(builder, _flat_ptr(context, builder, xd, xa, at)), _vf16)
+                xsv = _splat(builder, _load(builder, _flat_ptr(context, builder, xsm, sma, at)), _vf16)
+                acc = builder.extract_value(accs_, i)
+                if with_min:  # d * xd * isum + m * xsum
+                    acc = _fmuladd(builder, builder.extract_value(ints_, i), builder.fmul(d16, xdv), acc)
+                    acc = _fmuladd(builder, m16, xsv, acc)
+                else:  # d * (xd * isum - 8 xsum)
+                    acc = _fmuladd(builder, _fmuladd(builder, builder.extract_value(ints_, i), xdv, xsv), d16, acc)
+                outs.append(acc)
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return accs(ints, scale, minv, si, xd, xsm, offs, g, accs), codegen
+
+    acc_tile.__name__ = acc_tile.__qualname__ = "x16_acc_min_tile" if with_min else "x16_acc_tile"
+    acc_tile.__doc__ = (
+        "accs[i] + a group's exact int sums for row i of a tile (`q4_x16_i8_tile`) scaled into float32: with "
+        "scale[si : si + 16] (d, one per weight row), row i's activation scale xd[offs[i] + g] and its quantized "
+        "sum times the mins' factor xsm[offs[i] + g], "
+        + (
+            "plus the stored mins minv[si : si + 16] times that sum: d xd isum + m xsum."
+            if with_min
+            else "the scales standing in for the mins (Q4_0, xsm = -8 xsum): d (xd isum + xsm); minv is unused."
+        )
+    )
+    return intrinsic(acc_tile)
+
+
+x16_acc_tile = _stripe_acc_tile(False)
+x16_acc_min_tile = _stripe_acc_tile(True)
+
+
 def _flat_ptr(context, builder, aryty, ary, idx):
     """The address of element idx of a 1-D C-contiguous array."""
     return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
@@ -568,14 +660,14 @@ def vload(typingctx, a, i):
 
 @intrinsic
 def vstore(typingctx, a, i, v):
-    """a[i : i + LANES] = v (a flat float32 array, an F32xN)."""
+    """a[i : i + n] = v (a flat float32 array, a float vector of n lanes: F32xN, or F32x16 anywhere)."""
     _check_flat(a)
-    if a.dtype != types.float32 or v != F32xN:
+    if a.dtype != types.float32 or not isinstance(v, F32VecType):
         return None
 
     def codegen(context, builder, sig, args):
         aa, i_, v_ = args
-        st = builder.store(v_, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), _vf.as_pointer()))
+        st = builder.store(v_, builder.bitcast(_flat_ptr(context, builder, a, aa, i_), v_.type.as_pointer()))
         st.align = 4
         return context.get_dummy_value()
 
@@ -803,6 +895,13 @@ q4_quad_i8, q4_quad_i8_tile = _blocks(
     _q4_quad_i8,
     "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) times "
     "int8 activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lanes 4r .. 4r + 3 row r's.",
+    F32x16,
+)
+q4_x16_i8, q4_x16_i8_tile = _blocks(
+    "q4_x16_i8",
+    _q4_x16_i8,
+    "A 16-row block's packed 4-bit groups (256 bytes at q[qi], `numba_layout` STRIPE16 order) times int8 "
+    "activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lane r row r's (not yet scaled).",
     F32x16,
 )
 q4_pair_i8, q4_pair_i8_tile = _blocks(
@@ -1093,6 +1192,8 @@ __all__ = [
     "q4_quad_i8_tile",
     "q4_quad_split",
     "q4_quad_split_tile",
+    "q4_x16_i8",
+    "q4_x16_i8_tile",
     "q8_dot32_i8_tile",
     "quad_scales",
     "scale_acc_tile",
@@ -1121,4 +1222,6 @@ __all__ = [
     "vzero8",
     "vzero_n",
     "vzero_tile",
+    "x16_acc_min_tile",
+    "x16_acc_tile",
 ]

@@ -25,7 +25,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 )
 
 from engine.loader.quant import GGML_TYPES, gguf_weight
-from kernels import numba_attention, numba_backend, numba_layout, numba_linear
+from kernels import numba_attention, numba_backend, numba_layout, numba_linear, simd
 from kernels.numba_backend import MATVEC_MAX_ROWS, TRANSPOSED_PANEL_MAX_ROWS, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
@@ -443,6 +443,61 @@ def test_blocked_layout_round_trips_and_pads_to_four_rows(be, rng, scales):
         np.testing.assert_array_equal(out, w.dequantize())
 
 
+@pytest.mark.parametrize("scales", SCALES)
+def test_sixteen_row_layout_round_trips_and_holds_the_same_bytes(rng, scales):
+    for case in ("q4", "q4 min"):
+        for n in (7, 16, 38):
+            w = blocked_case(case, n, 96, rng, scales)
+            b = numba_layout.block_rows16(w, half=scales == "f16")
+            n16 = -(-n // 16) * 16
+            assert (b.stripe, b.rows, b.cols, b.zero) == (16, n, 96, w.zero)
+            assert b.data.size == n16 * 48 and b.scale.size == n16 * 3 and b.scale.dtype == SCALE_DTYPES[scales]
+            if n % 16 == 0:  # a model's matrices: the four-row order's bytes, reordered
+                assert b.nbytes == numba_layout.block_rows(w, half=scales == "f16").nbytes
+            out = np.empty((n, 96), np.float32)
+            rows = np.arange(n)[::-1].copy()
+            numba_layout.dequant_rows16(b.data, b.scale, b.min, b.zero, rows, out)
+            np.testing.assert_array_equal(out, w.dequantize(rows))
+
+
+def _x16_product(b: numba_layout.Blocked, x: np.ndarray) -> np.ndarray:
+    """x times a 16-row blocked q4 weight on the int8 kernel, called directly."""
+    out = np.full((len(x), b.rows), np.nan, np.float32)
+    numba_linear.matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, 2)
+    return out
+
+
+@pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("case", ["q4", "q4 min"])
+def test_sixteen_row_int8_products_over_every_tile_remainder(rng, case, scales):
+    # Called directly (any x86-64 runs it: plain vector IR where the CPU lacks AVX-512 VNNI): ragged last
+    # blocks, tiles of X16_TILE rows and every remainder, each row equal to the same row computed alone.
+    tile = numba_linear.X16_TILE
+    for n, k in ((1, 32), (38, 96), (133, 320)):
+        w = blocked_case(case, n, k, rng, scales)
+        b = numba_layout.block_rows16(w, half=scales == "f16")
+        x = random_activations(rng, 2 * tile + 3, k)
+        want = int8_model(x, w)
+        alone = np.concatenate([_x16_product(b, x[t : t + 1]) for t in range(len(x))])
+        for rows in (1, 2, tile - 1, tile, tile + 1, 2 * tile + 3):
+            got = _x16_product(b, x[:rows])
+            scale = max(np.abs(want[:rows]).max(), 1e-30)
+            np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k} T{rows}")
+            np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"{n}x{k} T{rows} alone")
+
+
+def test_int8_q4_weights_take_the_sixteen_row_layout_where_vnni_runs_it(rng):
+    # --activations q8 on AVX-512 VNNI (no AMX) blocks q4 sixteen rows at a time; the default float32 mode,
+    # q8 weights and AMX CPUs keep four. The backend's embedding rows read either.
+    q8_mode, f32_mode = NumbaBackend(threads=2, activations="q8"), NumbaBackend(threads=2)
+    wide = simd.VNNI512 and not q8_mode.amx
+    q4, q8 = blocked_case("q4", 40, 64, rng, "f16"), blocked_case("q8 g32", 40, 64, rng, "f16")
+    assert q8_mode.prepare_linear(q4).blocked.stripe == (16 if wide else 4)
+    assert q8_mode.prepare_linear(q8).blocked.stripe == f32_mode.prepare_linear(q4).blocked.stripe == 4
+    ids = np.array([39, 0, 17, 17])
+    np.testing.assert_array_equal(q8_mode.embedding(q8_mode.prepare_embedding(q4), ids), q4.dequantize(ids))
+
+
 def test_a_tied_embedding_and_lm_head_share_one_repacked_copy(be, rng):
     w = blocked_case("q4 min", 9, 64, rng)
     emb = be.prepare_embedding(w)
@@ -567,6 +622,15 @@ for activations in ("f32", "q8"):
             dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
             want = int8_model(x, w) if activations == "q8" else dense
             assert np.abs(got - want).max() <= 2e-6 * np.abs(dense).max(), (activations, case, rows)
+from kernels import numba_layout, numba_linear
+for case in ("q4", "q4 min"):  # the 16-row order's kernel, in the plain vector IR it takes without VNNI512
+    w = blocked_case(case, 38, 96, rng, "f16")
+    b = numba_layout.block_rows16(w, half=True)
+    x = random_activations(rng, 9, 96)
+    got = np.empty((9, 38), np.float32)
+    numba_linear.matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, got, 2)
+    want = int8_model(x, w)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max(), ("x16", case)
 print("ok")
 """
 
