@@ -34,7 +34,15 @@ from kernels.host_ops import Scratch, prefill_operands, prefill_tile
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import STRIPE16, Blocked, block_rows, block_rows16, dequant_rows, dequant_rows16, half_exact
-from kernels.numba_linear import half_dequant, matvec_i8, matvec_i8_x16, matvec_q4, matvec_q4_split, matvec_q8
+from kernels.numba_linear import (
+    half_dequant,
+    matvec_i8,
+    matvec_i8_x16,
+    matvec_q4,
+    matvec_q4_split,
+    matvec_q4_split_x16,
+    matvec_q8,
+)
 from kernels.numba_ops import (
     PARALLEL_ROWS,
     add_rms_norm_parallel,
@@ -251,7 +259,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         every product takes int8 activations on AVX-512 VNNI (`matvec_i8_x16`: a group's sums one row per lane,
         a third of the four-row kernel's scaling work). Not on AMX CPUs, whose long products keep the tiles
         that read the four-row order."""
-        return self.activations == "q8" and w.kind == "q4" and VNNI512 and not self.amx
+        return w.kind == "q4" and VNNI512 and not self.amx
 
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)
@@ -306,7 +314,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         int8 = self.activations == "q8" and b is not None and b.group == 32 and not (amx and T > INT8_AMX_MAX_ROWS)
         if w.kind == "f32":
             out = x @ w.plain.data.T
-        elif b is None or (T > MATVEC_MAX_ROWS and not amx and not int8):
+        elif b is None or (T > MATVEC_MAX_ROWS and not amx and not int8 and b.stripe != STRIPE16):
             out = self._panels_gemm(x, w)
         else:
             out = np.empty((T, w.shape[0]), dtype=np.float32)
@@ -314,8 +322,9 @@ class NumbaBackend(host_ops.CpuHostOps):
             minv, mf = b.min_operand()
             # sizes the matvec kernels' work items, a hint (asking numba.get_num_threads() takes a lock each time)
             threads = self.active_threads
-            if int8 and b.stripe == STRIPE16:
-                matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, threads)
+            if b.stripe == STRIPE16:
+                kernel = matvec_i8_x16 if int8 else matvec_q4_split_x16
+                kernel(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, threads)
             elif int8:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:

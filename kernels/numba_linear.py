@@ -81,6 +81,7 @@ from kernels.simd import (
     q4_quad_i8_tile,
     q4_quad_split_tile,
     q4_x16_i8_tile,
+    q4_x16_split_tile,
     q8_acc16_tile,
     q8_acc32_tile,
     q8_dot16,
@@ -772,10 +773,14 @@ def _times(a, f):
 
 
 @njit(**JIT)
-def _x16_tile(q, scale, minv, sym, xq, xd, xsm, out, ts, rows, xds, b0, b1, ng, N):
-    """Rows ts of the int8 activations (at offsets rows in xq, their scales and scaled sums from xds in xd and
-    xsm) times the 16-row blocks b0 .. b1 - 1 of a STRIPE16 q4 weight: each group is loaded and unpacked once
-    for the tile's rows, and a block's sixteen results for a row are one vector store."""
+def _x16_tile(w, xa, out, ts, rows, xds, b0, b1, ng, N):
+    """Rows ts of the activations times the 16-row blocks b0 .. b1 - 1 of a STRIPE16 q4 weight w = (q, scale,
+    minv, sym): each group is loaded and unpacked once for the tile's rows, and a block's sixteen results for a
+    row are one vector store. xa = (x, xd, xsm, split): int8 values (32 a group) or, `split`, four int8 pieces
+    (128 a group) at offsets rows in x, their scales and the mins' sums from xds in xd and xsm."""
+    q, scale, minv, sym = w
+    x, xd, xsm, split = xa
+    xg = 128 if split else 32
     last = np.empty(16, dtype=np.float32)  # a ragged last block's row, before its padding is dropped
     for blk in range(b0, b1):
         a = vzero_tile_of(rows, 16)
@@ -786,7 +791,10 @@ def _x16_tile(q, scale, minv, sym, xq, xd, xsm, out, ts, rows, xds, b0, b1, ng, 
             prefetch(q, b + PREFETCH_BYTES + 64)
             prefetch(q, b + PREFETCH_BYTES + 128)
             prefetch(q, b + PREFETCH_BYTES + 192)
-            ints = q4_x16_i8_tile(q, b, xq, g * 32, rows)
+            if split:
+                ints = q4_x16_split_tile(q, b, x, g * xg, rows)
+            else:
+                ints = q4_x16_i8_tile(q, b, x, g * xg, rows)
             if sym:
                 a = x16_acc_tile(ints, scale, scale, s, xd, xsm, xds, g, a)
             else:
@@ -802,157 +810,28 @@ def _x16_tile(q, scale, minv, sym, xq, xd, xsm, out, ts, rows, xds, b0, b1, ng, 
 
 
 @njit(**JIT)
-def _x16_chunk(q, scale, minv, sym, xq, T, K, xd, xsm, out, b0, b1, ng, N):
-    """T int8 activation rows in tiles of X16_TILE rows, then one tile of the rest (1 .. X16_TILE - 1 rows)."""
-    flat = out.reshape(T * N)
+def _x16_chunk(w, xa, T, KX, out, b0, b1, ng, N):
+    """T activation rows (KX values apart in x) in tiles of X16_TILE rows, then one tile of the rest."""
     t = 0
     while T - t >= X16_TILE:
-        o = tile_offsets(t, 1, X16_TILE)
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            o,
-            tile_offsets(t, K, X16_TILE),
-            tile_offsets(t, ng, X16_TILE),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        o, rows, xds = tile_offsets(t, 1, X16_TILE), tile_offsets(t, KX, X16_TILE), tile_offsets(t, ng, X16_TILE)
+        _x16_tile(w, xa, out, o, rows, xds, b0, b1, ng, N)
         t += X16_TILE
     r = T - t
     if r == 1:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 1),
-            tile_offsets(t, K, 1),
-            tile_offsets(t, ng, 1),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1), tile_offsets(t, ng, 1), b0, b1, ng, N)
     elif r == 2:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 2),
-            tile_offsets(t, K, 2),
-            tile_offsets(t, ng, 2),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2), tile_offsets(t, ng, 2), b0, b1, ng, N)
     elif r == 3:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 3),
-            tile_offsets(t, K, 3),
-            tile_offsets(t, ng, 3),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3), tile_offsets(t, ng, 3), b0, b1, ng, N)
     elif r == 4:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 4),
-            tile_offsets(t, K, 4),
-            tile_offsets(t, ng, 4),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 4), tile_offsets(t, KX, 4), tile_offsets(t, ng, 4), b0, b1, ng, N)
     elif r == 5:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 5),
-            tile_offsets(t, K, 5),
-            tile_offsets(t, ng, 5),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 5), tile_offsets(t, KX, 5), tile_offsets(t, ng, 5), b0, b1, ng, N)
     elif r == 6:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 6),
-            tile_offsets(t, K, 6),
-            tile_offsets(t, ng, 6),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 6), tile_offsets(t, KX, 6), tile_offsets(t, ng, 6), b0, b1, ng, N)
     elif r == 7:
-        _x16_tile(
-            q,
-            scale,
-            minv,
-            sym,
-            xq,
-            xd,
-            xsm,
-            flat,
-            tile_offsets(t, 1, 7),
-            tile_offsets(t, K, 7),
-            tile_offsets(t, ng, 7),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        _x16_tile(w, xa, out, tile_offsets(t, 1, 7), tile_offsets(t, KX, 7), tile_offsets(t, ng, 7), b0, b1, ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -967,27 +846,31 @@ def matvec_i8_x16(q, scale, minv, mf, x, out, threads):
     xd = np.empty((T, ng), dtype=np.float32)
     xsum = np.empty((T, ng), dtype=np.float32)
     quantize_rows(x, xq, xd, xsum)
-    xsm = _times(xsum.reshape(T * ng), mf)
-    sym = minv.shape[0] == 0
+    w = (q, scale, minv, minv.shape[0] == 0)
+    xa = (xq.reshape(T * K), xd.reshape(T * ng), _times(xsum.reshape(T * ng), mf), False)
     nb = (N + 15) // 16
     cb = _chunk_blocks(ng * 4, nb, threads)
     for c in prange((nb + cb - 1) // cb):
-        _x16_chunk(
-            q,
-            scale,
-            minv,
-            sym,
-            xq.reshape(T * K),
-            T,
-            K,
-            xd.reshape(T * ng),
-            xsm,
-            out,
-            c * cb,
-            min(nb, (c + 1) * cb),
-            ng,
-            N,
-        )
+        _x16_chunk(w, xa, T, K, out.reshape(T * N), c * cb, min(nb, (c + 1) * cb), ng, N)
+
+
+@njit(parallel=True, **JIT)
+def matvec_q4_split_x16(q, scale, minv, mf, x, out, threads):
+    """`matvec_q4_split` over a q4 weight in STRIPE16 order: float32 activations as four int8 pieces each
+    (`split_rows`), every product's sums exact integers, any number of rows."""
+    T, K = x.shape
+    N = out.shape[1]
+    ng = K // 32
+    xp = np.empty(T * 4 * K, dtype=np.int8)
+    xs = np.empty((T, ng), dtype=np.float32)
+    xsum = np.empty((T, ng), dtype=np.float32)
+    split_rows(x, xp, xs, xsum)
+    w = (q, scale, minv, minv.shape[0] == 0)
+    xa = (xp, xs.reshape(T * ng), _times(xsum.reshape(T * ng), mf), True)
+    nb = (N + 15) // 16
+    cb = _chunk_blocks(ng * 4, nb, threads)
+    for c in prange((nb + cb - 1) // cb):
+        _x16_chunk(w, xa, T, 4 * K, out.reshape(T * N), c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(**JIT)

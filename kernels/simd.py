@@ -17,7 +17,8 @@ Blocks (each reads a 1-D C-contiguous array at an element offset, unaligned):
 - `q4_x16_i8(q, qi, xq, xi)`: a 16-row block's packed group (256 bytes, numba_layout's STRIPE16
   order) times 32 int8 activations -> F32x16 of exact int sums, lane r row r's: eight `vpdpbusd`, each
   against four activations broadcast as one int32; `x16_acc_tile` / `x16_acc_min_tile` scale a tile's
-  sums into its accumulators (Q4_0's scales standing in for the mins, or stored mins).
+  sums into its accumulators (Q4_0's scales standing in for the mins, or stored mins);
+  `q4_x16_split` takes the activations as four int8 pieces (the float32 mode, as `q4_quad_split`).
 - `q4_pair_i8(q, qi, x2, xi)`: two rows' packed 4-bit groups (32 bytes: the layout's rows 0|1 or
   2|3 of a block) times int8 activations in pair layout ([x0..15, x0..15, x16..31, x16..31]), one
   vector for both rows: lanes 0-3 row A's exact sums, 4-7 row B's. Half the instructions of one
@@ -316,11 +317,14 @@ def _q4_quad_split(builder, qp):
     return split_dot
 
 
-def _q4_x16_i8(builder, qp):
+def _q4_x16_int(builder, qp):
     """A 16-row block's packed 4-bit group (256 bytes, `numba_layout`'s STRIPE16 order: load j's row r at bytes
-    64j + 4r .. 64j + 4r + 3, byte i's low nibble value 8j + i, its high one 8j + 4 + i) -> dot(int8 x pointer)
-    -> F32x16 of exact int sums, lane r row r's. Each 64-byte load's low and high nibbles meet four activations
-    broadcast as one int32 (a broadcast load): eight vpdpbusd a group for sixteen rows, no reduction after."""
+    64j + 4r .. 64j + 4r + 3, byte i's low nibble value 8j + i, its high one 8j + 4 + i) -> dot(int8 x pointer,
+    acc) = acc + the exact int sums (<16 x i32>, lane r row r's). Each 64-byte load's low and high nibbles meet
+    four activations broadcast as one int32 (a broadcast load): eight vpdpbusd a group for sixteen rows, no
+    reduction after. AVX-512 VNNI only: the backend picks the 16-row order nowhere else."""
+    if not VNNI512:
+        raise TypeError("the 16-row q4 blocks need AVX-512 VNNI (kernels/numba_backend.py picks them only there)")
     v64 = ir.VectorType(_i8, 64)
     vi = ir.VectorType(_i32, 16)
     parts = []
@@ -329,22 +333,39 @@ def _q4_x16_i8(builder, qp):
         parts.append((builder.and_(b, ir.Constant(v64, [15] * 64)), 8 * j))
         parts.append((builder.lshr(b, ir.Constant(v64, [4] * 64)), 8 * j + 4))
 
-    def dot(xb):
-        acc = ir.Constant(vi, [0] * 16)
+    def dot(xb, acc):
         for w, off in parts:
             x4 = _load(builder, builder.bitcast(builder.gep(xb, [ir.Constant(_i32, off)]), _i32.as_pointer()))
-            xs = _splat(builder, x4, vi)
-            if VNNI512:
-                acc = _dpbusd(builder, acc, w, xs)
-                continue
-            # plain vector IR, for any x86-64 (prepare_linear picks this layout only on VNNI512)
-            wide = ir.VectorType(_i32, 64)
-            prod = builder.mul(builder.zext(w, wide), builder.sext(builder.bitcast(xs, v64), wide))
-            for k in range(4):
-                acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(vi, list(range(k, 64, 4)))))
-        return builder.sitofp(acc, _vf16)
+            acc = _dpbusd(builder, acc, w, _splat(builder, x4, vi))
+        return acc
 
     return dot
+
+
+def _q4_x16_i8(builder, qp):
+    """`_q4_x16_int` from zero, as F32x16."""
+    dot = _q4_x16_int(builder, qp)
+    zero = ir.Constant(ir.VectorType(_i32, 16), [0] * 16)
+    return lambda xb: builder.sitofp(dot(xb, zero), _vf16)
+
+
+def _q4_x16_split(builder, qp):
+    """`_q4_quad_split` over a 16-row block: a group's four int8 pieces of the activations (128 bytes at the
+    pointer) -> F32x16, lane r row r's sum of q * (p0 * 2^7 + p1 + p2 / 2^7 + p3 / 2^14), the pieces' integer
+    sums paired exactly in int32 and the two pairs meeting in one rounding."""
+    dot = _q4_x16_int(builder, qp)
+    v16 = ir.VectorType(_i32, 16)
+    zero, seven = ir.Constant(v16, [0] * 16), ir.Constant(v16, [7] * 16)
+
+    def split_dot(xb):
+        sums = []
+        for k in (0, 2):
+            acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
+            acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
+            sums.append(builder.sitofp(acc, _vf16))
+        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0**-14] * 16), sums[0])
+
+    return split_dot
 
 
 def _stripe_acc_tile(with_min: bool):
@@ -904,6 +925,13 @@ q4_x16_i8, q4_x16_i8_tile = _blocks(
     "activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lane r row r's (not yet scaled).",
     F32x16,
 )
+q4_x16_split, q4_x16_split_tile = _blocks(
+    "q4_x16_split",
+    _q4_x16_split,
+    "A 16-row block's packed 4-bit groups (256 bytes at q[qi], STRIPE16 order) times a group's four int8 "
+    "activation pieces (128 bytes at x[xi]) -> F32x16, lane r row r's (not yet scaled: times s / 2^7).",
+    F32x16,
+)
 q4_pair_i8, q4_pair_i8_tile = _blocks(
     "q4_pair_i8",
     _q4_pair_i8,
@@ -1194,6 +1222,8 @@ __all__ = [
     "q4_quad_split_tile",
     "q4_x16_i8",
     "q4_x16_i8_tile",
+    "q4_x16_split",
+    "q4_x16_split_tile",
     "q8_dot32_i8_tile",
     "quad_scales",
     "scale_acc_tile",

@@ -460,42 +460,49 @@ def test_sixteen_row_layout_round_trips_and_holds_the_same_bytes(rng, scales):
             np.testing.assert_array_equal(out, w.dequantize(rows))
 
 
-def _x16_product(b: numba_layout.Blocked, x: np.ndarray) -> np.ndarray:
-    """x times a 16-row blocked q4 weight on the int8 kernel, called directly."""
+def _x16_product(b: numba_layout.Blocked, x: np.ndarray, activations: str) -> np.ndarray:
+    """x times a 16-row blocked q4 weight, called directly: int8 activations ("q8"), or float32 as four int8
+    pieces ("f32")."""
     out = np.full((len(x), b.rows), np.nan, np.float32)
-    numba_linear.matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, 2)
+    kernel = numba_linear.matvec_i8_x16 if activations == "q8" else numba_linear.matvec_q4_split_x16
+    kernel(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, 2)
     return out
 
 
+@pytest.mark.skipif(not simd.VNNI512, reason="the 16-row kernels are AVX-512 VNNI code, chosen nowhere else")
 @pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", ["q4", "q4 min"])
-def test_sixteen_row_int8_products_over_every_tile_remainder(rng, case, scales):
-    # Called directly (any x86-64 runs it: plain vector IR where the CPU lacks AVX-512 VNNI): ragged last
-    # blocks, tiles of X16_TILE rows and every remainder, each row equal to the same row computed alone.
+def test_sixteen_row_products_over_every_tile_remainder(rng, case, activations, scales):
+    # Called directly (an AMX Xeon runs them too, though its backend keeps four rows): ragged last blocks,
+    # tiles of X16_TILE rows and every remainder, each row equal to the same row computed alone; the float32
+    # mode to float32 rounding of the exact product, int8 to its NumPy model.
     tile = numba_linear.X16_TILE
     for n, k in ((1, 32), (38, 96), (133, 320)):
         w = blocked_case(case, n, k, rng, scales)
         b = numba_layout.block_rows16(w, half=scales == "f16")
         x = random_activations(rng, 2 * tile + 3, k)
-        want = int8_model(x, w)
-        alone = np.concatenate([_x16_product(b, x[t : t + 1]) for t in range(len(x))])
+        dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+        want = int8_model(x, w) if activations == "q8" else dense
+        alone = np.concatenate([_x16_product(b, x[t : t + 1], activations) for t in range(len(x))])
         for rows in (1, 2, tile - 1, tile, tile + 1, 2 * tile + 3):
-            got = _x16_product(b, x[:rows])
-            scale = max(np.abs(want[:rows]).max(), 1e-30)
+            got = _x16_product(b, x[:rows], activations)
+            scale = max(np.abs(dense[:rows]).max(), 1e-30)
             np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k} T{rows}")
             np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"{n}x{k} T{rows} alone")
 
 
-def test_int8_q4_weights_take_the_sixteen_row_layout_where_vnni_runs_it(rng):
-    # --activations q8 on AVX-512 VNNI (no AMX) blocks q4 sixteen rows at a time; the default float32 mode,
-    # q8 weights and AMX CPUs keep four. The backend's embedding rows read either.
-    q8_mode, f32_mode = NumbaBackend(threads=2, activations="q8"), NumbaBackend(threads=2)
-    wide = simd.VNNI512 and not q8_mode.amx
-    q4, q8 = blocked_case("q4", 40, 64, rng, "f16"), blocked_case("q8 g32", 40, 64, rng, "f16")
-    assert q8_mode.prepare_linear(q4).blocked.stripe == (16 if wide else 4)
-    assert q8_mode.prepare_linear(q8).blocked.stripe == f32_mode.prepare_linear(q4).blocked.stripe == 4
-    ids = np.array([39, 0, 17, 17])
-    np.testing.assert_array_equal(q8_mode.embedding(q8_mode.prepare_embedding(q4), ids), q4.dequantize(ids))
+def test_q4_weights_take_the_sixteen_row_layout_where_vnni_runs_it(rng):
+    # On AVX-512 VNNI (no AMX) q4 weights are blocked sixteen rows at a time in both activation modes; q8
+    # weights and AMX CPUs keep four. The backend's embedding rows read either.
+    for activations in ("f32", "q8"):
+        be = NumbaBackend(threads=2, activations=activations)
+        wide = simd.VNNI512 and not be.amx
+        q4, q8 = blocked_case("q4", 40, 64, rng, "f16"), blocked_case("q8 g32", 40, 64, rng, "f16")
+        assert be.prepare_linear(q4).blocked.stripe == (16 if wide else 4)
+        assert be.prepare_linear(q8).blocked.stripe == 4
+        ids = np.array([39, 0, 17, 17])
+        np.testing.assert_array_equal(be.embedding(be.prepare_embedding(q4), ids), q4.dequantize(ids))
 
 
 def test_a_tied_embedding_and_lm_head_share_one_repacked_copy(be, rng):
@@ -542,21 +549,21 @@ def test_only_the_stepping_thread_leads_a_team_of_kernel_threads():
 @pytest.mark.parametrize("type_id", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
 def test_q4_0_q4_1_q8_0_weights_hold_exactly_the_files_bytes(be, rng, type_id):
     t = GGML_TYPES[type_id]
-    raw = random_blocks(type_id, 8, 4, rng)
+    raw = random_blocks(type_id, 16, 4, rng)  # 16 rows: whole blocks of either order
     raw[-1] = raw[0]
-    w = gguf_weight(raw, type_id, (8, 4 * t.block_size))
+    w = gguf_weight(raw, type_id, (16, 4 * t.block_size))
     assert w.nbytes == raw.size and w.scales.dtype == np.float16
     assert (w.mins is None) == (type_id != 3) and w.zero == (8 if type_id == 2 else 0)
     with np.errstate(all="ignore"):
-        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id)).reshape(8, -1)
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id)).reshape(16, -1)
     np.testing.assert_array_equal(w.dequantize(), want)
     if type_id == 2:  # d * (q - 8): the mins read as -8 d, none stored
         np.testing.assert_array_equal(w.min, -8 * w.scale)
     lin = be.prepare_linear(w)
     if target_has("f16c"):
-        assert lin.blocked.nbytes == raw.size  # 8 rows: no padding rows
-    np.testing.assert_array_equal(be.embedding(lin, np.arange(8)), want)
-    fused = concat_rows([w, w.take_rows(np.arange(8)[::-1])])
+        assert lin.blocked.nbytes == raw.size
+    np.testing.assert_array_equal(be.embedding(lin, np.arange(16)), want)
+    fused = concat_rows([w, w.take_rows(np.arange(16)[::-1])])
     assert fused.nbytes == 2 * raw.size and fused.zero == w.zero
 
 
@@ -622,15 +629,6 @@ for activations in ("f32", "q8"):
             dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
             want = int8_model(x, w) if activations == "q8" else dense
             assert np.abs(got - want).max() <= 2e-6 * np.abs(dense).max(), (activations, case, rows)
-from kernels import numba_layout, numba_linear
-for case in ("q4", "q4 min"):  # the 16-row order's kernel, in the plain vector IR it takes without VNNI512
-    w = blocked_case(case, 38, 96, rng, "f16")
-    b = numba_layout.block_rows16(w, half=True)
-    x = random_activations(rng, 9, 96)
-    got = np.empty((9, 38), np.float32)
-    numba_linear.matvec_i8_x16(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, got, 2)
-    want = int8_model(x, w)
-    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max(), ("x16", case)
 print("ok")
 """
 
