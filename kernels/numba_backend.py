@@ -9,7 +9,9 @@ rounding). Otherwise, with more rows (prefill) each worker thread takes panels
 of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
 single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
 where OpenBLAS's own threads collapse (20x slower with other processes on the cores). With int8
-activations (`activations="q8"`) every product, prompts included, runs on the int8 kernels.
+activations (`activations="q8"`) every product, prompts included, runs on the int8 kernels. On AVX-512
+VNNI without AMX, q4 weights are blocked sixteen rows at a time and every product of theirs, prompts
+included, runs on the sixteen-row kernels in either mode (`_stripe16`: faster there than the panels).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Single-thread matrix-vector throughput of the numba backend on the default model's shapes.
 
     .venv/bin/python scripts/matvec_bench.py [--activations f32|q8] [--copies 30]
-    .venv/bin/python scripts/matvec_bench.py --rows
+    .venv/bin/python scripts/matvec_bench.py --rows [--activations q8] [--shape llama-3.2-1b]
     .venv/bin/python scripts/matvec_bench.py --per-row [--activations q8]
     .venv/bin/python scripts/matvec_bench.py --shape llama-3.2-1b [--activations q8] [--per-row]
 
@@ -12,10 +12,11 @@ Times `backend.linear` for one activation row on one kernel thread with `time.th
 (112 MB of weights a token), they come from DRAM rather than the caches; `--copies 1` measures
 cache-resident weights.
 
-`--rows` instead times products of 8 to 512 activation rows on all cores (wall clock) every way the
-backend can take them: the matvec kernel, dequantized panels + BLAS, and AMX tiles where the CPU has
-them (from AMX_MIN_ROWS rows): where they cross are `kernels/numba_backend.py`'s MATVEC_MAX_ROWS and
-AMX_MIN_ROWS.
+`--rows [--activations q8]` instead times products of 1 to 512 activation rows on all cores (wall clock)
+every way the backend can take them: the matvec kernels over the four-row order, dequantized panels + BLAS
+(float32 only), the sixteen-row order's kernels (`x16`: q4 on AVX-512 VNNI, where the backend picks them
+without AMX) and AMX tiles where the CPU has them (from AMX_MIN_ROWS rows): where they cross are
+`kernels/numba_backend.py`'s MATVEC_MAX_ROWS and AMX_MIN_ROWS, and what the sixteen-row order gains.
 
 `--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 4, 5, 8, 9, 32 activation rows
 costs relative to T products of one row (cache-resident weights): speculative verification of k
@@ -29,8 +30,9 @@ import time
 
 import numpy as np
 
-from kernels import numba_backend
-from kernels.numba_backend import NumbaBackend
+from kernels import numba_backend, simd
+from kernels.numba_backend import Linear, NumbaBackend
+from kernels.numba_layout import block_rows, block_rows16, half_exact
 from kernels.weight import Weight, pack_q4
 
 # name -> the products of one decode step (fused q/k/v and gate/up, as the model runs them): the default
@@ -66,17 +68,23 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     return Weight("q8", rng.integers(-127, 128, (n, k), dtype=np.int8), vec(), None, 32)
 
 
-def rows_sweep(rng: np.random.Generator) -> None:
-    be = NumbaBackend()
+def rows_sweep(rng: np.random.Generator, activations: str) -> None:
+    be = NumbaBackend(activations=activations)
     be.begin_step()
     amx = be.amx
-    ways = [("matvec", 1 << 30, False), ("panels", 0, False)] + ([("amx", 0, True)] if amx else [])
     for name, kind, n, k in SHAPES:
-        lin = be.prepare_linear(weight(kind, n, k, rng))
-        for rows in (8, 12, 16, 32, 48, 64, 128, 256, 512):
+        w = weight(kind, n, k, rng)
+        half = be.half_scales and half_exact(w)
+        four = Linear(w.shape, block_rows(w, half))
+        # (name, weight, MATVEC_MAX_ROWS, on AMX); q8 activations take the matvec kernels at any row count
+        ways = [("matvec", four, 1 << 30, False)] + ([("panels", four, 0, False)] if activations == "f32" else [])
+        if w.kind == "q4" and simd.VNNI512:  # the sixteen-row order the backend picks there without AMX
+            ways.append(("x16", Linear(w.shape, block_rows16(w, half)), 0, False))
+        ways += [("amx", four, 0, True)] if amx else []
+        for rows in (1, 8, 12, 16, 32, 48, 64, 128, 256, 512):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
-            for way, limit, on_amx in ways:
+            for way, lin, limit, on_amx in ways:
                 if on_amx and rows < numba_backend.AMX_MIN_ROWS:
                     continue
                 numba_backend.MATVEC_MAX_ROWS = numba_backend.SPLIT_MAX_ROWS = limit
@@ -89,10 +97,8 @@ def rows_sweep(rng: np.random.Generator) -> None:
                     best = min(best, time.perf_counter() - t)
                 took[way] = best
             cells = "".join(f"  {way} {took[way] * 1e3:8.2f} ms" for way in took)
-            print(
-                f"{name:12s} rows {rows:3d}{cells}  panels/matvec {took['panels'] / took['matvec']:.2f}"
-                + (f"  matvec/amx {took['matvec'] / took['amx']:.2f}" if "amx" in took else "")
-            )
+            ratios = [f"{way}/matvec {took[way] / took['matvec']:.2f}" for way in took if way != "matvec"]
+            print(f"{name:12s} rows {rows:3d}{cells}  " + "  ".join(ratios))
 
 
 def timed(be: NumbaBackend, x: np.ndarray, lin, repeats: int) -> float:
@@ -122,7 +128,7 @@ def main() -> None:
     p.add_argument("--activations", default="f32")
     p.add_argument("--copies", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rows", action="store_true", help="matvec against panels for 8..256 activation rows")
+    p.add_argument("--rows", action="store_true", help="every way to take a product of 1..512 activation rows")
     p.add_argument("--per-row", action="store_true", help="a T-row product's cost relative to T one-row products")
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPE_SETS))
     args = p.parse_args()
@@ -131,7 +137,7 @@ def main() -> None:
     SHAPES = SHAPE_SETS[args.shape]
     rng = np.random.default_rng(0)
     if args.rows:
-        rows_sweep(rng)
+        rows_sweep(rng, args.activations)
         return
     be = NumbaBackend(1, **({"activations": args.activations} if args.activations != "f32" else {}))
     be.begin_step()
