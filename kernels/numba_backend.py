@@ -257,10 +257,10 @@ class NumbaBackend(host_ops.CpuHostOps):
         return lin
 
     def _stripe16(self, w: Weight) -> bool:
-        """Whether a weight is blocked sixteen rows at a time (kernels/numba_layout.py `block_rows16`): q4 whose
-        every product takes int8 activations on AVX-512 VNNI (`matvec_i8_x16`: a group's sums one row per lane,
-        a third of the four-row kernel's scaling work). Not on AMX CPUs, whose long products keep the tiles
-        that read the four-row order."""
+        """Whether a weight is blocked sixteen rows at a time (kernels/numba_layout.py `block_rows16`): q4 on
+        AVX-512 VNNI, in either activation mode (`matvec_i8_x16`, `matvec_q4_split_x16`: a group's sums one row
+        per lane, a third of the four-row kernels' scaling work, any row count). Not on AMX CPUs, whose long
+        products keep the tiles that read the four-row order."""
         return w.kind == "q4" and VNNI512 and not self.amx
 
     def prepare_embedding(self, w: Weight) -> Linear:
@@ -326,7 +326,7 @@ class NumbaBackend(host_ops.CpuHostOps):
             threads = self.active_threads
             if b.stripe == STRIPE16:
                 kernel = matvec_i8_x16 if int8 else matvec_q4_split_x16
-                kernel(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, threads)
+                kernel(b.data, b.scale, b.min, mf, x, out, threads)  # b.min: empty for Q4_0, whose mf is -8
             elif int8:
                 matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
             elif amx:

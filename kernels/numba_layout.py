@@ -23,10 +23,10 @@ half the memory. The kernels read both dtypes through `kernels.simd`'s readers (
 specialization per dtype).
 The public `Weight` stays as it is (other backends upload it); only this backend repacks.
 
-q4 weights whose every product takes int8 activations on AVX-512 VNNI (`--activations q8`; NumbaBackend
-chooses) are blocked sixteen rows at a time instead (`block_rows16`, `Blocked.stripe` 16), so that one
-vpdpbusd multiplies sixteen rows' four values by four broadcast activations and a group's sums land one
-row per lane (kernels/numba_linear.py `matvec_i8_x16`):
+q4 weights on AVX-512 VNNI without AMX (NumbaBackend chooses) are blocked sixteen rows at a time instead
+(`block_rows16`, `Blocked.stripe` 16), so that one vpdpbusd multiplies sixteen rows' four values by four
+broadcast activations and a group's sums land one row per lane (kernels/numba_linear.py `matvec_i8_x16`,
+`matvec_q4_split_x16`):
 
     data   [N16 / 16, K / 32, 4, 16, 4]   uint8: group g's load j, row r, byte i holds values
                                           8j + i (low nibble) and 8j + 4 + i (high nibble)
@@ -130,7 +130,7 @@ def block_rows16(w: Weight, half: bool = False) -> Blocked:
     rows, cols = w.shape
     n16 = -(-rows // STRIPE16) * STRIPE16
     data = np.zeros(n16 // STRIPE16 * (cols // 32) * 256, dtype=np.uint8)
-    _stripe16(w.data, rows, cols // 32, data)
+    _pack16(w.data, rows, cols // 32, data)
     dtype = np.float16 if half else np.float32
 
     def vec(a: np.ndarray | None) -> np.ndarray:
@@ -141,7 +141,7 @@ def block_rows16(w: Weight, half: bool = False) -> Blocked:
 
 
 @njit(**JIT_EXACT)
-def _stripe16(src, rows, ng, out):
+def _pack16(src, rows, ng, out):
     """src [rows, ng * 16] packed groups (`Weight` q4: value j low nibble, j + 16 high) -> out in STRIPE16 order."""
     for r in range(rows):
         blk, lane = r // STRIPE16, r % STRIPE16
