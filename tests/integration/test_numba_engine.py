@@ -195,11 +195,12 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
         top1 = max(top1, float(np.abs(logits.max(axis=1) - case["greedy32_no_eos_stop_top1_logit"]).max()))
         t5 = case["first_position_top5"]
         top5 = max(top5, float(np.abs(logits[0][t5["ids"]] - t5["values"]).max()))
-    # Measured: argmax 94-95/96, top-1 within 0.63-0.95, first-position top-5 within 0.50-0.98, depending on how
+    # Measured: argmax 93-95/96, top-1 within 0.63-0.97, first-position top-5 within 0.50-1.25, depending on how
     # numba compiled the float32 kernels before the products (the machine code differs with compile order and its
-    # disk cache and rounds some sums differently, at 1e-7; the next product's int8 rounding amplifies that). A greedy
-    # chain leaves the reference at its first flipped near-tie (prompt 0's first two candidates are 0.08 apart):
-    # the teacher-forced measures are the steady ones.
+    # disk cache and rounds some sums differently, at 1e-7; the next product's int8 rounding amplifies that) and on
+    # the weights' block order (four or sixteen rows: the same sums in another order; 0.67-1.25 with sixteen). A
+    # greedy chain leaves the reference at its first flipped near-tie (prompt 0's first two candidates are 0.08
+    # apart): the teacher-forced measures are the steady ones. A broken int8 path misses by whole units and more.
     assert max(lead) >= 8, lead
     assert argmax_equal >= 92, argmax_equal
-    assert 1e-3 < top1 < 1.5 and top5 < 1.25, (top1, top5)  # above 1e-3: the int8 path really ran
+    assert 1e-3 < top1 < 1.5 and top5 < 1.5, (top1, top5)  # above 1e-3: the int8 path really ran

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import numba_amx, numba_backend
+from kernels import numba_amx, numba_backend, numba_layout
 from kernels.numba_amx import GROUP, PARTS, ROWS, TILE
 from kernels.numba_backend import AMX_MIN_ROWS, NumbaBackend
 from kernels.weight import Weight, pack_q4, unpack_q4
@@ -67,7 +67,7 @@ def test_weight_tiles_are_the_integers_exactly(kind):
     rng = np.random.default_rng(1)
     n, k = 22, 64  # the second 16-row tile runs past the layout's 24 rows
     w = weight(kind, n, k, rng)
-    b = NumbaBackend(1).prepare_linear(w).blocked
+    b = numba_layout.block_rows(w)  # the four-row order AMX CPUs keep (an AVX-512 VNNI one blocks q4 by 16)
     q = unpack_q4(w.data) if kind == "q4" else w.data
     for nb in range(2):
         for g in range(k // GROUP):
