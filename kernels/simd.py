@@ -289,34 +289,6 @@ def _q4_quad_int(builder, qp):
     return dot
 
 
-def _q4_quad_i8(builder, qp):
-    """`_q4_quad_int` from zero, as F32x16."""
-    dot = _q4_quad_int(builder, qp)
-    zero = ir.Constant(ir.VectorType(_i32, 16), [0] * 16)
-    return lambda xb: builder.sitofp(dot(xb, zero), _vf16)
-
-
-def _q4_quad_split(builder, qp):
-    """A block's four rows' packed 4-bit groups (64 bytes) -> dot(pointer to a group's four int8 pieces of
-    the activations, 32 bytes each: x = s * (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21)) -> F32x16, lanes
-    4r .. 4r + 3 row r's sum of q * (p0 * 2^7 + p1 + p2 / 2^7 + p3 / 2^14). The pieces' integer sums pair up exactly in
-    int32 (I0 * 2^7 + I1 and I2 * 2^7 + I3, below 2^22: exact in float32 too) and the two pairs meet
-    in one rounding."""
-    dot = _q4_quad_int(builder, qp)
-    v16 = ir.VectorType(_i32, 16)
-    zero, seven = ir.Constant(v16, [0] * 16), ir.Constant(v16, [7] * 16)
-
-    def split_dot(xb):
-        sums = []
-        for k in (0, 2):
-            acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
-            acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
-            sums.append(builder.sitofp(acc, _vf16))
-        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0**-14] * 16), sums[0])
-
-    return split_dot
-
-
 def _q4_x16_int(builder, qp):
     """A 16-row block's packed 4-bit group (256 bytes, `numba_layout`'s STRIPE16 order: load j's row r at bytes
     64j + 4r .. 64j + 4r + 3, byte i's low nibble value 8j + i, its high one 8j + 4 + i) -> dot(int8 x pointer,
@@ -342,30 +314,40 @@ def _q4_x16_int(builder, qp):
     return dot
 
 
-def _q4_x16_i8(builder, qp):
-    """`_q4_x16_int` from zero, as F32x16."""
-    dot = _q4_x16_int(builder, qp)
-    zero = ir.Constant(ir.VectorType(_i32, 16), [0] * 16)
-    return lambda xb: builder.sitofp(dot(xb, zero), _vf16)
+def _int_as_f32(int_dot):
+    """An integer group block (`_q4_quad_int`, `_q4_x16_int`: dot(xb, acc) -> <16 x i32>) -> its sums from zero,
+    as F32x16."""
+
+    def unpack(builder, qp):
+        dot = int_dot(builder, qp)
+        zero = ir.Constant(ir.VectorType(_i32, 16), [0] * 16)
+        return lambda xb: builder.sitofp(dot(xb, zero), _vf16)
+
+    return unpack
 
 
-def _q4_x16_split(builder, qp):
-    """`_q4_quad_split` over a 16-row block: a group's four int8 pieces of the activations (128 bytes at the
-    pointer) -> F32x16, lane r row r's sum of q * (p0 * 2^7 + p1 + p2 / 2^7 + p3 / 2^14), the pieces' integer
-    sums paired exactly in int32 and the two pairs meeting in one rounding."""
-    dot = _q4_x16_int(builder, qp)
-    v16 = ir.VectorType(_i32, 16)
-    zero, seven = ir.Constant(v16, [0] * 16), ir.Constant(v16, [7] * 16)
+def _int_of_pieces(int_dot):
+    """An integer group block -> dot(pointer to a group's four int8 pieces of the activations, 32 bytes each:
+    x = s * (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21)) -> F32x16, each lane's sum of q * (p0 * 2^7 + p1 + p2 / 2^7 +
+    p3 / 2^14). The pieces' integer sums pair up exactly in int32 (I0 * 2^7 + I1 and I2 * 2^7 + I3, below 2^22:
+    exact in float32 too) and the two pairs meet in one rounding."""
 
-    def split_dot(xb):
-        sums = []
-        for k in (0, 2):
-            acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
-            acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
-            sums.append(builder.sitofp(acc, _vf16))
-        return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0**-14] * 16), sums[0])
+    def unpack(builder, qp):
+        dot = int_dot(builder, qp)
+        v16 = ir.VectorType(_i32, 16)
+        zero, seven = ir.Constant(v16, [0] * 16), ir.Constant(v16, [7] * 16)
 
-    return split_dot
+        def split_dot(xb):
+            sums = []
+            for k in (0, 2):
+                acc = builder.shl(dot(builder.gep(xb, [ir.Constant(_i32, 32 * k)]), zero), seven)
+                acc = dot(builder.gep(xb, [ir.Constant(_i32, 32 * k + 32)]), acc)
+                sums.append(builder.sitofp(acc, _vf16))
+            return _fmuladd(builder, sums[1], ir.Constant(_vf16, [2.0**-14] * 16), sums[0])
+
+        return split_dot
+
+    return unpack
 
 
 def _stripe_acc_tile(with_min: bool):
@@ -904,7 +886,7 @@ q8_acc16_tile = _dequant_tile("q8_acc16_tile", _q8_f32(16), "16 int8 weights at 
 q8_acc32_tile = _dequant_tile("q8_acc32_tile", _q8_f32(32), "32 int8 weights at q[qi].")
 q4_quad_split, q4_quad_split_tile = _blocks(
     "q4_quad_split",
-    _q4_quad_split,
+    _int_of_pieces(_q4_quad_int),
     "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) "
     "times a group's four int8 activation pieces (128 bytes at x[xi]) -> F32x16, lanes 4r .. 4r + 3 row r's "
     "(not yet scaled: times s / 2^7).",
@@ -913,21 +895,21 @@ q4_quad_split, q4_quad_split_tile = _blocks(
 q8_dot32_i8, q8_dot32_i8_tile = _blocks("q8_dot32_i8", _q8_i8, "32 int8 weights at q[qi]" + _I8_DOC, F32x8)
 q4_quad_i8, q4_quad_i8_tile = _blocks(
     "q4_quad_i8",
-    _q4_quad_i8,
+    _int_as_f32(_q4_quad_int),
     "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX-512 VNNI only) times "
     "int8 activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lanes 4r .. 4r + 3 row r's.",
     F32x16,
 )
 q4_x16_i8, q4_x16_i8_tile = _blocks(
     "q4_x16_i8",
-    _q4_x16_i8,
+    _int_as_f32(_q4_x16_int),
     "A 16-row block's packed 4-bit groups (256 bytes at q[qi], `numba_layout` STRIPE16 order) times int8 "
     "activations (32 bytes at x[xi]) -> F32x16 of exact int sums, lane r row r's (not yet scaled).",
     F32x16,
 )
 q4_x16_split, q4_x16_split_tile = _blocks(
     "q4_x16_split",
-    _q4_x16_split,
+    _int_of_pieces(_q4_x16_int),
     "A 16-row block's packed 4-bit groups (256 bytes at q[qi], STRIPE16 order) times a group's four int8 "
     "activation pieces (128 bytes at x[xi]) -> F32x16, lane r row r's (not yet scaled: times s / 2^7).",
     F32x16,
