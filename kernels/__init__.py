@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata, build_attention_metadata
+from kernels.gate import RouteCheck
 from kernels.numpy_backend import NumpyBackend
 from kernels.weight import Weight
 
@@ -30,6 +31,7 @@ __all__ = [
     "Backend",
     "BackendUnavailable",
     "NumpyBackend",
+    "RouteCheck",
     "build_attention_metadata",
     "check_activations",
     "cupy_unavailable_reason",
@@ -100,6 +102,11 @@ class Backend(Protocol):
     def apply_token_bitmask(self, logits: Any, bitmask: Any) -> None: ...
     def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None: ...
     def paged_attention(self, q: Any, k_cache: Any, v_cache: Any, meta: AttentionMetadata, scale: float) -> Any: ...
+    def check_routes(self) -> list[RouteCheck]:
+        """The start-up parity gate (kernels/gate.py): run each matrix-product route this backend will use on
+        small shapes against the NumPy reference, after `warm_up`. numba retires a route that fails (the next one
+        takes its products); the checks are returned for the start-up log, /admin and the metrics."""
+        ...
 
 
 class BackendUnavailable(RuntimeError):
@@ -159,7 +166,9 @@ def get_backend(name: str = "auto", threads: int | None = None, activations: str
 
         configure_process()
         numba_kernels = NumbaBackend(threads, activations)
-        what = f"numba with {numba_kernels.threads} threads" + (", int8 activations" if activations == "q8" else "")
+        what = f"numba with {numba_kernels.threads} threads on {numba_kernels.caps.label}" + (
+            ", int8 activations" if activations == "q8" else ""
+        )
         backend = numba_kernels
     else:
         from kernels.cupy_backend import CupyBackend
@@ -167,6 +176,17 @@ def get_backend(name: str = "auto", threads: int | None = None, activations: str
         cupy_kernels = CupyBackend()
         what = f"cupy on {cupy_kernels.device_name}"
         backend = cupy_kernels
-    backend.choice = f"{what} ({why})"
+        failed = [c for c in backend.check_routes() if not c.ok]
+        if failed:  # the parity gate: a GPU whose products are wrong serves nothing
+            detail = f"its products failed the parity check ({'; '.join(map(str, failed[:3]))})"
+            if name == "cupy":
+                raise BackendUnavailable(f"kernel backend 'cupy' on {cupy_kernels.device_name}: {detail}")
+            log.warning("kernels: not using the GPU: %s", detail)
+            return _with_choice(get_backend("numba", threads, activations), f"auto: the GPU's {detail}")
+    return _with_choice(backend, why, what)
+
+
+def _with_choice(backend: Backend, why: str, what: str | None = None) -> Backend:
+    backend.choice = f"{what or backend.choice.split(' (')[0]} ({why})"
     log.info("kernels: using %s", backend.choice)
     return backend

@@ -2,16 +2,15 @@
 compiled kernels (kernels/numba_*.py); the host ops it shares with the NumPy reference come from
 kernels/host_ops.py.
 
-Matrix products with up to MATVEC_MAX_ROWS activation rows (decode, batched decode, speculative verification,
-short prompts) read the quantized weight directly in a parallel numba kernel. On a CPU with AMX,
-products of 12 rows or more run on its tiles instead (kernels/numba_amx.py, exact to float32
-rounding). Otherwise, with more rows (prefill) each worker thread takes panels
-of the weight, dequantizes one into a float32 scratch that stays in cache and multiplies it with
-single-threaded OpenBLAS: faster there than anything numba emits for float32 GEMM, and robust
-where OpenBLAS's own threads collapse (20x slower with other processes on the cores). With int8
-activations (`activations="q8"`) every product, prompts included, runs on the int8 kernels. On AVX-512
-VNNI without AMX, q4 weights are blocked sixteen rows at a time and every product of theirs, prompts
-included, runs on the sixteen-row kernels in either mode (`_stripe16`: faster there than the panels).
+Which kernel a matrix product runs is a value, `route(rows, weight)` (kernels/routes.py: the policy, from the
+CPU's capabilities as a value, kernels/cpu.py); `linear` only dispatches on it, and `check_routes` (at model
+load, kernels/gate.py) runs each route the model will use against the NumPy reference and retires one that
+fails. Matrix-vector kernels read the quantized weight directly (decode, batched decode, speculative
+verification, short prompts); AMX tiles take products of many rows where the CPU has them
+(kernels/numba_amx.py, exact to float32 rounding); longer prompts otherwise go to panels: each worker thread
+dequantizes one panel of the weight into a float32 scratch that stays in cache and multiplies it with
+single-threaded OpenBLAS, robust where OpenBLAS's own threads collapse (20x slower with other processes on the
+cores). With int8 activations (`activations="q8"`) products take the int8 kernels, prompts included.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -30,8 +29,9 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from kernels import ACTIVATIONS, host_ops, numba_amx
+from kernels import ACTIVATIONS, gate, host_ops, numba_amx, routes
 from kernels.attention_meta import AttentionMetadata
+from kernels.cpu import CpuCaps
 from kernels.host_ops import Scratch, prefill_operands, prefill_tile
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
@@ -55,29 +55,12 @@ from kernels.numba_ops import rope_write_kv as rope_write_kv_kernel
 from kernels.numba_ops import (
     silu_mul as silu_mul_kernel,
 )
-from kernels.simd import VNNI512, target_has
+from kernels.routes import Form, Route
 from kernels.thread_tuner import ThreadTuner
 from kernels.weight import Weight
 
 log = logging.getLogger("forge.kernels")
 
-# Activation rows up to which products read the quantized weight directly (above: panels + BLAS).
-# The matvec kernels cost about linearly in rows (tiles share each weight group's unpacking); the
-# panels pay a fixed dequantization per call and then run at BLAS speed, so they win from some row
-# count on; `scripts/matvec_bench.py --rows` measures where (docs/performance.md has the figures).
-MATVEC_MAX_ROWS = 40
-# Products of at least this many rows run on AMX tiles where the CPU has them (kernels/numba_amx.py;
-# weights with groups of 32 and float16 scales: GGUF Q4_0, Q4_1, Q8_0). A tile holds 16 activation
-# rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so
-# those keep the smaller products (`scripts/matvec_bench.py --rows` on an AMX CPU finds the crossing).
-AMX_MIN_ROWS = 12
-# With `--activations q8` every product takes int8 activations, prompts included, as llama.cpp's do; only
-# where the CPU has AMX, products of more rows than this keep the float32-class tiles they ran on before
-# prompts went int8 (int8 against AMX tiles is not measured: no AMX CPU was at hand).
-INT8_AMX_MAX_ROWS = 32
-# float32 activations times q4 weights go as int8 pieces on AVX-512 VNNI (kernels/numba_linear.py
-# `matvec_q4_split`: integer dot products, float32 precision) in every product the matvec kernels take.
-SPLIT_MAX_ROWS = MATVEC_MAX_ROWS
 # Attention steps under this many query-key dot products run on the calling thread (on 2 cores the two
 # tie at ~2,000: docs/performance.md).
 SERIAL_ATTENTION_DOTS = 1 << 11
@@ -122,6 +105,14 @@ class Linear:
     shape: tuple[int, int]
     blocked: Blocked | None = None
     weight: Weight | None = None
+    form: Form = field(init=False)  # what the routes see of this weight (kernels/routes.py)
+
+    def __post_init__(self) -> None:
+        b = self.blocked
+        if b is None:
+            self.form = Form(self.plain.kind)
+        else:
+            self.form = Form(b.kind, b.group, b.scale.dtype == np.uint16, b.stripe, b.min.size > 0, b.zero)
 
     @property
     def kind(self) -> str:
@@ -134,12 +125,34 @@ class Linear:
         return self.weight
 
 
+def _amx_tiles(b: Blocked, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+    # the real team size, whichever thread calls: it sizes one scratch per kernel thread
+    minv, mf = b.min_operand()
+    numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads())
+
+
+# The blocked routes' kernels (kernels/routes.py): (weight, contiguous x, out, threads) -> out filled.
+BLOCKED_KERNELS: dict[str, Callable[[Blocked, np.ndarray, np.ndarray, int], None]] = {
+    "matvec_q4": lambda b, x, out, t: matvec_q4(b.data, b.scale, *b.min_operand(), x, out, t),
+    "matvec_q4_split": lambda b, x, out, t: matvec_q4_split(b.data, b.scale, *b.min_operand(), x, out, t),
+    "matvec_q8": lambda b, x, out, t: matvec_q8(b.data, b.scale, b.min, b.group, x, out, t),
+    "matvec_i8": lambda b, x, out, t: matvec_i8(b.data, b.scale, *b.min_operand(), b.kind == "q4", x, out, t),
+    # b.min: empty for Q4_0, whose factor is -8
+    "x16_i8": lambda b, x, out, t: matvec_i8_x16(b.data, b.scale, b.min, b.min_operand()[1], x, out, t),
+    "x16_split": lambda b, x, out, t: matvec_q4_split_x16(b.data, b.scale, b.min, b.min_operand()[1], x, out, t),
+    "amx_tiles": _amx_tiles,
+}
+assert set(BLOCKED_KERNELS) == set(routes.BLOCKED_KERNELS)
+
+
 class NumbaBackend(host_ops.CpuHostOps):
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
-    `activations="q8"` quantizes the activations of every product to int8 (see
-    kernels/numba_linear.py); the default "f32" keeps them float32. Build it through
-    kernels.get_backend, which makes the process-wide settings first (`configure_process`)."""
+    `activations="q8"` quantizes the activations of products over groups of 32 to int8 (kernels/routes.py says
+    where; kernels/numba_linear.py how); the default "f32" keeps them float32. `caps`: the CPU capabilities the
+    routes are chosen for (detected by default; a narrower value makes the backend take the routes of a CPU with
+    less, which run here too). Build it through kernels.get_backend, which makes the process-wide settings first
+    (`configure_process`)."""
 
     name = "numba"
     xp: ModuleType = np
@@ -147,7 +160,7 @@ class NumbaBackend(host_ops.CpuHostOps):
     choice = ""  # get_backend says what it chose and why
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
 
-    def __init__(self, threads: int | None = None, activations: str = "f32") -> None:
+    def __init__(self, threads: int | None = None, activations: str = "f32", caps: CpuCaps | None = None) -> None:
         self._scratch = Scratch()  # the stepping thread's attention scratch
         assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
@@ -170,10 +183,17 @@ class NumbaBackend(host_ops.CpuHostOps):
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
-        # Scales and mins as float16 where exact (kernels/numba_layout.py), if the CPU converts them.
-        self.half_scales = target_has("f16c")
-        self.amx = numba_amx.available()  # AMX tiles for products of AMX_MIN_ROWS rows or more
+        here = CpuCaps.detect()
+        self.caps = here if caps is None else caps
+        if not self.caps.within(here):
+            raise ValueError(f"this CPU lacks {', '.join(self.caps.missing(here))}: its kernels cannot run here")
         self.scale_dtypes: set[np.dtype] = set()  # those of the weights prepared so far (warm_up compiles for them)
+        self.forms: set[Form] = set()  # those of the weights prepared so far (the gate checks their routes)
+        # Kernels that failed their check (`check_routes`): their products take the next route (routes.fallback).
+        self.retired: dict[str, str] = {}
+        self._routes: dict[tuple[Form, int], Route] = {}  # route() by weight form and rows
+        self.route_checks: list[gate.RouteCheck] = []
+        self.kernels = dict(BLOCKED_KERNELS)  # per backend: a test plants a wrong kernel in one
 
     def begin_step(self, rows: int | None = None) -> None:
         """Bind the calling thread's kernel threads (thread-local in numba) and dynamic chunking. A step
@@ -190,6 +210,11 @@ class NumbaBackend(host_ops.CpuHostOps):
             self.tuner.record(self._step_rows, self.active_threads, seconds)
             self._step_rows = None
 
+    def bind_loading_thread(self) -> None:
+        """Call first on a thread other than the builder's that prepares weights or warms up (a background
+        compile): its kernels run on it alone, as on the builder's (numba's thread count is per thread)."""
+        numba.set_num_threads(1)
+
     def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile (or load from the on-disk cache) every kernel signature the model uses, with progress.
 
@@ -205,7 +230,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
         parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
         weights = [
-            Linear(w.shape, (block_rows16 if self._stripe16(w) else block_rows)(w, half=dtype == np.uint16))
+            Linear(w.shape, self._block(w, half=dtype == np.uint16))
             for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str)
             for w in parts
         ]
@@ -247,21 +272,19 @@ class NumbaBackend(host_ops.CpuHostOps):
         if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
             return lin
         if w.kind in ("q4", "q8"):
-            half = self.half_scales and half_exact(w)
-            blocked = block_rows16(w, half) if self._stripe16(w) else block_rows(w, half)
+            blocked = self._block(w, self.caps.f16c and half_exact(w))
             lin = Linear(w.shape, blocked)
             self.scale_dtypes.add(blocked.scale.dtype)
         else:
             lin = Linear(w.shape, weight=w)
+        self.forms.add(lin.form)
         self._recent = (weakref.ref(w.data), weakref.ref(lin))
         return lin
 
-    def _stripe16(self, w: Weight) -> bool:
-        """Whether a weight is blocked sixteen rows at a time (kernels/numba_layout.py `block_rows16`): q4 on
-        AVX-512 VNNI, in either activation mode (`matvec_i8_x16`, `matvec_q4_split_x16`: a group's sums one row
-        per lane, a third of the four-row kernels' scaling work, any row count). Not on AMX CPUs, whose long
-        products keep the tiles that read the four-row order."""
-        return w.kind == "q4" and VNNI512 and not self.amx
+    def _block(self, w: Weight, half: bool) -> Blocked:
+        """A q4/q8 weight in the row blocks its routes read (routes.stripe_for: sixteen rows for q4 on AVX-512 VNNI
+        without AMX, where the sixteen-row kernels take every product; four elsewhere)."""
+        return (block_rows16 if routes.stripe_for(w.kind, self.caps) == STRIPE16 else block_rows)(w, half)
 
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)
@@ -308,46 +331,51 @@ class NumbaBackend(host_ops.CpuHostOps):
         fn(x, residual, weight, eps, out)
         return out, residual
 
-    def linear(self, x: np.ndarray, w: Linear, bias: np.ndarray | None = None) -> np.ndarray:
-        """x [T, K] times the weight [N, K] -> [T, N] (+ bias)."""
-        T = x.shape[0]
-        b = w.blocked
-        amx = b is not None and self._on_amx(b, T)
-        int8 = self.activations == "q8" and b is not None and b.group == 32 and not (amx and T > INT8_AMX_MAX_ROWS)
-        if w.kind == "f32":
+    def route(self, rows: int, w: Linear) -> Route:
+        """The route a product of `rows` activation rows with `w` takes here: the policy's (kernels/routes.py), or
+        where a kernel was retired by its check, the next route that was not."""
+        key = (w.form, rows)
+        if (cached := self._routes.get(key)) is not None:  # a step asks for the same few, hundreds of times
+            return cached
+        r: Route | None = routes.route(rows, w.form, self.caps, self.activations)
+        while r is not None and r.kernel in self.retired:
+            r = routes.fallback(r)
+        if r is None:
+            raise RuntimeError(f"every route of a {w.form.label} product failed its check: {self.retired}")
+        self._routes[key] = r
+        return r
+
+    def retire(self, kernel: str, why: str) -> None:
+        """Take `kernel` out of service: its products take the next route from now on (routes.fallback)."""
+        self.retired[kernel] = why
+        self._routes.clear()
+
+    def linear(
+        self, x: np.ndarray, w: Linear, bias: np.ndarray | None = None, route: Route | None = None
+    ) -> np.ndarray:
+        """x [T, K] times the weight [N, K] -> [T, N] (+ bias), on `route` (default: `self.route(T, w)`)."""
+        r = route or self.route(x.shape[0], w)
+        if r.kernel == "blas":
             out = x @ w.plain.data.T
-        elif b is None or (T > MATVEC_MAX_ROWS and not amx and not int8 and b.stripe != STRIPE16):
+        elif r.kernel == "panels":
             out = self._panels_gemm(x, w)
         else:
-            out = np.empty((T, w.shape[0]), dtype=np.float32)
-            x = np.ascontiguousarray(x)  # the SIMD blocks read rows as flat arrays
-            minv, mf = b.min_operand()
-            # sizes the matvec kernels' work items, a hint (asking numba.get_num_threads() takes a lock each time)
-            threads = self.active_threads
-            if b.stripe == STRIPE16:
-                kernel = matvec_i8_x16 if int8 else matvec_q4_split_x16
-                kernel(b.data, b.scale, b.min, mf, x, out, threads)  # b.min: empty for Q4_0, whose mf is -8
-            elif int8:
-                matvec_i8(b.data, b.scale, minv, mf, b.kind == "q4", x, out, threads)
-            elif amx:
-                # the real count, whichever thread calls: it sizes one scratch per kernel thread
-                teams = numba.get_num_threads()
-                numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, teams)
-            elif b.kind == "q4" and VNNI512 and T <= SPLIT_MAX_ROWS:
-                matvec_q4_split(b.data, b.scale, minv, mf, x, out, threads)
-            elif b.kind == "q4":
-                matvec_q4(b.data, b.scale, minv, mf, x, out, threads)
-            else:
-                matvec_q8(b.data, b.scale, b.min, b.group, x, out, threads)
+            b = w.blocked
+            assert b is not None and b.stripe == r.stripe, (r, w.form)
+            out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+            # The SIMD blocks read rows as flat arrays. `active_threads` sizes the matvec kernels' work items, a
+            # hint (asking numba.get_num_threads() takes a lock each time).
+            self.kernels[r.kernel](b, np.ascontiguousarray(x), out, self.active_threads)
         if bias is not None:
             out += bias
         return out
 
-    def _on_amx(self, b: Blocked, rows: int) -> bool:
-        """Whether a product of `rows` activation rows runs on AMX tiles: enough rows, and a weight with
-        groups of 32 (one tile deep) and float16 scales (GGUF Q4_0/Q4_1/Q8_0: what the tiles were
-        measured and tested on)."""
-        return self.amx and rows >= AMX_MIN_ROWS and b.group == 32 and b.scale.dtype == np.uint16
+    def check_routes(self) -> list[gate.RouteCheck]:
+        """Run each route the prepared weights will take once on small shapes against the NumPy reference; retire
+        a kernel that fails (its products take the next route, with a warning naming both). Call after
+        `warm_up`; returns the checks (also kept in `route_checks`)."""
+        self.route_checks = gate.check_numba_routes(self)
+        return self.route_checks
 
     def _panels_gemm(self, x: np.ndarray, w: Linear) -> np.ndarray:
         T, K = x.shape

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import host_ops
+from kernels import gate, host_ops
 from kernels.attention_meta import AttentionMetadata
 from kernels.host_ops import Scratch, prefill_operands, prefill_tile, softmax_unnormalized
 from kernels.weight import Weight
@@ -39,6 +39,10 @@ class NumpyBackend(host_ops.CpuHostOps):
 
     def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
         """Nothing to compile."""
+
+    def check_routes(self) -> list[gate.RouteCheck]:
+        """The reference's own products against float64 (kernels/gate.py)."""
+        return gate.check_products(self, gate.BOUND)
 
     def begin_step(self, rows: int | None = None) -> None:
         """Called at the start of every forward, on the thread that runs it; `rows`: the step's

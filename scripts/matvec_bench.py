@@ -16,7 +16,7 @@ cache-resident weights.
 every way the backend can take them: the matvec kernels over the four-row order, dequantized panels + BLAS
 (float32 only), the sixteen-row order's kernels (`x16`: q4 on AVX-512 VNNI, where the backend picks them
 without AMX) and AMX tiles where the CPU has them (from AMX_MIN_ROWS rows): where they cross are
-`kernels/numba_backend.py`'s MATVEC_MAX_ROWS and AMX_MIN_ROWS, and what the sixteen-row order gains.
+`kernels/routes.py`'s MATVEC_MAX_ROWS and AMX_MIN_ROWS, and what the sixteen-row order gains.
 
 `--per-row` prints, single-thread CPU time, what a product of T = 2, 3, 4, 5, 8, 9, 32 activation rows
 costs relative to T products of one row (cache-resident weights): speculative verification of k
@@ -30,9 +30,10 @@ import time
 
 import numpy as np
 
-from kernels import numba_backend, simd
+from kernels import numba_backend
 from kernels.numba_backend import Linear, NumbaBackend
 from kernels.numba_layout import block_rows, block_rows16, half_exact
+from kernels.routes import AMX_MIN_ROWS, Route
 from kernels.weight import Weight, pack_q4
 
 # name -> the products of one decode step (fused q/k/v and gate/up, as the model runs them): the default
@@ -71,29 +72,34 @@ def weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
 def rows_sweep(rng: np.random.Generator, activations: str) -> None:
     be = NumbaBackend(activations=activations)
     be.begin_step()
-    amx = be.amx
+    int8 = activations == "q8"
     for name, kind, n, k in SHAPES:
         w = weight(kind, n, k, rng)
-        half = be.half_scales and half_exact(w)
+        half = be.caps.f16c and half_exact(w)
         four = Linear(w.shape, block_rows(w, half))
-        # (name, weight, MATVEC_MAX_ROWS, on AMX); q8 activations take the matvec kernels at any row count
-        ways = [("matvec", four, 1 << 30, False)] + ([("panels", four, 0, False)] if activations == "f32" else [])
-        if w.kind == "q4" and simd.VNNI512:  # the sixteen-row order the backend picks there without AMX
-            ways.append(("x16", Linear(w.shape, block_rows16(w, half)), 0, False))
-        ways += [("amx", four, 0, True)] if amx else []
+        # (name, weight, route): each route forced (the panels are float32 in either mode)
+        if int8:
+            matvec = Route("matvec_i8", "int8", 4)
+        elif w.kind == "q4":
+            matvec = Route("matvec_q4_split", "pieces", 4) if be.caps.vnni512 else Route("matvec_q4", "f32", 4)
+        else:
+            matvec = Route("matvec_q8", "f32", 4)
+        ways = [("matvec", four, matvec), ("panels", four, Route("panels", "f32", 4))]
+        if w.kind == "q4" and be.caps.vnni512:  # the sixteen-row order the backend picks there without AMX
+            x16 = Route("x16_i8", "int8", 16) if int8 else Route("x16_split", "pieces", 16)
+            ways.append(("x16", Linear(w.shape, block_rows16(w, half)), x16))
+        ways += [("amx", four, Route("amx_tiles", "f32", 4))] if be.caps.amx else []
         for rows in (1, 8, 12, 16, 32, 48, 64, 128, 256, 512):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
-            for way, lin, limit, on_amx in ways:
-                if on_amx and rows < numba_backend.AMX_MIN_ROWS:
+            for way, lin, r in ways:
+                if r.kernel == "amx_tiles" and rows < AMX_MIN_ROWS:
                     continue
-                numba_backend.MATVEC_MAX_ROWS = numba_backend.SPLIT_MAX_ROWS = limit
-                be.amx = on_amx
-                be.linear(x, lin)
+                be.linear(x, lin, route=r)
                 best = float("inf")
                 for _ in range(3 if n * k > 10_000_000 else 10):
                     t = time.perf_counter()
-                    be.linear(x, lin)
+                    be.linear(x, lin, route=r)
                     best = min(best, time.perf_counter() - t)
                 took[way] = best
             cells = "".join(f"  {way} {took[way] * 1e3:8.2f} ms" for way in took)

@@ -114,6 +114,10 @@ def test_admin_charts_show_live_numbers_while_a_reply_streams(server, page, refe
     assert stats["model"]["name"] in facts
     assert f"{stats['model']['context_length']} tokens" in facts
     assert page.get_by_test_id("admin-model-name").inner_text() == stats["model"]["name"]
+    # the start-up parity gate's checks: one line per route the model takes, each "ok" on the default server
+    routes = page.get_by_test_id("admin-kernel-routes").inner_text()
+    for check in stats["model"]["kernel_routes"]:
+        assert f"{check['route']} · ok" in routes and check["form"] in routes, (check, routes)
     assert stats["engine"]["prefix_hit_rate"] > 0
     # the session leaves the active list once its reply is stopped
     page.wait_for_selector(f'[data-testid="admin-session-row"][data-id="{sid}"]', state="detached")

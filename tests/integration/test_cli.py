@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernels import cupy_unavailable_reason
+from kernels.cpu import CpuCaps
 
 FORGE = str(Path(sys.executable).parent / "forge")
 
@@ -92,7 +93,9 @@ def test_backend_cupy_without_a_gpu_fails_at_once_and_auto_says_why_it_chose_num
         assert "compiling CPU kernels" not in run.stderr  # it failed before loading anything
     run = forge("generate", "--temperature", "0", "--max-tokens", "1", "hi")
     assert run.returncode == 0, run.stderr
-    assert "kernel backend: numba with 1 threads (auto: no usable GPU, " in run.stderr
+    here = CpuCaps.detect().label
+    assert f"kernel backend: numba with 1 threads on {here} (auto: no usable GPU, " in run.stderr
+    assert "kernel route " in run.stderr and " ok (error " in run.stderr  # the start-up gate's checks
 
 
 def test_activations_flag_reaches_the_kernels_and_is_checked(reference):

@@ -3,6 +3,7 @@ on whole-engine runs, its warm-up, and two engines stepping in two threads of on
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -11,6 +12,7 @@ from engine_helpers import greedy, make_core, run_all
 
 from kernels import numba_attention, numba_layout, numba_linear, numba_ops
 from kernels.attention_meta import build_attention_metadata
+from kernels.cpu import CpuCaps
 from kernels.numba_backend import NumbaBackend
 from kernels.simd import target_has
 
@@ -173,7 +175,14 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
     Prompts run through the int8 products too; decode steps one token at a time."""
     from engine.model.llama import LlamaModel
 
-    model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, NumbaBackend(2, "q8")))
+    # Without AMX's tiles: products of every row count take int8 activations (with them, prompts of more than 32
+    # rows would run on float tiles and this test would measure those).
+    be = NumbaBackend(2, "q8", caps=dataclasses.replace(CpuCaps.detect(), amx=False))
+    model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, be))
+    longest = max(len(case["prompt_ids"]) + len(case["greedy32_no_eos_stop_ids"]) for case in reference["prompts"])
+    layer = model[1].layers[0]
+    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down, model[1].lm_head):
+        assert all(be.route(rows, lin).int8 for rows in (1, longest)), lin.form
     core = make_core(model, kv_memory=16 << 20)
     forced = make_core(model, kv_memory=16 << 20).runner.kv_caches  # not core's: its blocks hold cached prefixes
     bs, lead, argmax_equal, top1, top5 = core.blocks.block_size, [], 0, 0.0, 0.0

@@ -81,7 +81,7 @@ def test_metrics_follow_a_generation(http: httpx.Client, server: ServerProcess) 
     assert after[reason] == before.get(reason, 0) + 1
     for gauge in ("forge_waiting_sequences", "forge_running_sequences", "forge_kv_blocks_used"):
         assert after[gauge] == 0
-    assert after["forge_kv_blocks_total"] > 0
+    assert after["forge_kv_blocks_capacity"] > 0
 
 
 async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: ServerProcess) -> None:
@@ -107,3 +107,20 @@ async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: Ser
         assert key in stats["model"]
     assert set(stats["ttft_ms"]) >= {"p50", "p95"} and set(stats["itl_ms"]) >= {"p50", "p95"}
     assert isinstance(stats["tokens_per_s"], (int, float))  # its value: test_metrics_follow_a_generation
+
+
+def test_the_kernel_routes_and_their_gate_are_on_admin_metrics_and_the_log(
+    http: httpx.Client, server: ServerProcess
+) -> None:
+    # The default server's start-up gate: each product route the model takes, checked against the reference.
+    routes = server.stats()["model"]["kernel_routes"]
+    assert routes and all(r["ok"] and r["error"] <= r["bound"] for r in routes), routes
+    forms = {r["form"] for r in routes}
+    assert any(f.startswith("q4 g32") for f in forms) and any(f.startswith("q8 g32") for f in forms)  # Q4_1, Q8_0
+    samples = scrape(http)
+    for r in routes:
+        key = f'forge_kernel_route_ok{{form="{r["form"]}",route="{r["route"]}",rows="{r["rows"]}"}}'
+        assert samples[key] == 1.0, key
+    assert f"kernel route {routes[0]['form']}, {routes[0]['rows']} rows: {routes[0]['route']} ok" in server.log_tail(
+        400
+    )

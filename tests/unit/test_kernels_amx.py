@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from kernels import numba_amx, numba_backend, numba_layout
+from kernels import numba_amx, numba_layout
 from kernels.numba_amx import GROUP, PARTS, ROWS, TILE
-from kernels.numba_backend import AMX_MIN_ROWS, NumbaBackend
+from kernels.numba_backend import NumbaBackend
+from kernels.routes import AMX_MIN_ROWS, MATVEC_MAX_ROWS
 from kernels.weight import Weight, pack_q4, unpack_q4
 
 needs_amx = pytest.mark.skipif(
@@ -100,21 +103,20 @@ def test_amx_product_matches_float64(kind, T, n, k):
 def test_backend_routes_many_rows_of_float16_scaled_weights_to_amx(monkeypatch):
     rng = np.random.default_rng(2)
     be = NumbaBackend(2)
+    without = NumbaBackend(2, caps=dataclasses.replace(be.caps, amx=False))  # the same CPU, its tiles unused
     calls = []
     real = numba_amx.matmul_amx
     monkeypatch.setattr(numba_amx, "matmul_amx", lambda *a: calls.append(a[5].shape[0]) or real(*a))
-    half = be.prepare_linear(weight("q4", 40, 64, rng))
-    wide = be.prepare_linear(
-        Weight(
-            "q8", rng.integers(-128, 128, (40, 64), dtype=np.int8), rng.random((40, 2), dtype=np.float32), None, GROUP
-        )
+    half = weight("q4", 40, 64, rng)
+    wide = Weight(
+        "q8", rng.integers(-128, 128, (40, 64), dtype=np.int8), rng.random((40, 2), dtype=np.float32), None, GROUP
     )  # float32 scales
-    assert wide.blocked.scale.dtype == np.float32
-    for lin in (half, wide):
-        for T in (AMX_MIN_ROWS - 1, AMX_MIN_ROWS, numba_backend.MATVEC_MAX_ROWS + 1):
+    assert be.prepare_linear(wide).blocked.scale.dtype == np.float32
+    for w in (half, wide):
+        lin = be.prepare_linear(w)
+        for T in (AMX_MIN_ROWS - 1, AMX_MIN_ROWS, MATVEC_MAX_ROWS + 1):
             x = rng.standard_normal((T, 64)).astype(np.float32)
-            be.amx = False
-            want = be.linear(x, lin)
-            be.amx = True
+            assert (be.route(T, lin).kernel == "amx_tiles") == (w is half and T >= AMX_MIN_ROWS)
+            want = without.linear(x, without.prepare_linear(w))
             np.testing.assert_allclose(be.linear(x, lin), want, rtol=1e-5, atol=1e-5)
-    assert calls == [AMX_MIN_ROWS, numba_backend.MATVEC_MAX_ROWS + 1]
+    assert calls == [AMX_MIN_ROWS, MATVEC_MAX_ROWS + 1]

@@ -26,11 +26,16 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 
 from engine.loader.quant import GGML_TYPES, gguf_weight
 from kernels import numba_attention, numba_backend, numba_layout, numba_linear, simd
-from kernels.numba_backend import MATVEC_MAX_ROWS, TRANSPOSED_PANEL_MAX_ROWS, NumbaBackend
+from kernels.cpu import SIMULATED, CpuCaps
+from kernels.numba_backend import TRANSPOSED_PANEL_MAX_ROWS, Linear, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
 from kernels.numpy_backend import NumpyBackend
+from kernels.reference import int8_product, quantize_activations
+from kernels.routes import AMX_MIN_ROWS, MATVEC_MAX_ROWS, Route
 from kernels.simd import target_has
-from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0, unpack_q4
+from kernels.weight import Weight, concat_rows, pack_q4, quantize_q8_0
+
+HERE = CpuCaps.detect()
 
 __all__ = [  # re-exported tests (keeps linters from calling the imports unused)
     "test_add_rms_norm_returns_sum_and_its_norm",
@@ -123,7 +128,9 @@ def test_panels_cover_a_weight_larger_than_one(be, rng, monkeypatch, rows):
     monkeypatch.setattr("kernels.numba_backend.PANEL_VALUES", 16 * 64)  # 16-row panels over 150 rows
     w, dense = quantized(8, 150, 64, rng)
     x = rng.standard_normal((rows, 64)).astype(np.float32)
-    np.testing.assert_allclose(be.linear(x, be.prepare_linear(w)), x @ dense.T, rtol=1e-4, atol=1e-3)
+    lin = be.prepare_linear(w)
+    panels = Route("panels", "f32", lin.blocked.stripe)  # forced: an AMX CPU would take its tiles here
+    np.testing.assert_allclose(be.linear(x, lin, route=panels), x @ dense.T, rtol=1e-4, atol=1e-3)
 
 
 def test_fused_parts_of_mixed_types_match_their_parts(rng):
@@ -319,28 +326,7 @@ SCALES = [
 SCALE_DTYPES = {"f32": np.float32, "f16": np.uint16}
 
 
-def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy model of the q8 activation mode: int8 values and float32 scales per 32-block."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    amax = np.abs(blocks).max(axis=2)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    xq = np.floor(blocks * inv[:, :, None] + np.float32(0.5)).astype(np.int8)
-    return xq.reshape(x.shape), (amax / np.float32(127)).astype(np.float32)
-
-
-def int8_model(x: np.ndarray, w: Weight) -> np.ndarray:
-    """y = sum_g (scale * xd) * integer dot(q, xq) + min * xd * sum(xq), the int8 kernels' arithmetic in float64:
-    the weight as dequantized times the activations as quantized (the min term too, as llama.cpp's q8_1 sums)."""
-    xq, xd = quantize_activations(x)
-    q = (unpack_q4(w.data) if w.kind == "q4" else w.data).astype(np.int64)
-    n, k = q.shape
-    dots = np.einsum("ngj,tgj->tng", q.reshape(n, k // 32, 32), xq.reshape(-1, k // 32, 32).astype(np.int64))
-    y = ((w.scale[None] * xd[:, None]).astype(np.float64) * dots).sum(axis=2)
-    if w.min is not None:
-        sums = xd * xq.reshape(-1, k // 32, 32).sum(axis=2, dtype=np.int32).astype(np.float32)
-        y += sums.astype(np.float64) @ w.min.T.astype(np.float64)
-    return y
+int8_model = int8_product  # the int8 kernels' arithmetic (kernels/reference.py)
 
 
 def random_activations(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
@@ -376,16 +362,70 @@ def test_blocked_matvec_matches_numpy_on_random_shapes(rng, case, activations, s
         x = random_activations(rng, rows, k)
         lin = be.prepare_linear(w)
         assert lin.blocked.scale.dtype == lin.blocked.min.dtype == SCALE_DTYPES[scales]
+        route = be.route(rows, lin)  # what this CPU runs: the expected numbers follow from it
         got = be.linear(x, lin)
         dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
         scale = np.abs(dense).max()
         np.testing.assert_allclose(ref.linear(x, ref.prepare_linear(w)), dense, rtol=0, atol=1e-5 * scale)
         assert got.shape == (rows, n) and got.dtype == np.float32
-        if activations == "f32" or w.group == 16:  # groups of 16 stay on the float32 path
-            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k}")
+        if route.int8:
+            np.testing.assert_allclose(got, int8_model(x, w), rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k} {route}")
+            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-2 * scale, err_msg=f"{n}x{k} {route} vs float")
         else:
-            np.testing.assert_allclose(got, int8_model(x, w), rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k}")
-            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-2 * scale, err_msg=f"{n}x{k} vs float")
+            np.testing.assert_allclose(got, dense, rtol=0, atol=2e-6 * scale, err_msg=f"{n}x{k} {route}")
+
+
+# Every blocked route, forced, over the weight cases its kernel reads (kernels/routes.py names them).
+FORCED_ROUTES = [
+    Route("matvec_q4", "f32", 4),
+    Route("matvec_q4_split", "pieces", 4),
+    Route("matvec_q8", "f32", 4),
+    Route("matvec_i8", "int8", 4),
+    Route("x16_split", "pieces", 16),
+    Route("x16_i8", "int8", 16),
+    Route("amx_tiles", "f32", 4),
+    Route("panels", "f32", 4),
+    Route("panels", "f32", 16),
+]
+
+
+def _reads(route: Route, case: str, scales: str) -> bool:
+    q4, g32 = case.startswith("q4"), "g16" not in case
+    return {
+        "matvec_q4": q4,
+        "matvec_q4_split": q4,
+        "matvec_q8": not q4,
+        "matvec_i8": g32,
+        "x16_split": q4,
+        "x16_i8": q4,
+        "amx_tiles": g32 and scales == "f16",  # the tiles read float16 scales only
+        "panels": route.stripe == 4 or q4,
+    }[route.kernel]
+
+
+@pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+@pytest.mark.parametrize("route", FORCED_ROUTES, ids=lambda r: f"{r.kernel}-{r.stripe}")
+def test_every_route_matches_its_model_where_this_cpu_runs_it(rng, route, case, scales):
+    # Whichever route this CPU would pick, each one it can run is checked here: int8 routes against the int8
+    # model, the others against the float64 product, from one row to a prompt's, on ragged weight blocks.
+    if not route.needs.within(HERE):
+        pytest.skip(f"this CPU lacks {route.needs.missing(HERE)}: {route.kernel} cannot run here")
+    if not _reads(route, case, scales):
+        pytest.skip(f"{route.kernel} takes no {case} weight with {scales} scales")
+    be = NumbaBackend(threads=2)
+    for n, k in ((38, 96), (133, 160)):
+        w = blocked_case(case, n, k, rng, scales)
+        b = (numba_layout.block_rows16 if route.stripe == 16 else numba_layout.block_rows)(w, half=scales == "f16")
+        lin = Linear(w.shape, b)
+        for rows in (1, 5, AMX_MIN_ROWS + 1, MATVEC_MAX_ROWS + 1):
+            x = random_activations(rng, rows, k)
+            dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+            want = int8_model(x, w) if route.int8 else dense
+            got = be.linear(x, lin, route=route)
+            scale = np.abs(dense).max()
+            bound = 1e-5 if route.kernel in ("panels", "amx_tiles") else 2e-6  # float32 sums in BLAS's order
+            np.testing.assert_allclose(got, want, rtol=0, atol=bound * scale, err_msg=f"{n}x{k} T{rows}")
 
 
 @pytest.mark.parametrize("scales", SCALES)
@@ -401,14 +441,17 @@ def test_blocked_matvec_over_row_tiles_and_their_remainders(rng, case, activatio
     assert lin.blocked.scale.dtype == SCALE_DTYPES[scales]
     x = random_activations(rng, 32, 64)
     dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
-    int8 = activations == "q8" and w.group == 32
-    want = int8_model(x, w) if int8 else dense
+    int8 = int8_model(x, w) if w.group == 32 else None
+    one = be.route(1, lin)
     alone = np.concatenate([be.linear(x[t : t + 1], lin) for t in range(32)])
     for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 31, 32):
+        route = be.route(rows, lin)
         got = be.linear(x[:rows], lin)
+        want = int8 if route.int8 else dense
         scale = np.abs(dense[:rows]).max()
-        np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"T{rows}")
-        np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"T{rows} vs alone")
+        np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"T{rows} {route}")
+        if route == one:  # the row tiles of one kernel: each row as it comes alone
+            np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"T{rows} vs alone")
 
 
 @pytest.mark.parametrize("scales", SCALES)
@@ -425,6 +468,7 @@ def test_int8_q4_products_over_group_counts_around_four_group_rounds(rng, case, 
         x = random_activations(rng, 6, k)
         want = int8_model(x, w)
         for rows in (1, 4, 5, 6):
+            assert be.route(rows, lin).int8  # fewer rows than any CPU's float tiles take
             got = be.linear(x[:rows], lin)
             scale = np.abs(want[:rows]).max()
             np.testing.assert_allclose(got, want[:rows], rtol=0, atol=2e-6 * scale, err_msg=f"groups {ng} T{rows}")
@@ -492,14 +536,17 @@ def test_sixteen_row_products_over_every_tile_remainder(rng, case, activations, 
             np.testing.assert_allclose(got, alone[:rows], rtol=0, atol=1e-6 * scale, err_msg=f"{n}x{k} T{rows} alone")
 
 
-def test_q4_weights_take_the_sixteen_row_layout_where_vnni_runs_it(rng):
+@pytest.mark.parametrize("cpu", sorted(SIMULATED))
+def test_q4_weights_take_the_sixteen_row_layout_where_vnni_runs_it(rng, cpu):
     # On AVX-512 VNNI (no AMX) q4 weights are blocked sixteen rows at a time in both activation modes; q8
     # weights and AMX CPUs keep four. The backend's embedding rows read either.
+    caps = SIMULATED[cpu]
+    if not caps.within(HERE):
+        pytest.skip(f"this CPU lacks {caps.missing(HERE)}: a backend for {cpu} cannot run here")
     for activations in ("f32", "q8"):
-        be = NumbaBackend(threads=2, activations=activations)
-        wide = simd.VNNI512 and not be.amx
+        be = NumbaBackend(threads=2, activations=activations, caps=caps)
         q4, q8 = blocked_case("q4", 40, 64, rng, "f16"), blocked_case("q8 g32", 40, 64, rng, "f16")
-        assert be.prepare_linear(q4).blocked.stripe == (16 if wide else 4)
+        assert be.prepare_linear(q4).blocked.stripe == (16 if cpu == "avx512-vnni" else 4)
         assert be.prepare_linear(q8).blocked.stripe == 4
         ids = np.array([39, 0, 17, 17])
         np.testing.assert_array_equal(be.embedding(be.prepare_embedding(q4), ids), q4.dequantize(ids))
@@ -614,9 +661,10 @@ _NARROW_CHECK = """
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_kernels_numba import blocked_case, int8_model, random_activations
+from test_kernels_numba import blocked_case, random_activations
 from kernels import simd
 from kernels.numba_backend import NumbaBackend
+from kernels.reference import int8_product
 assert not simd.VNNI512 and simd.VNNI256 == (sys.argv[3] == "True") and simd.LANES == int(sys.argv[2])
 rng = np.random.default_rng(0)
 for activations in ("f32", "q8"):
@@ -627,7 +675,8 @@ for activations in ("f32", "q8"):
             x = random_activations(rng, rows, 96)
             got = be.linear(x, be.prepare_linear(w))
             dense = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
-            want = int8_model(x, w) if activations == "q8" else dense
+            want = int8_product(x, w) if activations == "q8" else dense
+            assert be.route(rows, be.prepare_linear(w)).int8 == (activations == "q8")
             assert np.abs(got - want).max() <= 2e-6 * np.abs(dense).max(), (activations, case, rows)
 print("ok")
 """
