@@ -4,14 +4,17 @@ A decode-only step of B sequences runs as the graph of the smallest bucket >= B.
 inputs from one device buffer, filled by a single host-to-device copy a step, and leaves logits
 [bucket, vocab] in a device array of its own. Rows past B are padding: one-token sequences at position
 0 whose K/V go to the pad block, a block of the cache that the block manager never hands out, so every
-op sees an ordinary batch. A bucket is captured the first time a step needs it; if CUDA refuses, that
-bucket and the larger ones run eagerly from then on.
+op sees an ordinary batch. Every bucket is captured at load (`capture_all`, from the model runner), so no
+step waits on a capture and no timed window holds one; each capture has a memory pool of its own (the
+backend's `capture_graph`), kept by its `_Graph`. If CUDA refuses a capture, that bucket and the larger ones
+run eagerly from then on.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +116,7 @@ class _Graph:
     inputs: PackedInputs  # the packed step inputs (host and device)
     meta: AttentionMetadata  # query_start and the attention plan the graph's kernels read
     rows: Any  # the logits rows (0 .. bucket - 1) the final gather reads
-    graph: Any
+    graph: Any  # what capture_graph returned: on CuPy the graph with the memory pool its scratch and plan are in
     logits: Any  # [bucket, vocab] on the device, rewritten by every replay
 
 
@@ -137,7 +140,29 @@ class DecodeGraphs:
     def run(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> Any | None:
         """Device logits [B, vocab] of a decode step of B sequences, or None when no graph can run it."""
         rows = bucket_for(len(token_ids), self.buckets)
-        if rows is None or rows >= self.eager_from:
+        g = None if rows is None else self._graph(rows)
+        if g is None:
+            return None
+        g.inputs.fill(token_ids, positions, block_tables, self.block_size, self.pad_block)
+        self.backend.replay(g.graph)
+        return g.logits[: len(token_ids)]
+
+    def capture_all(self) -> None:
+        """Capture every bucket now, smallest first (at load: a capture runs the model twice, which a step must
+        not wait for); the first one CUDA refuses and every larger one stay eager."""
+        start = time.perf_counter()
+        for rows in self.buckets:
+            if self._graph(rows) is None:
+                break
+        log.info(
+            "captured decode steps of %s rows as CUDA graphs in %.2fs",
+            ", ".join(map(str, sorted(self._graphs))) or "no",
+            time.perf_counter() - start,
+        )
+
+    def _graph(self, rows: int) -> _Graph | None:
+        """The graph of bucket `rows`, captured now if it was not yet; None where that bucket runs eagerly."""
+        if rows >= self.eager_from:
             return None
         g = self._graphs.get(rows)
         if g is None:
@@ -149,10 +174,7 @@ class DecodeGraphs:
                 )
                 self.eager_from = rows
                 return None
-            log.info("captured the decode step for %d rows as a CUDA graph", rows)
-        g.inputs.fill(token_ids, positions, block_tables, self.block_size, self.pad_block)
-        self.backend.replay(g.graph)
-        return g.logits[: len(token_ids)]
+        return g
 
     def _capture(self, rows: int) -> _Graph:
         inputs = PackedInputs(rows, self.width, self.backend)

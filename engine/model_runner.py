@@ -1,8 +1,8 @@
 """The model runner: owns the KV tensors, turns one scheduled batch into model inputs, runs the
 forward and returns the logits rows that were asked for, left on the backend (the device on CuPy).
 Plain decode steps (one new token and one logits row a sequence) replay a CUDA graph where the
-backend can capture one (engine/decode_graphs.py); prefill chunks and speculative verification run
-eagerly."""
+backend can capture one (engine/decode_graphs.py; every bucket captured here, at load); prefill chunks and
+speculative verification run eagerly."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 from engine.decode_graphs import DecodeGraphs
 from engine.loader import LoadedModel
 from engine.model.llama import LlamaModel
+from engine.op_profile import OpProfile
 from kernels.attention_meta import build_attention_metadata
 
 
@@ -48,6 +49,7 @@ class ModelRunner:
     ) -> None:
         """`num_blocks` for the block manager; `cuda_graphs`: replay decode steps where the backend can."""
         self.model, self.backend, self.block_size = model, model.backend, block_size
+        self.profile: OpProfile | None = None  # eager forwards timed op by op (Engine.profile_ops)
         c, be = loaded.config, self.backend
         graphs = cuda_graphs and hasattr(be, "capture_graph")
         cache_blocks = num_blocks + graphs  # + the graphs' pad block, which the block manager never hands out
@@ -63,6 +65,8 @@ class ModelRunner:
         self.graphs = (
             DecodeGraphs(model, self.kv_caches, block_size, num_blocks, width, max_num_seqs) if graphs else None
         )
+        if self.graphs is not None:
+            self.graphs.capture_all()  # now, at load: never inside a step (or a benchmark's timed window)
 
     def read_block(self, block_id: int) -> np.ndarray:
         """A host copy of one block's K and V in every layer: [2 * layers, block_size, kv_heads, head_dim]."""
@@ -112,6 +116,8 @@ class ModelRunner:
             if logits is not None:
                 return logits
         token_ids, positions, meta, logits_rows = self._batch(inputs)
+        if self.profile is not None:
+            return self.profile.forward(self.model, token_ids, positions, meta, self.kv_caches, logits_rows)
         return self.model.forward_device(token_ids, positions, meta, self.kv_caches, logits_rows)
 
     def _batch(self, inputs: list[SeqInput]) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:

@@ -1,8 +1,9 @@
 """CuPy backend: the forward pass on an NVIDIA GPU, with the NumPy backend's op semantics.
 
-Weights stay as the loader hands them over (kernels/device_weight.py): q4/q8 values and float32
-group scales in device memory. Products with up to GEMV_MAX_ROWS activation rows (decode) read them
-in GEMV kernels that dequantize in registers; with more rows (prefill) panels of the weight are
+Weights stay as the loader hands them over (kernels/device_weight.py): q4/q8 values and their group
+scales in device memory, float16 where the file has them so (the kernels' `_hs` forms read those).
+Products with up to GEMV_MAX_ROWS activation rows (decode) read them in GEMV kernels that dequantize
+in registers; with more rows (prefill) panels of the weight are
 dequantized into a float16 scratch and multiplied by cuBLAS (float16 inputs, float32 accumulation
 and result), as float16 weights are directly. Activations and the residual stream are float32, the
 KV cache is float16. Norms, RoPE, SiLU, the embedding gather, the KV write and paged attention are
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from kernels.cuda_launch import (
     row_threads,
 )
 from kernels.device_weight import QUANTIZED, DeviceWeight, device_layout
+from kernels.gate import RouteCheck, check_products
 from kernels.row_sampling import TABLE
 from kernels.weight import Weight
 
@@ -55,8 +58,14 @@ KERNELS = {
     "q4_rows_f16": "dequant.cu",
     "q8_rows_f32": "dequant.cu",
     "q8_rows_f16": "dequant.cu",
+    "q4_rows_f32_hs": "dequant.cu",
+    "q4_rows_f16_hs": "dequant.cu",
+    "q8_rows_f32_hs": "dequant.cu",
+    "q8_rows_f16_hs": "dequant.cu",
     "gemv_q4": "gemv.cu",
     "gemv_q8": "gemv.cu",
+    "gemv_q4_hs": "gemv.cu",
+    "gemv_q8_hs": "gemv.cu",
     "paged_attention_decode_f16": "paged_attention.cu",
     "paged_attention_prefill_f16": "paged_attention.cu",
     "apply_token_bitmask_f32": "token_bitmask.cu",
@@ -67,6 +76,15 @@ KERNELS = {
 PANEL_VALUES = 1 << 24
 # The widest load a kernel makes (float4 / uint4): arrays read that way must start on a multiple of it.
 VECTOR_BYTES = 16
+
+
+@dataclass(slots=True)
+class CapturedGraph:
+    """A CUDA graph and the memory pool its capture allocated from: the graph holds raw addresses in that pool,
+    so the pool must live as long as the graph and serve nothing else."""
+
+    graph: Any  # cupy.cuda.graph.Graph
+    pool: Any  # cupy.cuda.MemoryPool
 
 
 class CupyBackend:
@@ -88,7 +106,6 @@ class CupyBackend:
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
         self.stream = cupy.cuda.Stream(non_blocking=False)
         self._capture_stream = cupy.cuda.Stream(non_blocking=True)
-        self._graph_pool = cupy.cuda.MemoryPool()
         # Allocated once, so that CUDA graphs may hold its address.
         self._panel = cupy.empty(PANEL_VALUES, dtype=np.float16)
         self._shared: tuple[Weight, DeviceWeight] | None = None
@@ -119,6 +136,10 @@ class CupyBackend:
     def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile every CUDA source now, so the first request does not wait on NVRTC."""
         self.compile_kernels(progress)
+
+    def check_routes(self) -> list[RouteCheck]:
+        """The parity gate's products (kernels/gate.py): without it passing, `auto` does not choose the GPU."""
+        return check_products(self)
 
     def _f32(self, a: Any, what: str, aligned: bool = False) -> Any:
         """`a` as contiguous float32; with `aligned`, also starting on a 16-byte boundary (a copy if a contiguous view
@@ -151,19 +172,23 @@ class CupyBackend:
     def end_step(self, seconds: float) -> None:
         """Nothing to tune: `seconds` only timed the launches (the GPU runs asynchronously)."""
 
-    def capture_graph(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    def capture_graph(self, fn: Callable[[], Any]) -> tuple[CapturedGraph, Any]:
         """Run `fn` once, then capture a second run into a CUDA graph: returns (graph, what the captured run returned).
 
         `fn` must read its inputs from device arrays that outlive the graph and must not copy between host and
-        device; `replay(graph)` then redoes its work on the same buffers. Memory that `fn` allocates comes from a
-        pool of the graphs' own, so nothing else is ever handed an address a graph writes to. Warm-up and capture
-        run on a non-blocking stream of their own (a blocking one would tie the capture to the legacy stream);
-        CuPy's pools keep free memory per stream, so the warm-up fills the arena the capture then draws from.
-        Raises if CUDA refuses the capture.
+        device; `replay(graph)` then redoes its work on the same buffers. Memory that `fn` allocates, in the warm-up
+        run too (the attention plan it leaves in its metadata), comes from a pool of this capture's own, which the
+        returned graph holds: its replays write their scratch again, so no other capture and no other allocation
+        may ever be handed those addresses (with one pool for all graphs, the next capture's plan was carved from
+        the last one's scratch). The price: graphs hold the sum of their peak scratch, not the largest (a decode
+        step's activations and logits per bucket). Warm-up and capture run on a non-blocking stream of their own
+        (a blocking one would tie the capture to the legacy stream); CuPy's pools keep free memory per stream, so
+        the warm-up fills the arena the capture then draws from. Raises if CUDA refuses the capture.
         """
         cp, capture = self._cp, self._capture_stream
+        pool = cp.cuda.MemoryPool()
         self.stream.synchronize()  # the capture stream is not ordered with the backend's
-        with cp.cuda.using_allocator(self._graph_pool.malloc), capture:
+        with cp.cuda.using_allocator(pool.malloc), capture:
             fn()  # loads every kernel, and fills the pool, outside the capture
             capture.synchronize()
             capture.begin_capture()
@@ -174,10 +199,10 @@ class CupyBackend:
                     capture.end_capture()
                 raise
             graph = capture.end_capture()
-        return graph, out
+        return CapturedGraph(graph, pool), out
 
-    def replay(self, graph: Any) -> None:
-        graph.launch(self.stream)
+    def replay(self, graph: CapturedGraph) -> None:
+        graph.graph.launch(self.stream)
 
     # ---- weights ----------------------------------------------------------------
     def prepare_linear(self, w: Weight) -> DeviceWeight:
@@ -189,7 +214,7 @@ class CupyBackend:
             return shared[1]
         d = device_layout(w)
         put = lambda a: None if a is None else self._cp.asarray(np.ascontiguousarray(a))
-        return DeviceWeight(d.kind, put(d.data), put(d.scale), put(d.min), d.group)
+        return DeviceWeight(d.kind, put(d.data), put(d.scales), put(d.mins), d.group, d.zero)
 
     def prepare_embedding(self, w: Weight) -> DeviceWeight:
         dev = self.prepare_linear(w)
@@ -222,16 +247,10 @@ class CupyBackend:
             out = cp.empty((T, N), dtype=np.float32)
             if T:
                 grid, block = gemv_geometry(N, T)
-                if w.kind == "q4":
-                    self._kernel("gemv_q4")(
-                        grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K))
-                    )
-                else:
-                    self._kernel("gemv_q8")(
-                        grid,
-                        block,
-                        (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), np.int32(w.group)),
-                    )
+                last = np.int32(w.zero if w.kind == "q4" else w.group)
+                self._kernel(f"gemv_{w.kind}{_scales(w)}")(
+                    grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), last)
+                )
         elif w.kind in QUANTIZED:
             out = cp.empty((T, N), dtype=np.float32)
             x16 = x.astype(np.float16)
@@ -298,10 +317,10 @@ class CupyBackend:
         R, K = out.shape
         if not R:
             return
-        kernel = self._kernel(f"{w.kind}_rows_{'f16' if out.dtype == np.float16 else 'f32'}")
+        kernel = self._kernel(f"{w.kind}_rows_{'f16' if out.dtype == np.float16 else 'f32'}{_scales(w)}")
         args = (out, w.data, w.scale, w.min, ids, np.int64(row0), np.int64(w.shape[0]), np.int32(R), np.int32(K))
         if w.kind == "q4":  # a thread per packed byte
-            kernel((elementwise_blocks(R * K // 2),), (ROW_THREADS,), args)
+            kernel((elementwise_blocks(R * K // 2),), (ROW_THREADS,), args + (np.int32(w.zero),))
         else:
             kernel((elementwise_blocks(R * K),), (ROW_THREADS,), args + (np.int32(w.group),))
 
@@ -623,6 +642,11 @@ class CupyBackend:
             )
         decode, items = attention_plan(qs)
         return self._cp.asarray(decode), self._cp.asarray(items)
+
+
+def _scales(w: DeviceWeight) -> str:
+    """The suffix of the kernels that read `w`'s scales and mins: "_hs" for float16 ones, "" for float32."""
+    return "_hs" if w.scale.dtype == np.float16 else ""
 
 
 def _check_2d(op: str, x: Any, d: int) -> None:

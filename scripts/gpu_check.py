@@ -1,12 +1,15 @@
 """The prepared GPU check: one command on a lent GPU machine proves parity and measures speed (docs/gpu.md).
 
 Stages, each timed and recorded, none able to stop the others: the machine (versions, the GPU, imports, a measured
-copy bandwidth and float16 matmul rate); synthetic models made here (engine/loader/synth.py, the tokenizer from a
-small carried GGUF); the CuPy parity tests and the CuPy engine test, each in its own pytest process; then per shape
-Forge's bench workload (engine/bench.py, --quick, plus aggregate decode at 64 sequences) in a process of its own, and
-PyTorch (transformers' LlamaForCausalLM, bf16, random weights, `generate`) on the same shape in another. Everything
-lands in one folder of at most 8 files (what the device tool brings back): summary.md (the table), results.json,
-check.log and one log per kind of stage. A time budget skips what would not finish, so the summary is always written.
+copy bandwidth and float16 matmul rate); then the 8B, the headline: its synthetic model (engine/loader/synth.py, the
+tokenizer from a small carried GGUF, padded to Llama 3's 128256 ids), Forge's bench workload (engine/bench.py,
+--quick, plus aggregate decode at 64 sequences) in a process of its own, and PyTorch (transformers'
+LlamaForCausalLM, bf16, random weights, `generate`) on the same shape in another; then the CuPy parity tests and the
+CuPy engine test, each in its own pytest process; then the smaller shapes. Everything lands in one folder of at most
+8 files: summary.md (the table), results.json, check.log and one log per kind of stage. results.json is rewritten
+after every stage and the bench worker writes its figures after every section of the workload, so a run cut short
+keeps what it measured. A stage starts only when the budget left covers what it needs (NEED); otherwise it is
+"skipped (budget)", and the summary is always written.
 
 `--dry-run` runs the same code on a machine without a GPU: NumPy backend, a tiny synthetic shape, PyTorch on the CPU
 if it is installed (tests/integration/test_gpu_check_dry_run.py).
@@ -35,8 +38,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = ("smollm2-135m", "llama-3.2-1b", "llama-3.1-8b")
+SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "smollm2-135m")  # the headline first
 DRY_SHAPE = "tiny"
+# Vocabularies padded to the real model's (engine/loader/synth.py): its embedding gather, output product and sampling
+# over Llama 3's 128256 ids. Other shapes keep the tokenizer's 49152, as llama.cpp was timed on.
+VOCAB = {"llama-3.1-8b": 128256}
 # The dry run's shape: every kernel path of a Llama model, small enough to bench in seconds on a CPU.
 TINY_CONFIG = {
     "hidden_size": 64,
@@ -54,6 +60,15 @@ PREFILL_TOKENS = 500  # engine/bench.py's prefill prompt
 STAGES = ("synth", "parity", "engine", "bench", "torch")
 # Seconds a stage may take at most (the overall budget may leave it less).
 CAPS = {"synth": 120, "parity": 240, "engine": 180, "bench": 150, "torch": 120}
+# Seconds a stage is expected to need to finish, per shape where the shape matters (estimates: results.json records
+# what each took). A stage starts only with at least this much budget left.
+NEED: dict[str, dict[str, float]] = {
+    "synth": {"llama-3.1-8b": 60, "llama-3.2-1b": 15, "smollm2-135m": 5, DRY_SHAPE: 5},
+    "bench": {"llama-3.1-8b": 100, "llama-3.2-1b": 60, "smollm2-135m": 45, DRY_SHAPE: 30},
+    "torch": {"llama-3.1-8b": 90, "llama-3.2-1b": 45, "smollm2-135m": 30, DRY_SHAPE: 15},
+    "parity": {"": 60},
+    "engine": {"": 60},
+}
 VERSIONS = (
     "numpy",
     "cupy-cuda13x",
@@ -99,11 +114,14 @@ class Check:
         return self.deadline - time.monotonic()
 
     def stage(self, name: str, cap_s: float, fn: Callable[[float], Any], need_s: float = 10.0) -> Any:
-        """Run fn(timeout_s) as stage `name` unless too little time is left; record ok/seconds/detail, never raise."""
+        """Run fn(timeout_s) as stage `name` unless less than `need_s` is left of the budget (then it is "skipped
+        (budget)": never started to be killed half-way); record ok/seconds/detail and save, never raise."""
         left = self.left()
         if left < need_s:
-            self.results["stages"][name] = {"status": "skipped", "detail": f"out of time ({left:.0f} s left)"}
-            self.log(f"{name}: skipped, {left:.0f} s left")
+            detail = f"needs ~{need_s:.0f} s, {max(left, 0):.0f} s left"
+            self.results["stages"][name] = {"status": "skipped (budget)", "detail": detail}
+            self.log(f"{name}: skipped (budget), {detail}")
+            self.save()
             return None
         timeout = min(cap_s, left)
         self.log(f"{name}: start (at most {timeout:.0f} s)")
@@ -149,7 +167,25 @@ class Check:
         return rc, tail
 
     def save(self) -> None:
-        (self.out / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
+        write_json(self.out / "results.json", self.results)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Replace `path` by `value` as JSON at once (a temp file renamed): a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def need(stage: str, shape: str = "") -> float:
+    """Seconds stage `stage` (of `shape`) is expected to need (NEED; the largest shape's figure for one not listed)."""
+    table = NEED[stage]
+    return table.get(shape, max(table.values()))
+
+
+def model_path(models: Path, shape: str) -> Path:
+    vocab = VOCAB.get(shape)
+    return models / f"{shape}{f'-v{vocab}' if vocab else ''}-q4_0.gguf"
 
 
 class StageSkipped(Exception):
@@ -259,14 +295,15 @@ def _host_rates() -> dict[str, Any]:
 def make_model(check: Check, shape: str, models: Path, tokenizer: Path | None) -> Path:
     from engine.loader.synth import preset, shape_from_hf, write_synthetic
 
-    path = models / f"{shape}-q4_0.gguf"
+    path = model_path(models, shape)
     if path.exists():
         return path
     spec = shape_from_hf(dict(TINY_CONFIG), DRY_SHAPE) if shape == DRY_SHAPE else preset(shape)
-    r = write_synthetic(spec, "q4_0", path, seed=0, tokenizer_source=tokenizer)
+    r = write_synthetic(spec, "q4_0", path, seed=0, tokenizer_source=tokenizer, vocab_size=VOCAB.get(shape))
     check.results["shapes"].setdefault(shape, {})["synth"] = {
         "file_mb": r.file_bytes / 1e6,
         "params": r.params,
+        "vocab": VOCAB.get(shape),
         "seconds": round(r.seconds, 1),
     }
     return path
@@ -298,13 +335,16 @@ def worker_stage(check: Check, kind: str, args: list[str], shape: str, log: str,
     rc, tail = check.run(
         [sys.executable, str(Path(__file__).resolve()), f"{kind}-worker", "--json-out", str(part), *args], log, timeout
     )
+    if part.exists():  # complete, or what a worker that stopped part-way had measured (it writes as it goes)
+        result = json.loads(part.read_text())
+        if rc != 0:
+            result["partial"] = True
+        check.results["shapes"].setdefault(shape, {})[kind] = result
     if rc != 0 or not part.exists():
         last = [ln for ln in tail.splitlines() if ln.strip()][-1:] or ["no output"]
         if rc == 3:
             raise StageSkipped(last[0])
-        raise RuntimeError(f"exit {rc}: {last[0]}")
-    result = json.loads(part.read_text())
-    check.results["shapes"].setdefault(shape, {})[kind] = result
+        raise RuntimeError(f"exit {rc}: {last[0]}{' (partial figures kept)' if part.exists() else ''}")
     return ""
 
 
@@ -326,28 +366,60 @@ def main_check(args: argparse.Namespace) -> int:
     )
     try:
         check.results["machine"] = check.stage("probe", 90, lambda _: probe(check), need_s=0)
-        first = shapes[0]
         model: dict[str, Path | None] = {}
 
         def synth(shape: str) -> None:
-            if "synth" in stages or not (models / f"{shape}-q4_0.gguf").exists():
+            path = model_path(models, shape)
+            if "synth" in stages or not path.exists():
                 model[shape] = check.stage(
-                    f"synth-{shape}", CAPS["synth"], lambda _: make_model(check, shape, models, tokenizer)
+                    f"synth-{shape}",
+                    CAPS["synth"],
+                    lambda _: make_model(check, shape, models, tokenizer),
+                    need("synth", shape),
                 )
             else:
-                model[shape] = models / f"{shape}-q4_0.gguf"
+                model[shape] = path
 
-        synth(first)
-        engine_shape = DRY_SHAPE if args.dry_run else "smollm2-135m"  # its NumPy reference must stay cheap
-        if "engine" in stages and engine_shape not in model:
-            synth(engine_shape)
+        def speed(shape: str) -> None:
+            """The shape's model, Forge's bench and PyTorch's, in that order."""
+            if shape not in model:
+                synth(shape)
+            path = model.get(shape)
+            if "bench" in stages and path is not None:
+                bench_args = ["--model", str(path), "--backend", backend] + ([] if args.full else ["--quick"])
+                if args.dry_run:  # one BLAS thread: two collapse on a CPU that others are using
+                    bench_args += ["--kv-memory", "64MiB", "--threads", "1"]
+                check.stage(
+                    f"bench-{shape}",
+                    CAPS["bench"],
+                    lambda t, a=bench_args, s=shape: worker_stage(check, "bench", a, s, "bench.log", t),
+                    need("bench", shape),
+                )
+            if "torch" in stages:
+                torch_args = ["--shape", shape, "--device", "cpu" if args.dry_run else "cuda"]
+                torch_args += [] if args.full else ["--quick"]
+                chat = check.results["shapes"].get(shape, {}).get("bench", {}).get("chat_prompt_tokens")
+                if chat:
+                    torch_args += ["--chat-tokens", str(chat)]
+                check.stage(
+                    f"torch-{shape}",
+                    CAPS["torch"],
+                    lambda t, a=torch_args, s=shape: worker_stage(check, "torch", a, s, "torch.log", t),
+                    need("torch", shape),
+                )
+
+        speed(shapes[0])  # the headline before anything that could use up the budget
         if "parity" in stages:
             check.stage(
                 "parity",
                 CAPS["parity"],
                 lambda t: pytest_stage(check, "tests/unit/test_kernels_cupy_parity.py", "parity.log", t),
+                need("parity"),
             )
         if "engine" in stages:
+            engine_shape = DRY_SHAPE if args.dry_run else "smollm2-135m"  # its NumPy reference must stay cheap
+            if engine_shape not in model:
+                synth(engine_shape)
 
             def engine(t: float) -> str:
                 if model.get(engine_shape) is None:
@@ -360,31 +432,9 @@ def main_check(args: argparse.Namespace) -> int:
                     {"FORGE_GPU_TEST_MODEL": str(model[engine_shape])},
                 )
 
-            check.stage("engine", CAPS["engine"], engine)
-        for shape in shapes:
-            if shape not in model:
-                synth(shape)
-            path = model.get(shape)
-            if "bench" in stages and path is not None:
-                bench_args = ["--model", str(path), "--backend", backend] + ([] if args.full else ["--quick"])
-                if args.dry_run:  # one BLAS thread: two collapse on a CPU that others are using
-                    bench_args += ["--kv-memory", "64MiB", "--threads", "1"]
-                check.stage(
-                    f"bench-{shape}",
-                    CAPS["bench"],
-                    lambda t, a=bench_args, s=shape: worker_stage(check, "bench", a, s, "bench.log", t),
-                )
-            if "torch" in stages:
-                torch_args = ["--shape", shape, "--device", "cpu" if args.dry_run else "cuda"]
-                torch_args += [] if args.full else ["--quick"]
-                chat = check.results["shapes"].get(shape, {}).get("bench", {}).get("chat_prompt_tokens")
-                if chat:
-                    torch_args += ["--chat-tokens", str(chat)]
-                check.stage(
-                    f"torch-{shape}",
-                    CAPS["torch"],
-                    lambda t, a=torch_args, s=shape: worker_stage(check, "torch", a, s, "torch.log", t),
-                )
+            check.stage("engine", CAPS["engine"], engine, need("engine"))
+        for shape in shapes[1:]:
+            speed(shape)
     finally:
         check.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         check.save()
@@ -569,22 +619,33 @@ def bench_worker(args: argparse.Namespace) -> dict[str, Any]:
         speculative="off",
         threads=args.threads,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
-    )
-    load_s = time.perf_counter() - t0
+    )  # decode graphs (CuPy) are captured here, outside every timed window
+    info = engine.model_info
+    loaded = {
+        "load_s": time.perf_counter() - t0,
+        "weight_bytes": info["weight_bytes"],
+        "num_params": info["num_params"],
+    }
+
+    def report(partial: dict[str, Any]) -> None:  # after every section: a worker stopped later keeps these
+        partial.pop("chat_turns", None)
+        write_json(Path(args.json_out), {**partial, **loaded})
+
+    report({})
 
     async def main() -> dict[str, Any]:
         try:
-            result = await _bench(engine, args.quick, False)
+            result = await _bench(engine, args.quick, False, report)
             for n in AGGREGATE:
                 if str(n) not in result["aggregate_tok_s"]:
                     result["aggregate_tok_s"][str(n)] = await _aggregate(engine, n, result["decode_tokens"])
+                    report(dict(result))
             return result
         finally:
             await engine.shutdown()
 
     result = asyncio.run(main())
-    info = engine.model_info
-    result.update(load_s=load_s, weight_bytes=info["weight_bytes"], num_params=info["num_params"])
+    result.update(loaded)
     result.pop("chat_turns", None)
     print(
         json.dumps({k: result[k] for k in ("prefill_tok_s", "ttft_ms", "decode_tok_s", "aggregate_tok_s")}),
@@ -603,13 +664,15 @@ def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(3) from None
     from engine.loader.synth import PRESET_CONFIGS, SYNTH_VOCAB
 
+    vocab = VOCAB.get(args.shape, SYNTH_VOCAB)
+
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("PyTorch peer skipped: torch sees no CUDA device", file=sys.stderr)
         raise SystemExit(3)
     cfg = dict(TINY_CONFIG) if args.shape == DRY_SHAPE else dict(PRESET_CONFIGS[args.shape])
     cfg.pop("rope_scaling", None)  # the same work per token; its spelling differs between transformers versions
-    config = LlamaConfig(**cfg, vocab_size=SYNTH_VOCAB)
+    config = LlamaConfig(**cfg, vocab_size=vocab)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
@@ -627,7 +690,7 @@ def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
     decode_len = 32 if args.quick else 128
 
     def ids(length: int, batch: int = 1) -> Any:
-        return torch.randint(3, SYNTH_VOCAB, (batch, length), generator=gen).to(device)
+        return torch.randint(3, SYNTH_VOCAB, (batch, length), generator=gen).to(device)  # ids text can give
 
     def timed(fn: Callable[[], Any]) -> float:
         if device.type == "cuda":
@@ -692,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--chat-tokens", type=int, default=40)
         args = p.parse_args(argv[1:])
         result = (bench_worker if argv[0] == "bench-worker" else torch_worker)(args)
-        Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
+        write_json(Path(args.json_out), result)
         return 0
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument(

@@ -10,7 +10,10 @@ are finite and greedy output varies. The text means nothing; the speed is what a
 shape would have.
 
 The file carries the default model's tokenizer and chat template (copied from its GGUF), so the
-vocabulary is 49152 tokens whatever the shape's own `vocab_size` says.
+vocabulary is 49152 tokens whatever the shape's own `vocab_size` says, unless `vocab_size` asks for more:
+the tokenizer's ids are then padded with unused tokens (`[PAD<id>]`, type UNUSED, as llama.cpp's converter
+pads a vocabulary) so that the embedding and output matrices have a real model's rows (Llama 3's 128256).
+Text never encodes to the padding; sampling may pick it, which decodes to its name.
 """
 
 from __future__ import annotations
@@ -344,7 +347,7 @@ class SynthResult:
     seconds: float
 
 
-def plan_tensors(shape: SynthShape, quant: str) -> list[_Tensor]:
+def plan_tensors(shape: SynthShape, quant: str, vocab: int = SYNTH_VOCAB) -> list[_Tensor]:
     """Every tensor of the file, in llama.cpp's converter order, with its type and target statistics."""
     qtype = QUANTS[quant]
     d, q, kv, f = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.ffn
@@ -355,7 +358,7 @@ def plan_tensors(shape: SynthShape, quant: str) -> list[_Tensor]:
             t = _K_FALLBACK[t]
         return _Tensor(name, (rows, cols), t, gain / math.sqrt(cols))
 
-    out = [mat("token_embd.weight", SYNTH_VOCAB, d, EMBED_GAIN)]
+    out = [mat("token_embd.weight", vocab, d, EMBED_GAIN)]
     rs = shape.rope_scaling
     if rs and rs["rope_type"] == "llama3":
         freqs = llama3_factors(rs, shape.head_dim, shape.rope_theta).astype(np.float32)
@@ -374,7 +377,7 @@ def plan_tensors(shape: SynthShape, quant: str) -> list[_Tensor]:
         ]
     out.append(_Tensor("output_norm.weight", (d,), Q.F32, _NORM_JITTER, center=LOGIT_GAIN))
     if not shape.tied:
-        out.append(mat("output.weight", SYNTH_VOCAB, d, EMBED_GAIN))
+        out.append(mat("output.weight", vocab, d, EMBED_GAIN))
     return out
 
 
@@ -447,6 +450,33 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, Any, _VT, _VT | None]]:
     return out
 
 
+# GGUF token type of the padding (llama.cpp's LLAMA_TOKEN_TYPE_UNUSED): an ordinary token no text encodes to.
+_UNUSED = 5
+
+
+def _padded(fields: list[tuple[str, Any, _VT, _VT | None]], vocab: int | None) -> tuple[list, int]:
+    """The tokenizer fields with the token list (and its per-token arrays) padded to `vocab` ids, and that size
+    (the tokenizer's own when `vocab` is None)."""
+    tokens = next((v for k, v, _, _ in fields if k == "tokenizer.ggml.tokens"), None)
+    if tokens is None:
+        raise SynthError("the tokenizer source has no tokenizer.ggml.tokens")
+    n = len(tokens)
+    if vocab is None or vocab == n:
+        return fields, n
+    if vocab < n:
+        raise SynthError(f"--vocab-size {vocab} is smaller than the tokenizer's {n} tokens")
+    extra = vocab - n
+    pad: dict[str, list[Any]] = {
+        "tokenizer.ggml.tokens": [f"[PAD{i}]" for i in range(n, vocab)],
+        "tokenizer.ggml.token_type": [_UNUSED] * extra,
+        "tokenizer.ggml.scores": [-1000.0] * extra,
+    }
+    out = [(k, list(v) + pad[k] if k in pad else v, t, sub) for k, v, t, sub in fields]
+    if not any(k == "tokenizer.ggml.token_type" for k, _, _, _ in fields):
+        out.append(("tokenizer.ggml.token_type", [1] * n + pad["tokenizer.ggml.token_type"], _VT.ARRAY, _VT.INT32))
+    return out, vocab
+
+
 def write_synthetic(
     shape: SynthShape,
     quant: str,
@@ -454,11 +484,13 @@ def write_synthetic(
     seed: int = 0,
     tokenizer_source: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    vocab_size: int | None = None,
 ) -> SynthResult:
     """Write a GGUF file of `shape` with random `quant` weights to `out` (atomically: a .part file renamed).
 
-    Deterministic: the same shape, quant and seed give the same bytes. Raises SynthError for a bad
-    quant or an output path that cannot be written.
+    `vocab_size`: pad the tokenizer's ids with unused tokens up to this many (None: the tokenizer's own).
+    Deterministic: the same shape, quant, vocabulary and seed give the same bytes. Raises SynthError for a bad
+    quant, a vocabulary smaller than the tokenizer's or an output path that cannot be written.
     """
     if quant not in QUANTS:
         raise SynthError(f"unknown quant {quant!r} (choose from: {', '.join(QUANTS)})")
@@ -470,8 +502,9 @@ def write_synthetic(
     if not out.parent.is_dir():
         raise SynthError(f"cannot write {out}: directory {out.parent} does not exist")
     start = time.perf_counter()
-    tensors = plan_tensors(shape, quant)
     source = Path(tokenizer_source) if tokenizer_source else resolve_model_path("default")
+    tokenizer, vocab = _padded(_tokenizer_fields(source), vocab_size)
+    tensors = plan_tensors(shape, quant, vocab)
 
     part = out.with_name(out.name + ".part")
     w = gguf.GGUFWriter(part, "llama")
@@ -489,7 +522,7 @@ def write_synthetic(
     w.add_uint32(f"{arch}.attention.value_length", shape.head_dim)
     w.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", shape.rms_eps)
-    w.add_uint32(f"{arch}.vocab_size", SYNTH_VOCAB)
+    w.add_uint32(f"{arch}.vocab_size", vocab)
     w.add_uint32(f"{arch}.rope.dimension_count", shape.head_dim)
     rs = shape.rope_scaling
     if rs and rs["rope_type"] in ("linear", "yarn"):
@@ -499,7 +532,7 @@ def write_synthetic(
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", rs["original_max_position_embeddings"])
     w.add_file_type(int(_FILE_TYPE[quant]))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for key, value, vtype, sub in _tokenizer_fields(source):
+    for key, value, vtype, sub in tokenizer:
         w.add_key_value(key, value, vtype, sub)
     for t in tensors:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)

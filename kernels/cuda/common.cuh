@@ -16,6 +16,10 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// A weight's group scales and mins are float32, or float16 as the file stores them (GGUF Q4_0, Q4_1, Q8_0).
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,3 +94,57 @@ def test_bounds_and_targets_from_results():
     assert any(t.startswith("engine tests: not run") for t in lines)
     summary = gc.summary_markdown(results)
     assert "| decode tok/s, 1 sequence | 200 | 638 | 0.31 |" in summary
+
+
+def test_the_8b_goes_first_and_a_stage_the_budget_cannot_cover_is_skipped_not_started(tmp_path, monkeypatch):
+    """Stages stubbed (each 'takes' what NEED says by moving the clock): the 8B's model, bench and PyTorch run
+    before parity and the smaller shapes, and a stage that needs more than is left never starts."""
+    gc = _script()
+    now, started = [0.0], []
+    monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
+
+    def run(name: str, seconds: float, value: Any = "") -> Any:
+        started.append(name)
+        now[0] += seconds
+        return value
+
+    monkeypatch.setattr(gc, "probe", lambda check: run("probe", 1, {}))
+    monkeypatch.setattr(
+        gc, "make_model", lambda check, shape, models, tok: run(f"synth-{shape}", gc.need("synth", shape), tmp_path)
+    )
+    monkeypatch.setattr(
+        gc, "worker_stage", lambda check, kind, a, shape, log, t: run(f"{kind}-{shape}", gc.need(kind, shape))
+    )
+    monkeypatch.setattr(gc, "pytest_stage", lambda check, test, log, t, env=None: run(log.split(".")[0], 50))
+    budget = 1 + sum(gc.need(k, "llama-3.1-8b") for k in ("synth", "bench", "torch")) + 50 + 10
+    out = tmp_path / "out"
+    gc.main(["--out", str(out), "--models", str(tmp_path / "models"), "--budget-s", str(budget), "--backend", "cupy"])
+    assert started[:5] == ["probe", "synth-llama-3.1-8b", "bench-llama-3.1-8b", "torch-llama-3.1-8b", "parity"]
+    stages = json.loads((out / "results.json").read_text())["stages"]
+    assert stages["engine"]["status"] == "skipped (budget)" and "engine" not in started
+    assert stages["synth-llama-3.2-1b"]["status"] == "skipped (budget)"
+    assert all(s["status"] in ("ok", "skipped (budget)") for s in stages.values()), stages
+    assert gc.model_path(tmp_path, "llama-3.1-8b").name == "llama-3.1-8b-v128256-q4_0.gguf"
+
+
+def test_a_worker_stopped_part_way_leaves_its_figures_in_the_results(tmp_path):
+    """The bench worker writes its JSON after every section: a worker killed at its timeout still gives those."""
+    gc = _script()
+    check = gc.Check(tmp_path / "out", tmp_path, 100, dry_run=True)
+
+    def killed(cmd: list[str], log: str, timeout: float, env: Any = None) -> tuple[int, str]:
+        part = Path(cmd[cmd.index("--json-out") + 1])
+        gc.write_json(part, {"prefill_tok_s": 100.0, "decode_tok_s": 50.0, "weight_bytes": 10})
+        return 124, "killed"
+
+    check.run = killed
+    check.stage("bench-tiny", 10, lambda t: gc.worker_stage(check, "bench", [], "tiny", "bench.log", t))
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["stages"]["bench-tiny"]["status"] == "failed"
+    assert "partial figures kept" in results["stages"]["bench-tiny"]["detail"]
+    assert results["shapes"]["tiny"]["bench"] == {
+        "prefill_tok_s": 100.0,
+        "decode_tok_s": 50.0,
+        "weight_bytes": 10,
+        "partial": True,
+    }

@@ -1,8 +1,9 @@
 """The CUDA kernels themselves, run on the CPU (no GPU here): kernels/cuda/*.cu built with g++ over a
 fiber-based CUDA shim (_cuda_on_cpu.py), driven by the CuPy backend on the NumPy stand-in for CuPy,
 through the parity tests a GPU runs (test_kernels_cupy_parity.py). This checks the kernels' indexing,
-arithmetic and synchronisation; it is not a GPU: no memory model, timing or FMA contraction, and no
-CUDA graphs."""
+arithmetic and synchronisation, and CUDA graphs as the stand-in models them (a replay redoes the captured
+work at the captured addresses, in memory from a pool that reuses freed blocks); it is not a GPU: no memory
+model, timing or FMA contraction."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CP
     RTOL_SUM,
     _attention_pair,
     _close,
+    test_a_replayed_decode_graph_equals_the_eager_step,
     test_add_rms_norm_updates_the_residual_in_place,
     test_apply_token_bitmask,
     test_argmax_takes_the_first_maximum,
@@ -25,6 +27,7 @@ from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CP
     test_logprob_rows_match_the_host,
     test_paged_attention,
     test_panels_cover_a_weight_larger_than_one,
+    test_replays_of_two_buckets_in_turn_equal_the_eager_steps,
     test_rms_norm,
     test_rope_contiguous_and_strided_view,
     test_rope_cos_sin_with_llama3_scaling,
@@ -79,12 +82,12 @@ def test_paged_attention_many_tiles_and_odd_shapes(gpu, cpu, rng, head_dim):
 
 @pytest.mark.parametrize("arch,dtype,quantize", [("llama", "F16", None), ("qwen2", "BF16", "q8_0")])
 def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(
-    gpu, tmp_path, caplog, arch, dtype, quantize
+    gpu, tmp_path, monkeypatch, arch, dtype, quantize
 ):
     """Tiny GGUF models (float16 weights; q/k/v biases and Q8_0 at load) through the engine: chunked prefills
-    beside decodes, float16 KV. Float16 products move logits by ~1e-3, so ids may differ only where the
-    reference's two best logits are closer than 0.01. CUDA graphs cannot be captured here, so decode steps
-    fall back to eager."""
+    beside decodes, float16 KV, plain decode steps replayed from the CUDA graphs captured at load. Float16
+    products move logits by ~1e-3, so ids may differ only where the reference's two best logits are closer
+    than 0.01."""
     from _gguf_helpers import write_tiny_pair
     from engine_helpers import greedy, greedy_divergence, run_all
 
@@ -92,6 +95,9 @@ def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(
     from engine.loader import load_model
     from engine.model.llama import LlamaModel
 
+    replays = []
+    real_replay = gpu.replay
+    monkeypatch.setattr(gpu, "replay", lambda graph: replays.append(graph) or real_replay(graph))
     loaded = load_model(write_tiny_pair(tmp_path, arch, dtype=dtype)[1], quantize=quantize)
     prompts = [[5, 17, 42, 8, 99, 23, 61, 7, 150, 3, 77], [9, 8, 7], list(range(30, 54))]
     ids, models = [], [(loaded, LlamaModel(loaded.config, loaded.weights, be)) for be in (gpu, NumpyBackend())]
@@ -99,12 +105,14 @@ def test_the_engine_over_the_cpu_build_gives_the_numpy_backends_greedy_ids(
         reqs = [greedy(p, 6, ignore_eos=True) for p in prompts]
         for i, r in enumerate(reqs):
             r.request_id = f"r{i}"
-        core = LLMEngine(*model, EngineConfig(kv_memory=1 << 20, max_batched_tokens=16))
+        core = LLMEngine(*model, EngineConfig(kv_memory=1 << 20, max_num_seqs=8, max_batched_tokens=16))
         ids.append([run_all(core, reqs)[f"r{i}"].token_ids for i in range(len(prompts))])
+        if model[1].backend is gpu:
+            assert sorted(core.runner.graphs._graphs) == [1, 2, 4, 8]
     for prompt, got, want in zip(prompts, *ids):
         diverged = greedy_divergence(models[1], prompt, got, want)
         assert diverged is None or diverged[1] < 0.01, diverged
-    assert "CUDA graph capture failed" in caplog.text
+    assert replays
 
 
 def test_the_engine_samples_on_the_device_what_the_host_path_samples(gpu, tmp_path, monkeypatch):

@@ -6,19 +6,24 @@ do not run here (see test_kernels_cupy_parity.py on a GPU)."""
 from __future__ import annotations
 
 import gc
+import types
 
 import _cupy_stand_in
 import numpy as np
 import pytest
 from _attention_cases import make_case
 from _tiny_model import random_weight, tiny_config, tiny_weights
+from test_dequant import random_blocks
 from test_kernels_cupy_parity import _assert_same_samples
 
 from engine.decode_graphs import DecodeGraphs
+from engine.loader.quant import GGML_TYPES, gguf_weight
 from engine.model.llama import LlamaModel
+from engine.model_runner import ModelRunner, SeqInput
 from kernels import cuda_launch, cupy_backend
 from kernels.cupy_backend import KERNELS, CupyBackend
 from kernels.numpy_backend import NumpyBackend
+from kernels.weight import Weight
 
 
 @pytest.fixture
@@ -40,12 +45,21 @@ def launched(cp, since: int = 0) -> list[str]:
     return [launch.kernel for launch in cp.launches[since:]]
 
 
+def half_scaled(type_id: int, rows: int, cols: int, rng) -> Weight:
+    """A weight as the loader takes it from a GGUF Q4_0, Q4_1 or Q8_0 file: the file's float16 scales (and mins)."""
+    t = GGML_TYPES[type_id]
+    raw = random_blocks(type_id, rows, cols // t.block_size, rng)
+    raw[-1] = raw[0]  # random_blocks leaves the last block's scales random (maybe NaN)
+    return gguf_weight(raw, type_id, (rows, cols))
+
+
 def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
     T, H, Hkv, Dh = 5, 4, 2, 16
     f32 = lambda *shape: gpu.asarray(rng.standard_normal(shape).astype(np.float32))
-    for kind in ("q4", "q8", "f16", "bf16", "f32"):
-        w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
-        assert w.kind == ("f16" if kind == "bf16" else kind)
+    weights = [random_weight(kind, 70, 64, rng) for kind in ("q4", "q8", "f16", "bf16", "f32")]
+    for host in weights + [half_scaled(t, 70, 64, rng) for t in (2, 3, 8)]:  # Q4_0, Q4_1, Q8_0
+        w = gpu.prepare_linear(host)
+        assert w.kind == ("f16" if host.kind == "bf16" else host.kind)
         for rows in (1, 9, 33):
             assert gpu.linear(f32(rows, 64), w, f32(70)).shape == (rows, 70)
         assert gpu.embedding(w, gpu.asarray(np.array([3, 0, 69]))).shape == (3, 64)
@@ -96,6 +110,44 @@ def test_many_rows_dequantize_panels_that_cover_the_weight(cp, monkeypatch, rng)
     panels = [(int(launch.args[5]), int(launch.args[7])) for launch in cp.launches]  # (row0, rows)
     assert launched(cp) == ["q8_rows_f16"] * 3
     assert panels == [(0, 192), (192, 192), (384, 86)]
+
+
+@pytest.mark.parametrize("type_id", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
+def test_q4_0_q4_1_and_q8_0_weights_hold_the_files_bytes_on_the_device(gpu, rng, type_id):
+    """Their scales (and Q4_1's mins) stay float16 and Q4_0 keeps no mins: a decode step reads the file's bytes, which
+    is what `weight_bytes` and the bound it gives count."""
+    t = GGML_TYPES[type_id]
+    raw = random_blocks(type_id, 70, 64 // t.block_size, rng)
+    w = gpu.prepare_linear(gguf_weight(raw, type_id, (70, 64)))
+    assert w.nbytes == raw.nbytes
+    assert w.scale.dtype == np.float16 and (w.min is None) == (type_id != 3) and w.zero == (8 if type_id == 2 else 0)
+
+
+def test_a_q4_0_models_matrices_take_the_files_bytes_on_the_device(gpu, tmp_path):
+    """Through the loader and the model's fusions (QKV, gate/up), a synthetic Q4_0 file's matrices."""
+    from engine.loader import load_model
+    from engine.loader.synth import Q, plan_tensors, shape_from_hf, write_synthetic
+
+    config = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    shape = shape_from_hf(config, "tiny")
+    write_synthetic(shape, "q4_0", tmp_path / "tiny.gguf")
+    loaded = load_model(str(tmp_path / "tiny.gguf"))
+    model = LlamaModel(loaded.config, loaded.weights, gpu)
+    matrices = [model.embed, model.lm_head] + [
+        m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    assert {m.kind for m in matrices} == {"q4"}
+    assert sum(m.nbytes for m in matrices) == sum(t.nbytes for t in plan_tensors(shape, "q4_0") if t.qtype != Q.F32)
 
 
 def test_tied_embeddings_share_one_device_copy(gpu, rng):
@@ -155,7 +207,7 @@ def test_decode_graphs_capture_once_per_bucket_without_host_copies_and_replay(cp
     logits = graphs.run([5, 6, 7], [20, 3, 0], tables)  # bucket 4: warm-up, capture, replay
     assert logits.shape == (3, 100)
     g = graphs._graphs[4]
-    assert g.logits.shape == (4, 100) and g.graph.launches
+    assert g.logits.shape == (4, 100) and g.graph.graph.launches
     d = g.inputs.d
     assert d["token_ids"].tolist() == [5, 6, 7, 0]
     assert d["slot_mapping"].tolist() == [1 * 16 + 4, 2 * 16 + 3, 3 * 16, 8 * 16]
@@ -164,7 +216,7 @@ def test_decode_graphs_capture_once_per_bucket_without_host_copies_and_replay(cp
     before = len(cp.launches)
     graphs.run([9, 9, 9], [21, 4, 1], tables)  # the same bucket: replayed, not captured again
     assert graphs._graphs.keys() == {4}
-    assert launched(cp, before) == [launch.kernel for launch in g.graph.launches]
+    assert launched(cp, before) == [launch.kernel for launch in g.graph.graph.launches]
     assert d["token_ids"].tolist() == [9, 9, 9, 0] and d["positions"].tolist() == [21, 4, 1, 0]
 
 
@@ -178,7 +230,7 @@ def test_every_decode_graph_keeps_alive_what_it_reads(cp, gpu, rng):
     assert sorted(graphs._graphs) == [1, 2, 4, 8]
     gc.collect()
     for rows, g in graphs._graphs.items():
-        assert g.rows.tolist() == list(range(rows)) and g.graph.uses
+        assert g.rows.tolist() == list(range(rows)) and g.graph.graph.uses
         assert graphs.run([6] * rows, [1] * rows, [[0]] * rows).shape == (rows, 100)  # the stand-in checks every use
 
 
@@ -204,6 +256,60 @@ def test_the_stand_in_refuses_to_replay_a_graph_whose_buffers_were_freed(cp, gpu
         gpu.replay(graph)
 
 
+def test_the_stand_in_pool_hands_freed_blocks_out_again_best_fit(cp):
+    """As CuPy's pool does: a freed block goes to the next request it holds, the smallest such block first."""
+    big, small, keep = cp.empty(4096, np.uint8), cp.empty(1000, np.uint8), cp.empty(10, np.uint8)
+    at = {"big": big.data.ptr, "small": small.data.ptr}
+    del big, small
+    gc.collect()
+    medium = cp.empty(600, np.float32)  # 2400 bytes: only the big block holds it
+    assert medium.data.ptr == at["big"]
+    assert cp.empty(300, np.uint8).data.ptr == at["small"]  # best fit: the 1024-byte block, not the big one's rest
+    assert keep.data.ptr not in at.values()
+
+
+def test_the_stand_in_refuses_to_replay_a_graph_over_scratch_handed_out_again(cp, gpu, rng):
+    """A graph's replays write the memory its capture allocated, freed or not: a pool that gives it to anything
+    else afterwards (another capture's plan, say) makes the replay clobber it, which the stand-in refuses."""
+    x = gpu.asarray(rng.standard_normal((4, 64)).astype(np.float32))
+    weight, pool, stream = gpu.asarray(np.ones(64, np.float32)), cp.cuda.MemoryPool(), cp.cuda.Stream()
+    with cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        gpu.rms_norm(x, weight, 1e-5)  # its output is freed at once: the graph's scratch
+        graph = stream.end_capture()
+        graph.launch()
+        taken = cp.empty((2, 64), np.float32)
+    with pytest.raises(RuntimeError, match=r"writes its scratch, which is now float32 \[2, 64\]"):
+        graph.launch()
+    del taken
+    gc.collect()
+    graph.launch()
+
+
+def test_every_capture_allocates_from_a_pool_of_its_own(cp, gpu, rng):
+    x = gpu.asarray(rng.standard_normal((4, 64)).astype(np.float32))
+    weight = gpu.asarray(np.ones(64, np.float32))
+    first, out = gpu.capture_graph(lambda: gpu.rms_norm(x, weight, 1e-5))
+    second, _ = gpu.capture_graph(lambda: gpu.rms_norm(x, weight, 1e-5))
+    assert first.pool is not second.pool
+    for graph in (first, second, first):
+        gpu.replay(graph)  # the stand-in checks that neither's scratch went to the other
+
+
+def test_the_model_runner_captures_every_bucket_at_load_and_steps_capture_none(cp, gpu, rng, monkeypatch):
+    """All decode graphs exist once the runner does: no step (and no timed window of `forge bench`) waits on a
+    capture."""
+    model, _ = tiny_model(gpu, rng)
+    runner = ModelRunner(types.SimpleNamespace(config=model.config), model, 8, 16, max_num_seqs=20)
+    assert sorted(runner.graphs._graphs) == [1, 2, 4, 8, 16, 24]
+    captured = []
+    monkeypatch.setattr(gpu, "capture_graph", lambda fn: captured.append(fn))
+    for batch in (1, 3, 8, 17, 2, 24):
+        logits = runner.run([SeqInput([5], 0, [i % 8], 1) for i in range(batch)])
+        assert logits.shape == (batch, 100)
+    assert captured == []
+
+
 def test_gemv_reads_x_from_an_aligned_copy_of_a_misaligned_contiguous_view(cp, gpu, rng):
     w = gpu.prepare_linear(random_weight("q4", 70, 64, rng))
     flat = gpu.asarray(rng.standard_normal(1 + 2 * 64).astype(np.float32))
@@ -215,7 +321,17 @@ def test_gemv_reads_x_from_an_aligned_copy_of_a_misaligned_contiguous_view(cp, g
         gpu._kernel("gemv_q4")(
             grid,
             block,
-            (gpu.xp.empty((2, 70), np.float32), x, w.data, w.scale, w.min, np.int32(2), np.int32(70), np.int32(64)),
+            (
+                gpu.xp.empty((2, 70), np.float32),
+                x,
+                w.data,
+                w.scale,
+                w.min,
+                np.int32(2),
+                np.int32(70),
+                np.int32(64),
+                np.int32(0),
+            ),
         )
 
 

@@ -442,3 +442,25 @@ def test_a_replayed_decode_graph_equals_the_eager_step(gpu):
         replayed = gpu.to_numpy(graphs.run(tokens, positions, tables))
         np.testing.assert_array_equal(replayed, eager)
     assert list(graphs._graphs) == [4]
+
+
+def test_replays_of_two_buckets_in_turn_equal_the_eager_steps(gpu):
+    """Buckets 1 and 4 captured one after the other, then replayed 1 -> 4 -> 1: each replay bit-equal to the eager
+    step. Every capture has memory of its own: were one capture's plan or scratch carved from another's, replaying
+    one bucket would overwrite what the other reads (its attention plan: an illegal address or garbage logits)."""
+    model, bs = _tiny(gpu, ["q4", "q8"]), 16
+    caches = [(gpu.empty_kv_cache(9, bs, 2, 16), gpu.empty_kv_cache(9, bs, 2, 16)) for _ in range(2)]
+    tables = [[0, 1], [2], [3], [4]]
+    prompt = [20, 3, 5, 9]
+    meta = build_attention_metadata(prompt, prompt, tables, bs, gpu)
+    positions = np.concatenate([np.arange(n) for n in prompt])
+    model.forward(np.arange(sum(prompt)) % 90, positions, meta, caches, np.array([sum(prompt) - 1]))
+    graphs = DecodeGraphs(model, caches, bs, pad_block=8, width=4, max_batch=4)
+    for step, batch in enumerate([1, 4, 1, 4, 1]):  # captures at the first two steps, replays after
+        tokens = [5 + step + i for i in range(batch)]
+        positions = [p + step for p in prompt[:batch]]
+        meta = build_attention_metadata([1] * batch, [p + 1 for p in positions], tables[:batch], bs, gpu)
+        eager = model.forward(np.array(tokens), np.array(positions), meta, caches, np.arange(batch))
+        replayed = gpu.to_numpy(graphs.run(tokens, positions, tables[:batch]))
+        np.testing.assert_array_equal(replayed, eager, err_msg=f"step {step}, {batch} rows")
+    assert sorted(graphs._graphs) == [1, 4]

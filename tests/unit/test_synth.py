@@ -250,3 +250,21 @@ def test_cli_writes_a_file_and_rejects_bad_input_with_exit_2(tmp_path, capsys):
         code, err = _cli(capsys, *args)
         assert code == 2, args
         assert message in err and "Traceback" not in err, err
+
+
+def test_vocab_size_pads_the_tokenizer_with_unused_tokens_forge_loads(tmp_path, capsys):
+    """Llama 3's vocabulary on the default tokenizer: the matrices get 128256 rows, the padding ids are ordinary
+    tokens no text encodes to, and text still encodes as before."""
+    cfg = _tiny_config(tmp_path, hidden_size=64, intermediate_size=128)
+    out = tmp_path / "padded.gguf"
+    cli_main(["synth", "--config", str(cfg), "--quant", "q4_0", "--out", str(out), "--vocab-size", "128256"])
+    assert "wrote" in capsys.readouterr().out
+    loaded = load_model(str(out))
+    assert loaded.config.vocab_size == 128256 and loaded.tokenizer.vocab_size == 128256
+    assert loaded.weights["embed"].shape == loaded.weights["lm_head"].shape == (128256, 64)
+    text = "Padding never changes how text encodes."
+    ids = loaded.tokenizer.encode(text)
+    assert max(ids) < SYNTH_VOCAB and loaded.tokenizer.decode(ids) == text
+    assert loaded.tokenizer.decode([128255]) == "[PAD128255]"
+    code, err = _cli(capsys, "--config", str(cfg), "--out", str(out), "--vocab-size", "1000")
+    assert code == 2 and "smaller than the tokenizer's 49152 tokens" in err
