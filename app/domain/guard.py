@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from app.domain.errors import ServiceError
 from app.domain.turn import Turn
 from app.store.leases import Lease, Leases
+from app.store.reaper import Reaper
 
 log = logging.getLogger("forge.chat")
 
@@ -23,17 +24,31 @@ class Guard:
     """The running turns by session, and the sessions whose turn is being set up (or waits to be admitted):
     both count as busy."""
 
-    def __init__(self, leases: Leases | None = None, replica: str | None = None) -> None:
+    def __init__(
+        self,
+        leases: Leases | None = None,
+        replica: str | None = None,
+        reaper: Reaper | None = None,
+        holding: Callable[[], bool] | None = None,
+    ) -> None:
         self.turns: dict[str, Turn] = {}  # session id -> running turn
         self.reserved: set[str] = set()
         self.shutting_down = False
         self.leases = leases if replica is not None else None  # None: the in-process check alone
         self.replica = replica
+        self.reaper = reaper  # frees a session held by a dead replica before a turn is refused as busy
+        self.holding = holding  # False while this replica has lost its lock or lease: its sessions may be taken
 
     def check_open(self) -> None:
         """ServiceError("unavailable") once the server is shutting down."""
         if self.shutting_down:
             raise ServiceError("unavailable", "the server is shutting down")
+
+    def check_holding(self) -> None:
+        """ServiceError("unavailable") while this replica is not holding its lock and lease (it is joining
+        again): another replica may take its sessions meanwhile."""
+        if self.holding is not None and not self.holding():
+            raise ServiceError("unavailable", "this replica is rejoining its database; retry", retry_after_s=1)
 
     def busy(self, session_id: str) -> bool:
         return session_id in self.turns or session_id in self.reserved
@@ -57,7 +72,10 @@ class Guard:
         while a turn on any replica holds it. Call inside `reserve`."""
         if self.leases is None or self.replica is None:
             return None
+        self.check_holding()
         lease = await self.leases.take(session_id, self.replica)
+        if lease is None and self.reaper is not None and await self.reaper.free(session_id):
+            lease = await self.leases.take(session_id, self.replica)  # its holder was dead
         if lease is None:
             raise ServiceError(
                 "busy",

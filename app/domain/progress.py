@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from app.store import Store
 
@@ -20,8 +21,9 @@ log = logging.getLogger("forge.chat")
 class Progress:
     """`note` a streaming reply's text as it grows; `settle` it before its final write; `close` at shutdown."""
 
-    def __init__(self, store: Store, interval_s: float) -> None:
+    def __init__(self, store: Store, interval_s: float, on_taken: Callable[[set[str]], None] | None = None) -> None:
         self.store, self.interval_s = store, interval_s
+        self.on_taken = on_taken  # told the replies a write found no longer streaming (another replica took them)
         self._pending: dict[str, tuple[str, int]] = {}  # message id -> (text, completion tokens)
         self._writing = asyncio.Lock()  # held while a batch is written
         self._task: asyncio.Task | None = None
@@ -54,6 +56,9 @@ class Progress:
             if not batch:
                 return
             try:
-                await self.store.save_progress(batch)
+                taken = await self.store.save_progress(batch)
             except Exception as e:  # a busy database must not end the replies; their final writes store the lot
                 log.warning("could not store the progress of %d replies: %s", len(batch), e)
+                return
+            if taken and self.on_taken is not None:
+                self.on_taken(taken)

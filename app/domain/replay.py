@@ -47,12 +47,15 @@ class Replay:
     watchers: list[Watcher] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    tap: Sink | None = None  # also told each numbered event and the end (app/domain/relay.py: other replicas)
 
     def publish(self, event: dict[str, Any] | None) -> None:
         """Number the event, keep it and send it to every watcher; None ends the turn (and every watcher)."""
         if event is None:
             self.ended = True
             self._stop_timer()
+            if self.tap is not None:
+                self.tap(None)
             watchers, self.watchers = self.watchers, []
             for w in watchers:
                 _send(w, None)
@@ -66,6 +69,8 @@ class Replay:
         elif event["type"] == "message.created" and event["message"].get("id") == self.message_id:
             self.text_seq = self.seq  # the reply itself, empty so far: what came before is in the stored history
         self.events.append(event)
+        if self.tap is not None:
+            self.tap(event)
         for w in list(self.watchers):
             _send(w, event)
 

@@ -45,7 +45,15 @@ class Runner:
         self.metrics = metrics
         self.admitter = admitter
         self.guard = guard
-        self.progress = Progress(store, SAVE_INTERVAL_S)
+        self.progress = Progress(store, SAVE_INTERVAL_S, self._taken)
+
+    def _taken(self, message_ids: set[str]) -> None:
+        """Replies another replica marked `interrupted` (it found this one dead): their turns stop, fenced."""
+        for turn in list(self.guard.turns.values()):
+            if turn.message_id in message_ids and not turn.done:
+                log.warning("the reply %s was taken over by another replica; stopping its turn", turn.message_id)
+                turn.fenced = turn.cancelled = True
+                self.engine.abort(turn.request_id)
 
     async def run(self, turn: Turn, gen: RequestStream, prompt_len: int) -> None:
         """Until the engine's final event, an abort or `drain`'s cancel; the reply is stored in every case."""
@@ -138,7 +146,7 @@ class Runner:
             reason = calls.finish_reason(reason) or reason
         tool_calls = calls.calls() if calls is not None and reason == "tool_calls" else None
         if reason == "abort":
-            status = "interrupted" if self.guard.shutting_down else "stopped"
+            status = "interrupted" if self.guard.shutting_down or turn.fenced else "stopped"
         else:
             status = _STATUS.get(reason, "error")
         if final is not None and reason == "error":

@@ -56,12 +56,13 @@ class Leases:
 
     # -- replicas -------------------------------------------------------------------------
 
-    async def join(self, replica: str, address: str = "") -> Member:
-        """Start `replica`'s membership with a fresh lease. A name is one process at a time: joining takes the
-        name over from an earlier process (a restart), whose streaming replies are marked `interrupted` and
-        whose session leases go at once; that process's heartbeat fails from now on."""
+    async def join(self, replica: str, address: str = "", incarnation: str | None = None) -> Member:
+        """Start `replica`'s membership with a fresh lease (as `incarnation`: the key of the lock it holds,
+        app.store.liveness; default a new one). A name is one process at a time: joining takes the name over
+        from an earlier process (a restart), whose streaming replies are marked `interrupted` and whose session
+        leases go at once; that process's heartbeat fails from now on."""
         _check_name(replica)
-        member = Member(replica, uuid.uuid4().hex)
+        member = Member(replica, incarnation or new_incarnation())
         async with self.sessionmaker.begin() as db:
             now = await _now(db)
             values = dict(
@@ -198,6 +199,11 @@ class Leases:
                     )
                 ).all()
             )
+
+
+def new_incarnation() -> str:
+    """A process's incarnation under its replica name: 32 hex digits."""
+    return uuid.uuid4().hex
 
 
 def _interrupt(now: datetime) -> Any:

@@ -10,7 +10,6 @@ from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Intege
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
-ROLES = ("system", "user", "assistant", "tool")
 CALL_ID_CHARS = 256
 REPLICA_NAME_CHARS = 200
 

@@ -17,7 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.store.db import make_engine, make_sessionmaker
 from app.store.key_slots import KeySlots
 from app.store.leases import LEASE_TTL_S, Leases
+from app.store.locks import make_liveness
 from app.store.models import MESSAGE_STATUSES, ChatSession, Message, utcnow
+from app.store.reaper import Reaper
 from app.store.search import search
 from app.store.tree import choose, chosen_branch
 
@@ -56,8 +58,11 @@ class Store:
         self.sessionmaker = make_sessionmaker(self.engine)
         self.leases = Leases(self.sessionmaker, lease_ttl_s)
         self.key_slots = KeySlots(self.leases)  # used only with --max-concurrent-per-key
+        self.liveness = make_liveness(self.engine)  # this process's lock, and who else holds one
+        self.reaper = Reaper(self.leases, self.liveness)
 
     async def close(self) -> None:
+        await self.liveness.close()
         await self.engine.dispose()
 
     async def ping(self) -> None:
@@ -277,26 +282,29 @@ class Store:
             session.updated_at = now
             return session.to_dict(), {**msg.to_dict(), "siblings": [r.id for r in rows if r.parent_id == below.id]}
 
-    async def save_progress(self, replies: Mapping[str, tuple[str, int]]) -> None:
-        """Store streaming replies as they stand, message id -> (text, completion tokens), in one transaction
-        (also re-asserts status "streaming", see mark_interrupted)."""
+    async def save_progress(self, replies: Mapping[str, tuple[str, int]]) -> set[str]:
+        """Store streaming replies as they stand, message id -> (text, completion tokens), in one transaction.
+        Only replies still "streaming" are written: one another replica has marked `interrupted` (it found this
+        one dead) is no longer this turn's. Returns the ids that were not written (taken, or deleted)."""
         if not replies:
-            return
+            return set()
         table = Message.metadata.tables[Message.__tablename__]
         # Core, not the ORM's bulk update: a row deleted meanwhile (its session deleted) is skipped, not an error.
         stmt = (
             update(table)
-            .where(table.c.id == bindparam("message_id"))
-            .values(
-                content=bindparam("text"),
-                completion_tokens=bindparam("tokens"),
-                status="streaming",
-                updated_at=utcnow(),
-            )
+            .where(table.c.id == bindparam("message_id"), table.c.status == "streaming")
+            .values(content=bindparam("text"), completion_tokens=bindparam("tokens"), updated_at=utcnow())
         )
         rows = [{"message_id": m, "text": content, "tokens": n} for m, (content, n) in replies.items()]
         async with self.sessionmaker.begin() as db:
             await db.execute(stmt, rows)
+            # executemany's row counts are not reliable across drivers: ask which are still streaming.
+            kept = set(
+                (
+                    await db.scalars(select(Message.id).where(Message.id.in_(replies), Message.status == "streaming"))
+                ).all()
+            )
+        return set(replies) - kept
 
     async def finish_reply(
         self,
@@ -313,11 +321,12 @@ class Store:
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any] | None:
         """Final write of a reply (`tool_calls`: the calls it made); None when it was deleted meanwhile (session
-        deleted)."""
+        deleted) or is no longer "streaming" (another replica found this one dead and marked it `interrupted`:
+        it keeps what was stored then)."""
         assert status in MESSAGE_STATUSES and status != "streaming", status
         async with self.sessionmaker.begin() as db:
-            row = await db.get(Message, message_id)
-            if row is None:
+            row = await db.get(Message, message_id, with_for_update=True)  # a concurrent reap waits, or wins
+            if row is None or row.status != "streaming":
                 return None
             row.content = content
             row.status = status
@@ -337,7 +346,7 @@ class Store:
         async with self.sessionmaker.begin() as db:
             await db.execute(
                 update(Message)
-                .where(Message.id == message_id)
+                .where(Message.id == message_id, Message.status == "streaming")
                 .values(status=status, finish_reason=finish_reason, updated_at=utcnow())
             )
 
@@ -345,7 +354,7 @@ class Store:
         """Mark replies left "streaming" by a dead process as "interrupted"; returns how many. For one process
         on its database: with replicas, `leases.sweep` marks only those of replicas whose lease has passed.
 
-        A live worker's next progress write sets "streaming" again, so a false positive heals.
+        Only for a process that knows none of them is its own: a reply marked here stays marked.
         """
         cutoff = utcnow() - timedelta(seconds=older_than_s)
         async with self.sessionmaker.begin() as db:
