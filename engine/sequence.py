@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from engine.call_repeats import CallRepeats
     from engine.pooling import Pooled
     from engine.speculative import Drafter
     from engine.structured import Matcher
@@ -44,6 +45,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     pooled: Pooled | None = None  # an embedding's input: its prompt is pooled, nothing is sampled
+    calls: CallRepeats | None = None  # tool calls: what of the text may leave (no repeated call)
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0

@@ -78,6 +78,14 @@ class ToolCallSplitter:
         """The reply's calls are all whole (none cut off by max_tokens or a stop string)."""
         return self._state in ("after", "done")
 
+    def only_content(self, text: str) -> bool:
+        """Feeding `text` now can give nothing but content: the reply is in its free text and `text` cannot complete
+        the call marker (its first character is in neither `text` nor what is held back)."""
+        if self._state == "plain":
+            return True
+        trigger = self.fmt.trigger
+        return self._state == "text" and bool(trigger) and trigger[0] not in self._buf and trigger[0] not in text
+
     def feed(self, text: str) -> list[Piece]:
         """What `text` (the next delta) completes."""
         self._buf += text

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from engine.tool_calls import ToolFormat
+
 RESPONSE_FORMAT_KINDS = ("json_object", "json_schema", "regex", "grammar")
 SPECULATIVE_MODES = ("off", "ngram")
 
@@ -71,6 +73,9 @@ class SamplingParams:
     n: int = 1
     response_format: ResponseFormat | None = None  # None: free text
     speculative: str | None = None  # "off" | "ngram"; None: the engine's default
+    # The reply's tool calls are written in this format: the first call that repeats an earlier one (same name,
+    # same arguments) ends the sample before it, with none of its text (engine/call_repeats.py).
+    tool_format: ToolFormat | None = None
 
     def validate(self, vocab_size: int) -> None:
         """Raise InvalidRequest naming the first bad field. The engine checks this once, at admission;
@@ -183,6 +188,8 @@ class GenerationEvent:
 
     `text` is always a whole-character UTF-8-safe delta; held-back text (a possible stop
     string prefix, an incomplete character) arrives in a later event or the final one.
+    With `params.tool_format`, `token_ids` and `logprobs` are held with the text they spell (a
+    dropped repeated call's tokens come out in `usage` only).
     """
 
     request_id: str

@@ -37,6 +37,7 @@ export function handleEvent(ev) {
         if (ev.client_id) { settle(ev.client_id); state.own.add(msg.id); }
       }
       if (isCurrent) addMessage(msg);
+      if (msg.role === "tool") state.calls.delete(msg.tool_call_id);
       if (isCurrent && msg.role === "tool") {
         const caller = callerOf(msg.tool_call_id);
         if (caller) updateMessage(caller); // its card shows the result
@@ -71,6 +72,15 @@ export function handleEvent(ev) {
       appendText(msg, ""); // drawn with the next frame
       break;
     }
+    case "tool.approval": // an MCP call waits for the user's decision; its card asks (toolcards.js)
+    case "tool.running":
+      state.calls.set(ev.tool_call_id, { sessionId: sid, phase: ev.type === "tool.running" ? "running" : "asking" });
+      if (isCurrent) {
+        const caller = callerOf(ev.tool_call_id);
+        if (caller) updateMessage(caller);
+      }
+      emit("busy");
+      break;
     case "done":
       state.streaming.delete(sid);
       state.own.delete(ev.message_id);
@@ -108,6 +118,12 @@ function handleError(ev) {
   const sid = ev.session_id || (cmd && cmd.sessionId);
   const isCurrent = !!sid && sid === currentId();
   if (cmd && cmd.type === "cancel") return; // the reply had already finished
+  if (cmd && cmd.type === "approve") { // the call no longer waits: the stored state says what became of it
+    state.calls.delete(cmd.callId);
+    emit("busy");
+    if (isCurrent) openCurrent();
+    return;
+  }
   toast(errorText(ev), "error");
   if (cmd && cmd.type === "open" && ev.code === "not_found" && isCurrent) {
     dropSession(sid);
@@ -131,6 +147,7 @@ function errorText(ev) {
  * `history` it answers shows them as far as they got, then the rest streams (docs/protocol.md#resume). */
 export function handleClose() {
   state.streaming.clear();
+  state.calls.clear(); // reopening the session asks again for a call still awaiting approval
   state.own.clear();
   forgetAll();
   emit("busy");

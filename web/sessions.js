@@ -33,7 +33,8 @@ export function dropSession(id) {
 
 export async function newSession() {
   try {
-    const s = await api.createSession({ title: "New chat" });
+    // MCP calls in this UI's sessions wait for the user's approval (docs/mcp.md#approval)
+    const s = await api.createSession({ title: "New chat", settings: { mcp_approval: true } });
     upsertSession(s);
     navigate(s.id);
     $("input").focus();

@@ -12,6 +12,7 @@ export const state = {
   own: new Set(), // assistant replies this socket started (their deltas come to us)
   lastDelta: 0, // when the last delta arrived (ms since the epoch)
   histories: 0, // `history` events applied: a REST copy fetched before the latest one is older than it
+  calls: new Map(), // tool_call_id -> {sessionId, phase: "asking" | "answered" | "denied" | "running"}: MCP calls in a round
 };
 
 const listeners = new Map();
@@ -31,7 +32,8 @@ export function currentId() {
   return state.current ? state.current.id : null;
 }
 
-/** Whether a reply is being generated in session `sid` (default: the open one). */
+/** Whether a reply is being generated, or an MCP call runs or awaits approval, in session `sid` (default: the open
+ * one): Stop applies to all of them. */
 export function isBusy(sid = currentId()) {
-  return !!(sid && state.streaming.has(sid));
+  return !!(sid && (state.streaming.has(sid) || [...state.calls.values()].some((c) => c.sessionId === sid)));
 }

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal, TypeVar, overload
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from app.api.errors import ServiceError
 from app.api.response_format import ResponseFormatField
 from app.api.tools import CallId, SessionToolDefs, ToolCalls, ToolChoiceField
 from app.domain.defaults import DEFAULT_TITLE
+from app.domain.errors import ServiceError
 
 T = TypeVar("T")
 
@@ -32,6 +32,8 @@ NON_BLANK = r"\S"  # what a message a user sends must hold (msgspec, like JSON S
 Said = Annotated[str, Meta(max_length=100_000, pattern=NON_BLANK)]
 IMPORT_MAX_MESSAGES = 100_000  # the decoder's bound; Settings.import_messages (lower) is the operator's
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]  # the model's context is the real bound, checked per turn
+McpToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*__[a-zA-Z0-9_-]+$", max_length=64)]
+McpToolNames = Annotated[list[McpToolName], Meta(max_length=128)]  # NAME__tool (app/domain/mcp/spec.py)
 
 
 # -- sessions ---------------------------------------------------------------------------------------
@@ -47,6 +49,11 @@ class SessionSettings(Struct, forbid_unknown_fields=True):
     tools: SessionToolDefs | None | UnsetType = UNSET
     tool_choice: ToolChoiceField | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
+    # the MCP servers' tools its replies may call, run by the server (docs/mcp.md); null: none
+    mcp_tools: McpToolNames | None | UnsetType = UNSET
+    # true: each MCP call waits for the user's `tool.approve`, unless its tool is in `mcp_allowed` (docs/mcp.md)
+    mcp_approval: bool | None | UnsetType = UNSET
+    mcp_allowed: McpToolNames | None | UnsetType = UNSET
 
     def given(self) -> dict[str, Any]:
         """The fields given, as the plain JSON values the store keeps."""
@@ -245,6 +252,14 @@ class ToolResult(Command, tag="tool.result"):
     content: Content
 
 
+class ToolApprove(Command, tag="tool.approve"):
+    """The user's decision on an MCP call awaiting approval (docs/mcp.md#approval)."""
+
+    session_id: Id
+    tool_call_id: CallId
+    decision: Literal["once", "always", "deny"]
+
+
 class MessageContinue(Command, tag="message.continue"):
     """A reply after the results of every call of the last one."""
 
@@ -290,6 +305,7 @@ AnyCommand = (
     | GenerationCancel
     | Ping
     | ToolResult
+    | ToolApprove
     | MessageContinue
     | TurnResume
 )

@@ -19,7 +19,7 @@ from app.domain.errors import ServiceError
 from app.domain.response_format import SCHEMA_MAX_BYTES, SCHEMA_MAX_DEPTH, schema_depth
 from engine.tool_calls import NO_PARAMETERS, Tool, ToolChoice, ToolFormat, tool_grammar
 from engine.tool_parser import Piece, ToolCallSplitter
-from engine.types import InvalidRequest, ResponseFormat
+from engine.types import InvalidRequest, ResponseFormat, SamplingParams
 
 if TYPE_CHECKING:
     from engine import Engine
@@ -38,6 +38,13 @@ class ToolPlan:
     fmt: ToolFormat
     render: list[Tool] | None  # the tools the prompt lists (None for tool_choice "none")
     grammar: ResponseFormat | None  # the reply's constraint (None: free text)
+
+    def constrain(self, params: SamplingParams) -> None:
+        """Make `params` generate a reply this plan allows: its calls in the grammar, none repeated (the engine ends
+        the reply before a call that repeats an earlier one: engine/call_repeats.py). Nothing for tool_choice none."""
+        if self.grammar is not None:
+            params.response_format = self.grammar
+            params.tool_format = self.fmt
 
 
 def _parameters(param: str, parameters: dict[str, Any] | None) -> str:

@@ -4,12 +4,18 @@ a template's own tool format through the engine."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import replace
 
 import pytest
-from engine_helpers import make_core
+from engine_helpers import Result, collect, make_core
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine import Engine, GenerationRequest, SamplingParams
+from engine import Engine, GenerationRequest, SamplingParams, tool_render
+from engine.call_repeats import canonical
+from engine.chat_template import render_chat
+from engine.speculative import SpecConfig
 from engine.structured import Grammars
 from engine.tool_calls import (
     GENERIC,
@@ -122,3 +128,116 @@ async def test_a_hermes_template_renders_its_own_tools_and_the_reply_parses(defa
         assert "city" in json.loads(calls[0].arguments)
     finally:
         await eng.shutdown()
+
+
+ADD = Tool(
+    "add",
+    json.dumps(
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    ),
+)
+NO_REPEAT_CASES = [
+    {"temperature": 0.0},
+    {"temperature": 0.0, "logprobs": 2},
+    {"temperature": 0.0, "speculative": "ngram"},
+    {"temperature": 0.8, "seed": 3, "n": 3},
+    {"temperature": 0.8, "seed": 5, "n": 2, "logprobs": 0, "speculative": "ngram"},
+]
+
+
+async def test_a_reply_ends_before_its_first_repeated_call(default_model):
+    # The grammar allows any number of calls and the default model writes the same one again until max_tokens: the
+    # engine ends each sample on the repeat, with none of its text or tokens out, greedy or sampled, with n,
+    # logprobs and drafts.
+    eng = Engine(make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(row_cost=0.0)), threads=2)
+    tools = [WEATHER, ADD]
+    grammar = tool_grammar(GENERIC, tools, ToolChoice("required"), True)
+    dropped = 0
+    try:
+        for ask in ("What is the weather in Tokyo?", "What is 2 + 40?"):
+            prompt = eng.render_chat([{"role": "user", "content": ask}], tools=tools)
+            for kw in NO_REPEAT_CASES:
+                params = SamplingParams(max_tokens=128, response_format=grammar, tool_format=GENERIC, **kw)
+                text: dict[int, str] = defaultdict(str)
+                ids: dict[int, list[int]] = defaultdict(list)
+                lps: dict[int, list] = defaultdict(list)
+                final = {}
+                async for ev in eng.generate(GenerationRequest(prompt, params)):
+                    text[ev.index] += ev.text
+                    ids[ev.index] += ev.token_ids
+                    lps[ev.index] += ev.logprobs or []
+                    if ev.final:
+                        final[ev.index] = ev
+                assert sorted(final) == list(range(params.n))
+                for i, ev in final.items():
+                    # greedy repeats itself (stop); a sampled reply may also write new calls until max_tokens
+                    assert ev.finish_reason in (("stop",) if params.temperature == 0 else ("stop", "length"))
+                    content, calls = split_reply(GENERIC, text[i])
+                    whole = calls if ev.finish_reason == "stop" else calls[:-1]  # max_tokens may cut the last one
+                    keys = [(c.name, canonical(c.arguments)) for c in whole]
+                    assert content == "" and calls and len(set(keys)) == len(keys), (kw, text[i])
+                    assert all(isinstance(json.loads(c.arguments), dict) for c in whole)
+                    assert eng.tokenizer.decode(ids[i]).startswith(text[i])  # the tokens out are the text's
+                    assert len(lps[i]) == (len(ids[i]) if params.logprobs is not None else 0)
+                    cut = ev.usage.completion_tokens - len(ids[i])
+                    if cut:  # a repeat was dropped: at most one call's tokens were spent on it
+                        dropped += 1
+                        longest = max(
+                            len(eng.tokenizer.encode("\n" + GENERIC.render_call(c.name, c.arguments))) for c in calls
+                        )
+                        assert cut <= longest + 2, (cut, text[i])
+        assert dropped, "no sample repeated a call: the case this guards against did not come up"
+    finally:
+        await eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def repeat_core(default_model):
+    """A core with the weather and add tools' prompt: (core, prompt ids)."""
+    core = make_core(default_model, kv_memory=64 << 20, speculative=SpecConfig(row_cost=0.0))
+    messages, extra = tool_render.prepare(
+        GENERIC, [{"role": "user", "content": "Weather in Tokyo, and 2 + 40?"}], [WEATHER, ADD]
+    )
+    tok = core.tokenizer
+    text = render_chat(
+        core.loaded.chat_template,
+        messages,
+        add_generation_prompt=True,
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+        **extra,
+    )
+    return core, tok.encode_chat(text)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.3]),
+    n=st.integers(1, 3),
+    speculative=st.sampled_from(["off", "ngram"]),
+)
+def test_no_sample_repeats_a_call_over_seeds_and_temperatures(repeat_core, seed, temperature, n, speculative):
+    core, prompt = repeat_core
+    grammar = tool_grammar(GENERIC, [WEATHER, ADD], ToolChoice("required"), True)
+    params = SamplingParams(
+        max_tokens=96,
+        temperature=temperature,
+        seed=seed,
+        n=n,
+        speculative=speculative,
+        response_format=grammar,
+        tool_format=GENERIC,
+    )
+    core.add_request(GenerationRequest(list(prompt), params))
+    results: dict[tuple[str, int], Result] = {}
+    while core.has_work():
+        collect(core.step(), results)
+    assert len(results) == n
+    for r in results.values():
+        assert r.final is not None and r.final.finish_reason in ("stop", "length")
+        _, calls = split_reply(GENERIC, r.text)
+        whole = calls if r.final.finish_reason == "stop" else calls[:-1]
+        keys = [(c.name, canonical(c.arguments)) for c in whole]
+        assert calls and len(set(keys)) == len(keys), r.text
+        assert core.tokenizer.decode(r.token_ids).startswith(r.text)

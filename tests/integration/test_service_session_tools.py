@@ -15,6 +15,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from engine import Engine
+from engine.call_repeats import canonical
 from engine.tool_calls import Tool
 from tests.integration.conftest import ServerProcess
 
@@ -254,3 +255,40 @@ def test_rest_a_message_brings_its_own_tools_and_the_result_route_continues(serv
         bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]
         r = http.patch(f"/api/sessions/{sid}", json={"settings": {"tools": bad}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "settings.tools[0].function.parameters", r.text
+
+
+def assert_no_repeats(calls: list[dict[str, Any]]) -> None:
+    keys = [(c["function"]["name"], canonical(c["function"]["arguments"])) for c in calls]
+    assert calls and len(set(keys)) == len(keys), calls
+
+
+async def test_a_session_reply_with_parallel_calls_ends_at_the_first_repeat(server: ServerProcess):
+    # With parallel calls allowed, the default model writes its call again and again: over /ws and over SSE the
+    # reply ends at the first repeat as "tool_calls", and what streamed is what was stored.
+    settings = {**SETTINGS, "max_tokens": 128, "parallel_tool_calls": True}
+    async with connect(server.ws_url, additional_headers=server.auth) as ws:
+        await ws.send(json.dumps({"type": "session.create", "settings": settings}))
+        sid = (await recv(ws))["session"]["id"]
+        await ws.send(json.dumps({"type": "message.send", "session_id": sid, "content": ASK}))
+        events = await until(ws, "done")
+        done = events[-1]
+        assert (done["type"], done["status"], done["finish_reason"]) == ("done", "complete", "tool_calls"), done
+        assert_no_repeats(done["tool_calls"])
+        assert_valid(done["tool_calls"])
+        assert streamed_calls(events) == done["tool_calls"]
+        await ws.send(json.dumps({"type": "session.open", "session_id": sid}))
+        stored = (await until(ws, "history"))[-1]["messages"][-1]
+        assert stored["tool_calls"] == done["tool_calls"] and stored["finish_reason"] == "tool_calls"
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT, headers=server.auth) as http:
+        sid = (await http.post("/api/sessions", json={"settings": settings})).json()["id"]
+        async with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": ASK}) as r:
+            assert r.status_code == 200
+            lines = [line async for line in r.aiter_lines()]
+        events = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
+        sse_done = events[-1]
+        assert (sse_done["type"], sse_done["finish_reason"]) == ("done", "tool_calls"), sse_done
+        assert_no_repeats(sse_done["tool_calls"])
+        assert streamed_calls(events) == sse_done["tool_calls"]
+        strip = lambda calls: [c["function"] for c in calls]  # ids differ between sessions
+        assert strip(sse_done["tool_calls"]) == strip(done["tool_calls"])  # greedy: the same reply both ways

@@ -11,6 +11,7 @@ import jsonschema
 import openai
 import pytest
 
+from engine.call_repeats import canonical
 from tests.integration.conftest import API_KEY, ServerProcess
 
 WEATHER = {
@@ -135,23 +136,94 @@ def test_streamed_deltas_reassemble_to_the_whole_reply(client, server: ServerPro
         ]
 
 
-def test_parallel_calls_have_distinct_indexes_and_ids(client):
-    stream = client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": "What time is it in Paris, Tokyo and Lima?"}],
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
-        temperature=0,
-        max_tokens=90,
-        stream=True,
-    )
-    got = reassemble(stream)[0]
-    calls = got["calls"]
-    assert len(calls) >= 2, got
-    assert sorted(calls) == list(range(len(calls)))
-    assert len({c["id"] for c in calls.values()}) == len(calls)
-    complete = [c for c in calls.values() if c["arguments"] == "{}"]
-    assert len(complete) >= len(calls) - 1  # the last one may be cut by max_tokens
+def no_repeats(calls: list[tuple[str, str]]) -> None:
+    keys = [(name, canonical(args)) for name, args in calls]
+    assert calls and len(set(keys)) == len(keys), calls
+
+
+REPEATED = [  # with parallel calls allowed, the default model writes these calls again and again
+    ("What is the weather in Tokyo?", "required"),
+    ("What time is it in Paris, Tokyo and Lima?", {"type": "function", "function": {"name": "get_time"}}),
+]
+
+
+@pytest.mark.parametrize(("ask", "choice"), REPEATED, ids=["required", "named"])
+def test_a_reply_ends_at_its_first_repeated_call(client, ask: str, choice):
+    kw = {
+        "model": "default",
+        "messages": [{"role": "user", "content": ask}],
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "temperature": 0,
+        "max_tokens": 128,
+        "n": 2,
+    }
+    whole = client.chat.completions.create(**kw)
+    want = []
+    for c in whole.choices:
+        assert c.finish_reason == "tool_calls", c
+        calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+        no_repeats(calls)
+        assert_valid(c.message.tool_calls)
+        assert len({t.id for t in c.message.tool_calls}) == len(calls)
+        want.append(calls)
+    assert whole.usage.completion_tokens < 2 * 128  # the engine stopped each sample at the repeat
+    for extra in ({"speculative": "off"}, {"speculative": "ngram"}):
+        got = reassemble(client.chat.completions.create(**kw, stream=True, extra_body=extra))
+        assert sorted(got) == [0, 1]
+        for i, o in got.items():
+            assert o["finish"] == "tool_calls" and o["content"] == ""
+            assert sorted(o["calls"]) == list(range(len(o["calls"])))  # no index skipped: nothing dropped was sent
+            assert [(c["name"], c["arguments"]) for c in o["calls"].values()] == want[i]
+            assert len({c["id"] for c in o["calls"].values()}) == len(want[i])
+    lp = client.chat.completions.create(**{**kw, "n": 1}, logprobs=True, top_logprobs=1).choices[0]
+    assert lp.finish_reason == "tool_calls"
+    assert [(t.function.name, t.function.arguments) for t in lp.message.tool_calls] == want[0]
+    tokens = "".join(t.token for t in lp.logprobs.content)
+    assert tokens.count("<tool_call>") == len(want[0])  # no logprobs for the dropped repeat's tokens
+
+
+async def test_sampled_replies_never_repeat_a_call(server: ServerProcess):
+    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
+
+    async def one(seed: int, stream: bool) -> list[tuple[str | None, list[tuple[str, str]]]]:
+        kw = {
+            "model": "default",
+            "messages": [{"role": "user", "content": "What is 2 + 40? And the weather in Tokyo?"}],
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "temperature": 0.8,
+            "seed": seed,
+            "n": 3,
+            "max_tokens": 128,
+        }
+        if not stream:
+            r = await aclient.chat.completions.create(**kw)
+            return [
+                (c.finish_reason, [(t.function.name, t.function.arguments) for t in c.message.tool_calls])
+                for c in r.choices
+            ]
+        out: dict[int, tuple[str | None, dict[int, list[str]]]] = {}
+        async for chunk in await aclient.chat.completions.create(**kw, stream=True):
+            for ch in chunk.choices:
+                finish, calls = out.setdefault(ch.index, (None, {}))
+                for tc in ch.delta.tool_calls or []:
+                    calls.setdefault(tc.index, ["", ""])
+                    calls[tc.index][0] += tc.function.name or ""
+                    calls[tc.index][1] += tc.function.arguments or ""
+                out[ch.index] = (ch.finish_reason or finish, calls)
+        return [(f, [(n, a) for n, a in c.values()]) for f, c in (out[i] for i in sorted(out))]
+
+    try:
+        replies = await asyncio.gather(*(one(seed, stream) for seed in range(3) for stream in (False, True)))
+    finally:
+        await aclient.close()
+    for plain, streamed in zip(replies[::2], replies[1::2]):
+        assert plain == streamed  # seeded: the stream's deltas build the same calls
+        for finish, calls in plain:
+            assert finish in ("tool_calls", "length")
+            no_repeats(calls if finish == "tool_calls" else calls[:-1])  # max_tokens may cut the last one
+    assert any(finish == "tool_calls" for r in replies for finish, _ in r)
 
 
 async def test_sampled_calls_all_validate_with_n_and_seeds(server: ServerProcess):
@@ -220,8 +292,13 @@ def test_a_round_trip_with_a_tool_result(client):
     r = client.chat.completions.create(model="default", messages=history, tools=TOOLS, temperature=0, max_tokens=48)
     assert r.usage.prompt_tokens > call.usage.prompt_tokens + 30  # the call and its result are in the prompt
     assert r.usage.prompt_tokens_details.cached_tokens >= 128  # the tools' system prompt is reused
-    m = r.choices[0].message
-    assert m.content or m.tool_calls
+    m, finish = r.choices[0].message, r.choices[0].finish_reason
+    if finish == "tool_calls":  # another call: whole and valid
+        assert m.tool_calls
+        assert_valid(m.tool_calls)
+    else:  # text, with no call markup left in it
+        assert finish in ("stop", "length") and not m.tool_calls
+        assert m.content and "<tool_call>" not in m.content
     assert_valid(m.tool_calls or [])
 
 
