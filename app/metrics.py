@@ -52,6 +52,7 @@ class Metrics:
         self.started = time.monotonic()
         self.engine_stats: Callable[[], dict[str, Any]] | None = None
         self.model_info: dict[str, Any] = {}
+        self.engine_facts: Callable[[], dict[str, Any]] | None = None
         self.ws_open = 0
         r = self.registry
         self.ttft = Histogram(
@@ -84,6 +85,16 @@ class Metrics:
             registry=r,
         )
         self.admission: Any = None  # app.domain.admission.Admission, read at scrape time
+        self.mcp_calls = Counter(
+            "forge_mcp_tool_calls",
+            "MCP tool calls run for chat sessions, by server, tool and outcome (ok, error, timeout, failed, stopped).",
+            ["server", "tool", "outcome"],
+            registry=r,
+        )
+        self.mcp_seconds = Histogram(
+            "forge_mcp_tool_call_seconds", "MCP tool call latency.", ["server"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.mcp_servers: Callable[[], list[dict[str, Any]]] | None = None  # McpRegistry.snapshot, at scrape time
         r.register(_EngineCollector(self))
         self._ttft_window = _Window()
         self._itl_window = _Window()
@@ -105,9 +116,15 @@ class Metrics:
         """One generation was admitted after waiting `waited_s` seconds in the queue."""
         self.admission_wait.observe(waited_s)
 
+    def mcp_call(self, server: str, tool: str, outcome: str, seconds: float) -> None:
+        """One MCP tool call ended (app.domain.mcp.registry.Observe)."""
+        self.mcp_calls.labels(server=server, tool=tool, outcome=outcome).inc()
+        self.mcp_seconds.labels(server=server).observe(seconds)
+
     def bind_engine(self, engine: Any) -> None:
         self.engine_stats = engine.stats
         self.model_info = dict(engine.model_info)
+        self.engine_facts = lambda: engine.model_info  # the backend can change while serving (a background compile)
 
     def tracker(self, api: str) -> RequestTracker:
         """Start timing one generation request from entry point `api` ("chat", "openai")."""
@@ -219,10 +236,36 @@ class _EngineCollector:
             yield CounterMetricFamily(
                 "forge_admission_queued", "Generations that had to wait for admission.", value=float(adm.stats.queued)
             )
-        if self.m.model_info:
+        if self.m.mcp_servers is not None:
+            up = GaugeMetricFamily(
+                "forge_mcp_server_ready", "1 while an MCP server is connected, 0 otherwise.", labels=["server", "state"]
+            )
+            tools = GaugeMetricFamily("forge_mcp_server_tools", "Tools an MCP server lists now.", labels=["server"])
+            for srv in self.m.mcp_servers():
+                up.add_metric([srv["name"], srv["state"]], float(srv["state"] == "ready"))
+                tools.add_metric([srv["name"]], float(len(srv["tools"])))
+            yield up
+            yield tools
+        facts = self.m.engine_facts() if self.m.engine_facts is not None else self.m.model_info
+        if facts:
             info = InfoMetricFamily("forge_model", "The model being served.")
-            info.add_metric([], {k: str(self.m.model_info.get(k, "")) for k in ("name", "arch", "quant", "backend")})
+            info.add_metric([], {k: str(facts.get(k, "")) for k in ("name", "arch", "quant", "backend")})
             yield info
+            phase = (facts.get("background_compile") or {}).get("phase")
+            yield GaugeMetricFamily(
+                "forge_kernels_compiling",
+                "1 while the CPU kernels compile in the background (the float32 reference serves meanwhile), else 0.",
+                value=float(phase in ("compiling", "ready")),
+            )
+            routes = GaugeMetricFamily(
+                "forge_kernel_route_ok",
+                "The start-up parity gate: 1 where a matrix-product route matched the NumPy reference, 0 where it "
+                "failed and another route took its products.",
+                labels=["form", "rows", "route"],
+            )
+            for check in facts.get("kernel_routes", ()):
+                routes.add_metric([check["form"], str(check["rows"]), check["route"]], float(check["ok"]))
+            yield routes
         if self.m.engine_stats is None:
             return
         s = self.m.engine_stats()
@@ -230,7 +273,7 @@ class _EngineCollector:
             ("forge_waiting_sequences", "Sequences waiting to be scheduled.", "waiting"),
             ("forge_running_sequences", "Sequences being generated.", "running"),
             ("forge_kv_blocks_used", "KV cache blocks in use.", "kv_blocks_used"),
-            ("forge_kv_blocks_total", "KV cache blocks in total.", "kv_blocks_total"),
+            ("forge_kv_blocks_capacity", "KV cache blocks in all (the cache's capacity).", "kv_blocks_total"),
             ("forge_kv_usage_ratio", "Fraction of KV cache blocks in use.", "kv_usage"),
             ("forge_prefix_cache_hit_rate", "Prefix cache hit tokens / queried tokens.", "prefix_hit_rate"),
             ("forge_decode_tokens_per_second", "Recent engine decode throughput.", "decode_tok_s"),

@@ -98,9 +98,20 @@ def preflight(settings: Settings) -> None:
         resolve_model_path(settings.model)
         parse_size(settings.kv_memory)
         resolve_backend(settings.backend)
+        check_exposure(settings)
         check_port(settings.host, settings.port)
     except (ModelLoadError, BackendUnavailable, ValueError) as e:
         raise SystemExit(f"forge: {e}") from None
+
+
+def check_exposure(settings: Settings) -> None:
+    """Raise ValueError when the service would be open to the network without keys and nobody said so."""
+    if settings.open_to_network() and not settings.allow_anonymous:
+        raise ValueError(
+            f"refusing to serve {settings.host} without API keys: anyone who reaches it could use every "
+            "surface. Give keys (--api-key / FORGE_API_KEY), bind to 127.0.0.1, or say so with "
+            "--allow-anonymous (FORGE_ALLOW_ANONYMOUS=1)"
+        )
 
 
 def check_port(host: str, port: int) -> None:
@@ -125,6 +136,12 @@ def serve(settings: Settings) -> None:
     """Run Forge until SIGTERM/SIGINT. Blocking. Exits non-zero when start-up fails."""
     configure_logging(settings.log_level)
     preflight(settings)
+    if settings.open_to_network():
+        log.warning(
+            "serving %s:%d with no API keys (--allow-anonymous): the server is open to anyone who reaches it",
+            settings.host,
+            settings.port,
+        )
     try:
         upgrade(settings.database_url)
     except Exception as e:

@@ -7,15 +7,16 @@ across runs on the same kind of machine, never as absolute truths.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
+from engine.op_profile import OpProfile
 from engine.tool_calls import Tool, ToolChoice, tool_grammar
 
 WORDS = [
@@ -270,8 +271,6 @@ async def _resume(engine: Engine, repeats: int) -> dict:
             {"role": "user", "content": f"Question {turn}: " + _text(60, turn)},
             {"role": "assistant", "content": _text(140, turn + 50)},
         ]
-    core = engine.core  # the engine is idle between requests: its spill tier can be swapped
-    own = core.blocks.spill
     times: dict[str, list[float]] = {"recompute": [], "cached": [], "spilled": [], "restore": []}
     restored = 0
     question = iter(range(10_000))
@@ -283,22 +282,23 @@ async def _resume(engine: Engine, repeats: int) -> dict:
         return r["timings"].ttft * 1000, len(prompt)
 
     with tempfile.TemporaryDirectory(prefix="forge-bench-spill-") as folder:
-        tier = core.spill_tier(folder, 1 << 30)
+        tier = engine.spill_tier(folder, 1 << 30)
+        own = await engine.use_spill_tier(None)
         try:
             for _ in range(repeats):
-                core.blocks.spill = None
+                await engine.use_spill_tier(None)
                 await engine.reset_prefix_cache()
                 ms, prompt_len = await next_turn()  # nothing cached: the whole conversation computed
                 times["recompute"].append(ms)
                 times["cached"].append((await next_turn())[0])  # the conversation's blocks in memory
-                core.blocks.spill = tier
+                await engine.use_spill_tier(tier)
                 await engine.reset_prefix_cache(spill=True)  # evicted: every cached block to the tier
                 before, spent = tier.stats.restored_blocks, tier.stats.restore_s
                 times["spilled"].append((await next_turn())[0])
                 restored = tier.stats.restored_blocks - before
                 times["restore"].append((tier.stats.restore_s - spent) * 1000)
         finally:
-            core.blocks.spill = own
+            await engine.use_spill_tier(own)
             tier.close()
         await engine.reset_prefix_cache()
     result = {k: statistics.median(v) for k, v in times.items()}
@@ -312,60 +312,14 @@ async def _resume(engine: Engine, repeats: int) -> dict:
     }
 
 
-class OpProfile:
-    """Stands in for the model's backend and times every op call (the model itself is unchanged)."""
-
-    OPS = (
-        "embedding",
-        "rms_norm",
-        "add_rms_norm",
-        "linear",
-        "rope_write_kv",
-        "paged_attention",
-        "silu_mul",
-        "to_numpy",
-    )
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.backend, name)
-        if name not in self.OPS:
-            return attr
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            out = attr(*args, **kwargs)
-            self.seconds[name] += time.perf_counter() - t
-            self.calls[name] += 1
-            return out
-
-        return timed
-
-
 async def _profile_decode(engine: Engine, tokens: int) -> dict:
     """Single-stream decode (speculation off: one token per step) with every op timed: where one step's
     time goes, and how much of it is Python between the kernels (forward time minus op time)."""
-    model = engine.core.model
-    prof = OpProfile(model.backend)
-    forward_s = 0.0
-    inner = model.forward_device  # what the model runner calls
-
-    def forward(*args: Any) -> Any:
-        nonlocal forward_s
-        t = time.perf_counter()
-        out = inner(*args)
-        forward_s += time.perf_counter() - t
-        return out
-
     await engine.reset_prefix_cache()
     prompt = _raw_prompt(engine, 32, 3)
     await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
-    # The engine is idle between requests; the instance attribute shadows the method until `del` below.
-    model.backend, vars(model)["forward_device"] = prof, forward
+    prof = OpProfile(engine.core.backend)
+    await engine.profile_ops(prof)
     try:
         r = await _run(
             engine,
@@ -374,8 +328,8 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
             SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative="off"),
         )
     finally:
-        model.backend = prof.backend
-        del model.forward_device
+        await engine.profile_ops(None)
+    forward_s = prof.forward_s
     steps = len(r["stamps"])
     ops_s = sum(prof.seconds.values())
     return {
@@ -397,25 +351,44 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
-async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
+async def _bench(engine: Engine, quick: bool, profile: bool, report: Callable[[dict], None] | None = None) -> dict:
+    """The workload, section by section; `report` gets a copy of the figures so far after each section (a caller
+    that may be stopped part-way keeps what was measured). Decode graphs were all captured at load: no timed
+    window here holds a capture."""
+    info = engine.model_info
+    result: dict = {
+        "model": info["name"],
+        "backend": info["backend"],
+        "threads": engine.threads,
+        "activations": info["activations"],
+        "kv_blocks": info["kv_blocks"],
+        "weight_mb": info["weight_bytes"] / 1e6,
+        "kv_context_tokens": info["kv_blocks"] * info["kv_block_size"],
+    }
+
+    def done(**fields: Any) -> None:
+        result.update(fields)
+        if report:
+            report(dict(result))
+
     decode_len = 32 if quick else 128
     await _run(engine, _raw_prompt(engine, 64, 999), 4)  # warm-up
 
     await engine.reset_prefix_cache()
     prefill_len = 500
     r = await _run(engine, _raw_prompt(engine, prefill_len, 1), 1)
-    prefill_tok_s = prefill_len / r["timings"].ttft
+    done(prefill_tokens=prefill_len, prefill_tok_s=prefill_len / r["timings"].ttft)
 
     ttfts = []
     for i in range(3 if quick else 5):
         await engine.reset_prefix_cache()
         prompt = engine.render_chat([{"role": "user", "content": f"Give me {i + 2} tips to sleep better tonight."}])
         ttfts.append((await _run(engine, prompt, 1))["timings"].ttft)
-    chat_prompt_len = len(prompt)
+    done(chat_prompt_tokens=len(prompt), ttft_ms=statistics.median(ttfts) * 1000)
 
     await engine.reset_prefix_cache()
     r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
-    decode_tok_s = _decode_rate(r["stamps"])
+    done(decode_tokens=decode_len, decode_tok_s=_decode_rate(r["stamps"]))
 
     aggregate, e2e, itl = {}, {}, []
     for n in (8, 32):
@@ -429,6 +402,8 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
         e2e[str(n)] = total / (max(run["stamps"][-1] for run in runs) - min(run["start"] for run in runs))
         if n == 32:
             itl = [b - a for run in runs for a, b in zip(run["stamps"], run["stamps"][1:]) if b > a]
+        done(aggregate_tok_s=dict(aggregate), end_to_end_tok_s=dict(e2e))
+    done(itl_ms={"p50": _pct(itl, 0.5) * 1000, "p95": _pct(itl, 0.95) * 1000})
 
     await engine.reset_prefix_cache()
     turns, history, chat = 8, [], []
@@ -445,33 +420,14 @@ async def _bench(engine: Engine, quick: bool, profile: bool) -> dict:
                 "ttft_ms": r["timings"].ttft * 1000,
             }
         )
+    done(chat_ttft_ms={"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]}, chat_turns=chat)
 
-    result = {
-        "model": engine.model_info["name"],
-        "backend": engine.model_info["backend"],
-        "threads": engine.threads,
-        "activations": engine.model_info["activations"],
-        "kv_blocks": engine.model_info["kv_blocks"],
-        "prefill_tokens": prefill_len,
-        "prefill_tok_s": prefill_tok_s,
-        "chat_prompt_tokens": chat_prompt_len,
-        "ttft_ms": statistics.median(ttfts) * 1000,
-        "decode_tokens": decode_len,
-        "decode_tok_s": decode_tok_s,
-        "aggregate_tok_s": aggregate,
-        "end_to_end_tok_s": e2e,
-        "itl_ms": {"p50": _pct(itl, 0.5) * 1000, "p95": _pct(itl, 0.95) * 1000},
-        "chat_ttft_ms": {"turn1": chat[0]["ttft_ms"], "turn8": chat[-1]["ttft_ms"]},
-        "chat_turns": chat,
-        "structured": await _structured(engine, decode_len),
-        "tools": await _tools(engine, decode_len),
-        "speculative": await _speculative(engine, 64 if quick else 160, 1 if quick else 3),
-        "embeddings": await _embeddings(engine, 32, 1 if quick else 3),
-        **await _resume_fields(engine, 1 if quick else 3),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "weight_mb": engine.model_info["weight_bytes"] / 1e6,
-        "kv_context_tokens": engine.model_info["kv_blocks"] * engine.model_info["kv_block_size"],
-    }
+    done(structured=await _structured(engine, decode_len))
+    done(tools=await _tools(engine, decode_len))
+    done(speculative=await _speculative(engine, 64 if quick else 160, 1 if quick else 3))
+    done(embeddings=await _embeddings(engine, 32, 1 if quick else 3))
+    done(**await _resume_fields(engine, 1 if quick else 3))
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if profile and engine.model_info["backend"] != "cupy":  # GPU ops return before they run: nothing to time here
         result["decode_profile"] = await _profile_decode(engine, decode_len)
     return result

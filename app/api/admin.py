@@ -11,9 +11,9 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.api.errors import ServiceError
 from app.api.openapi import errors
 from app.api.state import Services
+from app.domain.errors import ServiceError
 from app.metrics import Metrics
 
 # Litestar adds the charset to text types itself: without this it would be named twice
@@ -41,7 +41,8 @@ async def health() -> dict[str, str]:
 )
 async def ready(services: NamedDependency[Services]) -> Response:
     """Ready: the model is loaded, the database answers and this replica is a member of it; 503 otherwise."""
-    model = services.engine.model_info.get("name") if services.engine is not None else None
+    facts = services.engine.model_info if services.engine is not None else {}
+    model = facts.get("name")
     db = "not open"
     if services.store is not None:
         try:
@@ -58,6 +59,9 @@ async def ready(services: NamedDependency[Services]) -> Response:
         "db": db,
         "replica": services.settings.replica,
         "member": joined,
+        # which kernels serve now, and the background compile while the float32 reference serves (else None)
+        "backend": facts.get("backend"),
+        "background_compile": facts.get("background_compile"),
     }
     if services.chat is None:
         body["detail"] = "the model is loading"
@@ -81,6 +85,7 @@ async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
         "time": time.time(),
         "model": services.engine.model_info,
         "engine": services.engine.stats(),
+        "mcp": services.chat.mcp.snapshot() if services.chat.mcp is not None else [],  # MCP servers and tools
         **services.metrics.snapshot(),
         "active_sessions": services.chat.active(),
     }

@@ -20,9 +20,9 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
-from app.api.errors import ServiceError
 from app.api.openapi import BODY, KEYED, Documented, errors
 from app.api.state import Ready
+from app.domain.errors import ServiceError
 from engine.types import EngineOverloaded, InvalidRequest
 
 MAX_INPUTS = 2048  # strings or token-id lists in one request (OpenAI's bound)

@@ -9,7 +9,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from sqlalchemy.exc import OperationalError
 
-from app.domain import errors as domain
+from app.domain.errors import CODES, ServiceError
 
 log = logging.getLogger("forge.api")
 
@@ -35,7 +35,7 @@ STATUS = {
     "invalid_api_key": 401,
     "model_not_found": 404,
 }
-assert set(STATUS) == domain.CODES, "every error code has its HTTP status"
+assert set(STATUS) == CODES, "every error code has its HTTP status"
 _TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -47,24 +47,16 @@ _TYPES = {
 }  # for Litestar's own refusals
 
 
-def status_of(err: domain.ServiceError) -> int:
+def status_of(err: ServiceError) -> int:
+    """The HTTP status of the error (the domain knows no HTTP: its codes map here)."""
     return STATUS[err.code]
 
 
-class ServiceError(domain.ServiceError):
-    """The domain's error as this layer raises it, with its HTTP `status`. Catch domain.ServiceError where an
-    error may come from the domain (app.domain): it is that error's base."""
-
-    @property
-    def status(self) -> int:
-        return STATUS[self.code]
-
-
-def error_response(err: domain.ServiceError, headers: dict[str, str] | None = None) -> Response:
+def error_response(err: ServiceError, headers: dict[str, str] | None = None) -> Response:
     return Response(err.body(), status_code=status_of(err), headers=headers)
 
 
-def _service_error_handler(_: Request, exc: domain.ServiceError) -> Response:
+def _service_error_handler(_: Request, exc: ServiceError) -> Response:
     headers = {"WWW-Authenticate": "Bearer"} if status_of(exc) == 401 else None
     if exc.retry_after_s is not None:
         headers = {"Retry-After": str(exc.retry_after_s)}
@@ -143,7 +135,7 @@ def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS = {
-    domain.ServiceError: _service_error_handler,
+    ServiceError: _service_error_handler,
     HTTPException: _http_error_handler,
     Exception: _unexpected_error_handler,
 }

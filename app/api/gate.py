@@ -16,8 +16,9 @@ from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.errors import ServiceError
+from app.api.errors import status_of
 from app.config import Settings
+from app.domain.errors import ServiceError
 
 KEYED = ("/v1", "/api", "/ws")  # the API key opens these
 ADMIN = ("/admin", "/metrics")  # the admin token opens these
@@ -120,15 +121,15 @@ class Gate:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, err: ServiceError) -> None:
         body = json.dumps(err.body()).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if err.status == 401:
+        if status_of(err) == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": err.status, "headers": headers})
+            await send({"type": "http.response.start", "status": status_of(err), "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         await receive()  # websocket.connect
         if "websocket.http.response" in (scope.get("extensions") or {}):
-            await send({"type": "websocket.http.response.start", "status": err.status, "headers": headers})
+            await send({"type": "websocket.http.response.start", "status": status_of(err), "headers": headers})
             await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": err.code})

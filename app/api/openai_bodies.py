@@ -129,7 +129,7 @@ class ChatRequest(Sampling, kw_only=True):
 class CompletionRequest(Sampling, kw_only=True):
     """`POST /v1/completions`. `prompt`: a string, token ids, or a batch of exactly one of those."""
 
-    # msgspec allows one array type in a union: the shapes of the list are told apart in app.api.openai
+    # msgspec allows one array type in a union: the shapes of the list are told apart in app.api.openai.parse
     prompt: Text | Annotated[list[Text | TokenId | TokenIds], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
     echo: bool | None = None
     best_of: Samples | None = None

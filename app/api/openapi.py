@@ -62,7 +62,19 @@ def errors(*statuses: int) -> dict[int, ResponseSpec]:
     }
 
 
-_EVENTS = OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING, description="Server-sent events"))
+# One server-sent event, its fields as a client reads them (the `data` of Forge's events is JSON text).
+_EVENTS = OpenAPIMediaType(
+    schema=Schema(
+        type=OpenAPIType.OBJECT,
+        properties={
+            "event": Schema(type=OpenAPIType.STRING),
+            "data": Schema(type=OpenAPIType.STRING),
+            "id": Schema(type=OpenAPIType.STRING),
+            "retry": Schema(type=OpenAPIType.INTEGER, minimum=0),
+        },
+        description="Server-sent events",
+    )
+)
 _RETRY = {
     "Retry-After": OpenAPIHeader(
         schema=Schema(type=OpenAPIType.INTEGER, minimum=0), description="Seconds to wait before trying again"

@@ -12,7 +12,7 @@ from litestar.static_files import create_static_files_router
 from litestar.types import PathType
 from litestar.types.file_types import FileInfo
 
-from app.api.errors import ServiceError
+from app.domain.errors import ServiceError
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
-from app.api.errors import ServiceError
 from app.domain import response_format as domain
+from app.domain.errors import ServiceError
 from app.domain.response_format import PARAM, SCHEMA_MAX_BYTES, SCHEMA_MAX_DEPTH, schema_depth
 from engine.types import ResponseFormat
 

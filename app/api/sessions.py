@@ -15,7 +15,6 @@ from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.api.bodies import EditBody, Empty, Export, SendBody, SessionFields, ToolResultBody
-from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import BODY, GENERATION, KEYED, Events, OptionalBody, OptionalBodyEvents, errors
 from app.api.outbox import Outbox
@@ -24,10 +23,9 @@ from app.api.sse import event_sink, keepalive, with_keepalives
 from app.api.tools import check_settings
 from app.api.turn_events import turn_events
 from app.config import Settings
-from app.domain import errors as domain
 from app.domain.chat import ChatService
 from app.domain.defaults import DEFAULT_TITLE, session_defaults
-from app.domain.errors import not_found
+from app.domain.errors import ServiceError, not_found
 from app.domain.turn import Queued, Sink, Turn
 from app.store import Conflict, Store
 from engine import Engine
@@ -193,7 +191,7 @@ async def turn_stream(
             yield keepalive()
         try:
             turn = starting.result()
-        except domain.ServiceError as e:  # the deadline passed (or a refusal after waiting): told, then the end
+        except ServiceError as e:  # the deadline passed (or a refusal after waiting): told, then the end
             sink(e.event())
             sink(None)
         except Exception:

@@ -9,9 +9,9 @@ from typing import Any, Protocol, cast, runtime_checkable
 from litestar.datastructures import State
 from litestar.di import Provide
 
-from app.api.errors import ServiceError
 from app.config import Settings
 from app.domain.chat import ChatService
+from app.domain.errors import ServiceError
 from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from app.api.errors import ServiceError
-from app.domain.tools import ToolPlan, ToolReply  # noqa: F401  (ToolReply: app/api/openai.py reads it here)
+from app.domain.errors import ServiceError
+from app.domain.tools import ToolPlan, ToolReply  # noqa: F401  (ToolReply: app/api/openai/chunks.py reads it here)
 from app.domain.tools import plan as tool_plan
 
 MAX_TOOLS = 128  # OpenAI's bound

@@ -14,14 +14,13 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from app.api.errors import ServiceError
 from app.api.gate import owner
 from app.api.openapi import KEYED, Events, errors
 from app.api.outbox import Outbox
 from app.api.sse import event_sink, keepalive, with_keepalives
 from app.config import Settings
 from app.domain.chat import ChatService
-from app.domain.errors import not_found
+from app.domain.errors import ServiceError, not_found
 from app.domain.replay import Replay
 from app.store import Store
 

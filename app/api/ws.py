@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, cast
 
 import msgspec
@@ -16,26 +17,24 @@ from litestar import WebSocket, websocket
 from litestar.di import NamedDependency
 
 from app.api import bodies
+from app.api import ws_turns as turns
 from app.api.bodies import AnyCommand, Envelope
-from app.api.errors import ServiceError, busy_database
+from app.api.errors import busy_database
 from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
-from app.api.response_format import plain
 from app.api.state import Ready, Services
 from app.api.tools import check_settings
-from app.domain import errors as domain
 from app.domain.defaults import session_defaults
-from app.domain.errors import not_found
+from app.domain.errors import ServiceError, not_found
 from app.domain.rate import TokenBucket
 from app.domain.replay import Replay
-from app.domain.turn import Queued, Turn
+from app.domain.turn import Turn
 
 log = logging.getLogger("forge.ws")
 
 MAX_FRAME_BYTES = 1 << 20  # larger frames close the socket with 1009 (uvicorn's ws_max_size too)
 WS_MESSAGE_TOO_BIG = 1009
 WS_TOO_SLOW = 4008  # the client stopped reading: its outbox filled up
-WS_SERVER_ERROR = 1011
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -58,14 +57,15 @@ class Connection:
         self.handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
             bodies.SessionCreate: self.session_create,
             bodies.SessionOpen: self.session_open,
-            bodies.MessageSend: self.message_send,
-            bodies.MessageEdit: self.message_edit,
-            bodies.MessageRegenerate: self.message_regenerate,
+            bodies.MessageSend: partial(turns.message_send, self),
+            bodies.MessageEdit: partial(turns.message_edit, self),
+            bodies.MessageRegenerate: partial(turns.message_regenerate, self),
             bodies.BranchSelect: self.branch_select,
-            bodies.GenerationCancel: self.generation_cancel,
+            bodies.GenerationCancel: partial(turns.generation_cancel, self),
             bodies.Ping: self.ping,
-            bodies.ToolResult: self.tool_result,
-            bodies.MessageContinue: self.message_continue,
+            bodies.ToolResult: partial(turns.tool_result, self),
+            bodies.ToolApprove: partial(turns.tool_approve, self),
+            bodies.MessageContinue: partial(turns.message_continue, self),
             bodies.TurnResume: self.turn_resume,
         }
 
@@ -169,7 +169,7 @@ class Connection:
             if self.svc.chat is None or self.svc.store is None:
                 raise ServiceError("unavailable", "the model is still loading; retry shortly")
             await self.handlers[type(cmd)](cmd)
-        except domain.ServiceError as e:
+        except ServiceError as e:
             self.send(e.event(session_id=envelope.session_id, client_id=envelope.client_id))
         except Exception as e:
             err = busy_database(e)
@@ -180,54 +180,18 @@ class Connection:
 
     # -- commands -------------------------------------------------------------------------
 
-    def _reply(self, event: dict[str, Any], client_id: str | None) -> None:
+    def reply(self, event: dict[str, Any], client_id: str | None) -> None:
         if client_id is not None:
             event["client_id"] = client_id
         self.send(event)
 
-    def _room_for(self, session_id: str | None) -> None:
+    def room_for(self, session_id: str | None) -> None:
         """Refuse watching one more session past the per-socket limit."""
         limit = self.svc.settings.ws_sessions
         if session_id not in self.opened and len(self.opened) >= limit:
             raise ServiceError("rate_limited", f"this socket already watches {limit} sessions; open another socket")
 
-    async def _start(self, cmd: Any, start: Callable[[Queued], Awaitable[Turn | None]]) -> None:
-        """Start a turn. Refused at once: raises (an `error` for this command). Queued for admission: the
-        socket goes on reading commands, and the turn's events (or the refusal past the deadline, with
-        `retry_after_s`) come when it is admitted."""
-        queued = asyncio.Event()
-        starting = asyncio.ensure_future(start(queued.set))
-        signal = asyncio.ensure_future(queued.wait())
-        try:
-            await asyncio.wait({starting, signal}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            starting.cancel()
-            raise
-        finally:
-            signal.cancel()
-        if starting.done():
-            self._track(starting.result())
-            return
-        self.waiting[starting] = cmd.session_id
-        starting.add_done_callback(lambda task: self._started(task, cmd.client_id, cmd.session_id))
-
-    def _started(self, task: asyncio.Future, client_id: str | None, session_id: str) -> None:
-        self.waiting.pop(task, None)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if isinstance(exc, domain.ServiceError):
-            self.send(exc.event(session_id=session_id, client_id=client_id))
-        elif exc is not None:
-            log.error("a queued turn failed to start: %r", exc)
-            self.send(ServiceError("internal", "internal error").event(session_id=session_id, client_id=client_id))
-        else:
-            turn = task.result()
-            self._track(turn)
-            if self.gone and turn is not None:  # admitted as the socket closed
-                self.svc.chat.cancel_turn(turn)
-
-    def _track(self, turn: Turn | None) -> None:
+    def track(self, turn: Turn | None) -> None:
         if turn is not None:
             self.turns = [t for t in self.turns if not t.done] + [turn]
             self._watch(turn.session_id, turn.title)
@@ -238,23 +202,26 @@ class Connection:
             self.svc.chat.presence.opened(session_id, title)
 
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
-        self._room_for(None)
+        self.room_for(None)
         await check_settings(self.svc.engine, cmd.settings)
         session = await self.svc.store.create_session(
             self.owner, **cmd.fields().new_session(session_defaults(self.svc.engine))
         )
         self._watch(session["id"], session["title"])
-        self._reply({"type": "session", "session": session}, cmd.client_id)
+        self.reply({"type": "session", "session": session}, cmd.client_id)
 
     async def session_open(self, cmd: bodies.SessionOpen) -> None:
-        self._room_for(cmd.session_id)
+        self.room_for(cmd.session_id)
         found = await self.svc.store.get_history(cmd.session_id, self.owner)
         if found is None:
             raise not_found(cmd.session_id)
         session, messages = found
         self._watch(cmd.session_id, session["title"])
-        self._reply({"type": "session", "session": session}, cmd.client_id)
+        self.reply({"type": "session", "session": session}, cmd.client_id)
         self._history(cmd.session_id, messages, cmd.client_id)
+        asking = self.svc.chat.asking(cmd.session_id, self.owner, self.send)
+        if asking is not None:  # a call awaits the user's decision: this client gives it and follows the rounds
+            self.send(asking)
 
     def _history(self, session_id: str, messages: list[dict[str, Any]], client_id: str | None) -> None:
         """Answer `history`; a reply being generated in it is shown as far as it got (`seq`: its last event in
@@ -265,14 +232,14 @@ class Connection:
         stored_final = at is not None and messages[at]["status"] != "streaming"
         if replay is None or (at is None and replay.ended) or stored_final:
             # no turn, one that ended off this branch, or its reply is stored complete: the history says it all
-            self._reply(event, client_id)
+            self.reply(event, client_id)
             return
         after = 0  # a running reply not in there started after the history was read: all of its events follow
         if at is not None:
             messages[at] = {**messages[at], "content": replay.text(), "status": "streaming"}
             after = replay.text_seq
         event["seq"] = after
-        self._reply(event, client_id)
+        self.reply(event, client_id)
         self._follow(replay, after)
 
     def _follow(self, replay: Replay, after: int) -> bool:
@@ -285,7 +252,7 @@ class Connection:
         return True
 
     async def turn_resume(self, cmd: bodies.TurnResume) -> None:
-        self._room_for(cmd.session_id)
+        self.room_for(cmd.session_id)
         replay = self.svc.chat.replay(cmd.session_id, self.owner, cmd.message_id)
         if replay is not None and cmd.after_seq > replay.seq:
             raise ServiceError(
@@ -303,95 +270,18 @@ class Connection:
             return
         turn = self.svc.chat.running(cmd.session_id, self.owner)
         self._watch(cmd.session_id, turn.title if turn is not None else "")
-        self._reply(
+        self.reply(
             {"type": "turn.resumed", "session_id": cmd.session_id, "message_id": replay.message_id, "seq": replay.seq},
             cmd.client_id,
         )
         self._follow(replay, cmd.after_seq)
 
-    async def message_send(self, cmd: bodies.MessageSend) -> None:
-        self._room_for(cmd.session_id)
-        await self._start(
-            cmd,
-            lambda queued: self.svc.chat.send(
-                cmd.session_id,
-                self.owner,
-                cmd.content,
-                sink=self.send,
-                client_id=cmd.client_id,
-                idempotency_key=cmd.idempotency_key,
-                response_format=plain(cmd.response_format),
-                queued=queued,
-                tools=cmd.overrides(),
-            ),
-        )
-
-    async def tool_result(self, cmd: bodies.ToolResult) -> None:
-        self._room_for(cmd.session_id)
-        _, message = await self.svc.chat.tool_result(cmd.session_id, self.owner, cmd.tool_call_id, cmd.content)
-        self._reply({"type": "message.created", "session_id": cmd.session_id, "message": message}, cmd.client_id)
-
-    async def message_continue(self, cmd: bodies.MessageContinue) -> None:
-        self._room_for(cmd.session_id)
-        await self._start(
-            cmd,
-            lambda queued: self.svc.chat.resume(
-                cmd.session_id, self.owner, sink=self.send, client_id=cmd.client_id, queued=queued
-            ),
-        )
-
-    async def message_edit(self, cmd: bodies.MessageEdit) -> None:
-        self._room_for(cmd.session_id)
-        await self._start(
-            cmd,
-            lambda queued: self.svc.chat.edit(
-                cmd.session_id,
-                self.owner,
-                cmd.message_id,
-                cmd.content,
-                sink=self.send,
-                client_id=cmd.client_id,
-                queued=queued,
-            ),
-        )
-
-    async def message_regenerate(self, cmd: bodies.MessageRegenerate) -> None:
-        self._room_for(cmd.session_id)
-        await self._start(
-            cmd,
-            lambda queued: self.svc.chat.regenerate(
-                cmd.session_id, self.owner, sink=self.send, client_id=cmd.client_id, queued=queued
-            ),
-        )
-
     async def branch_select(self, cmd: bodies.BranchSelect) -> None:
         _, messages = await self.svc.chat.select(cmd.session_id, self.owner, cmd.message_id)
-        self._reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
-
-    async def generation_cancel(self, cmd: bodies.GenerationCancel) -> None:
-        turn = self.svc.chat.running(cmd.session_id, self.owner)
-        if turn is None:
-            queued = [task for task, sid in self.waiting.items() if sid == cmd.session_id]
-            if queued:  # still waiting for admission: it leaves the queue, and nothing was stored
-                for task in queued:
-                    task.cancel()
-                self._reply(
-                    {"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": None}, cmd.client_id
-                )
-                return
-        if turn is None or not self.svc.chat.cancel(cmd.session_id, self.owner):
-            raise ServiceError(
-                "not_found", f"no reply is being generated in session '{cmd.session_id}'", param="session_id"
-            )
-        # The turn's own socket gets its `done` event (status "stopped"); another socket gets an acknowledgement.
-        if not any(t is turn for t in self.turns):
-            self._reply(
-                {"type": "generation.cancelled", "session_id": cmd.session_id, "message_id": turn.message_id},
-                cmd.client_id,
-            )
+        self.reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
 
     async def ping(self, cmd: bodies.Ping) -> None:
-        self._reply({"type": "pong"}, cmd.client_id)
+        self.reply({"type": "pong"}, cmd.client_id)
 
 
 def _envelope(raw: str) -> Envelope:

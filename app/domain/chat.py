@@ -1,9 +1,10 @@
 """ChatService: starting, tracking and stopping chat turns. A turn stores the user message, renders the whole
 conversation and streams the engine's reply, stored as it grows.
 
-Its pieces, one job each: planning a turn (plan.py: which messages, below which; prompt.py: the prompt and its
-sampling), running it to its end (run.py), one turn per session (guard.py), who is looking (presence.py) and
-admission past the engine's capacity (admit.py over admission.py).
+Its pieces, one job each: starting a turn (begin.py, over plan.py: which messages, below which; prompt.py: the
+prompt and its sampling), running it to its end (run.py), one turn per session (guard.py), who is looking
+(presence.py), admission past the engine's capacity (admit.py over admission.py) and the sessions' MCP tool rounds
+(mcp/sessions.py).
 """
 
 from __future__ import annotations
@@ -14,28 +15,27 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from app.domain.admission import Admission
-from app.domain.admit import Admitter, Held
+from app.domain.admit import Admitter
+from app.domain.begin import TurnRequest, TurnStarter
 from app.domain.errors import ServiceError, not_found
 from app.domain.guard import Guard
-from app.domain.plan import Plan, plan_continue, plan_edit, plan_regenerate, plan_send
+from app.domain.mcp.registry import McpRegistry
+from app.domain.mcp.rounds import Rounds
+from app.domain.mcp.sessions import McpSessions
+from app.domain.plan import plan_continue, plan_edit, plan_regenerate, plan_send
 from app.domain.presence import Presence
-from app.domain.prompt import render, sampling
+from app.domain.prompt import render
+from app.domain.relay import Relay
 from app.domain.replay import Replay, Replays
-from app.domain.response_format import compile_response_format
 from app.domain.run import Runner
-from app.domain.tools import TOOL_KEYS, ToolPlan, check_result
-from app.domain.tools import plan as plan_tools
+from app.domain.tools import check_result
 from app.domain.turn import Queued, Sink, Turn
 from app.metrics import Metrics
-from app.store import Conflict, Store
-from app.store.leases import Lease
-from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat
+from app.store import Store
+from engine.types import ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine
-    from engine.engine import RequestStream
-
-Planner = Callable[[dict[str, Any], list[dict[str, Any]]], Plan]  # (session, chosen branch) -> the turn's plan
 
 
 class ChatService:
@@ -51,17 +51,30 @@ class ChatService:
         admission: Admission | None = None,
         detached_s: float = 120.0,
         replica: str | None = None,
+        holding: Callable[[], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
         admission = admission if admission is not None else Admission(engine.max_num_seqs)
         self.admitter = Admitter(admission, metrics, store.key_slots, replica)  # the per-key cap across replicas
-        self.guard = Guard(store.leases, replica)  # replica None: one process on its database
+        # replica None: one process on its database; `holding`: this replica still holds its lock and lease
+        self.guard = Guard(store.leases, replica, store.reaper, holding)
         self.presence = Presence()
         self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
         self.replays = Replays()  # the turns' numbered events, for clients that reattach (app/domain/replay.py)
-        self.detached_s = detached_s  # a turn nobody watches this long is stopped
+        self.mcp_sessions = McpSessions(store, self.guard)  # the sessions' MCP tools and tool rounds
+        self.starter = TurnStarter(
+            engine,
+            store,
+            self.admitter,
+            self.guard,
+            self.runner,
+            self.replays,
+            self.mcp_sessions,
+            self.cancel_turn,
+            detached_s,
+        )
         # /v1 requests take their places here too (app/api/openai.py)
         self.enter, self.wait, self.release = self.admitter.enter, self.admitter.wait, self.admitter.release
 
@@ -73,6 +86,47 @@ class ChatService:
     def turns(self) -> dict[str, Turn]:
         """Session id -> its running turn."""
         return self.guard.turns
+
+    @property
+    def relay(self) -> Relay | None:
+        """With replicas: the turns' events on every replica (app/domain/relay.py)."""
+        return self.starter.relay
+
+    @relay.setter
+    def relay(self, relay: Relay | None) -> None:
+        self.starter.relay = relay
+
+    @property
+    def detached_s(self) -> float:
+        """A turn nobody watches this long is stopped."""
+        return self.starter.detached_s
+
+    @detached_s.setter
+    def detached_s(self, seconds: float) -> None:
+        self.starter.detached_s = seconds
+
+    @property
+    def mcp(self) -> McpRegistry | None:
+        """The MCP servers whose tools sessions may choose (settings.mcp_tools)."""
+        return self.mcp_sessions.registry
+
+    @mcp.setter
+    def mcp(self, registry: McpRegistry | None) -> None:
+        self.mcp_sessions.registry = registry
+
+    @property
+    def mcp_rounds(self) -> int:
+        """The tool rounds one message runs by itself (app/domain/mcp/rounds.py)."""
+        return self.mcp_sessions.limit
+
+    @mcp_rounds.setter
+    def mcp_rounds(self, limit: int) -> None:
+        self.mcp_sessions.limit = limit
+
+    @property
+    def rounds(self) -> dict[str, Rounds]:
+        """Session id -> its message's tool rounds, while they last."""
+        return self.mcp_sessions.rounds
 
     # -- starting turns -------------------------------------------------------------------
 
@@ -98,23 +152,26 @@ class ChatService:
         session's `history` (that message and its reply as stored now) and None is returned."""
         if idempotency_key is not None and await self._answered(session_id, owner, idempotency_key, sink, client_id):
             return None
-        return await self._begin(
-            session_id,
-            owner,
-            sink,
-            client_id,
-            lambda s, msgs: plan_send(s, msgs, content),
-            idempotency_key,
-            response_format,
-            queued,
-            tools,
+        return await self.starter.start(
+            TurnRequest(
+                session_id,
+                owner,
+                sink,
+                lambda s, msgs: plan_send(s, msgs, content),
+                client_id,
+                idempotency_key,
+                response_format,
+                queued,
+                tools,
+            )
         )
 
     async def resume(
         self, session_id: str, owner: str, sink: Sink, client_id: str | None = None, queued: Queued | None = None
     ) -> Turn:
         """A reply continuing the conversation after the results of every call of its last reply."""
-        return await self._begin(session_id, owner, sink, client_id, lambda s, msgs: plan_continue(msgs), queued=queued)
+        plan_for = lambda s, msgs: plan_continue(msgs)
+        return await self.starter.start(TurnRequest(session_id, owner, sink, plan_for, client_id, queued=queued))
 
     async def tool_result(
         self, session_id: str, owner: str, tool_call_id: str, content: str
@@ -146,22 +203,15 @@ class ChatService:
     ) -> Turn:
         """A new branch: the user message `message_id` (on the chosen branch) gets a sibling holding
         `content`, and a reply to it streams."""
-        return await self._begin(
-            session_id,
-            owner,
-            sink,
-            client_id,
-            lambda s, msgs: plan_edit(msgs, session_id, message_id, content),
-            queued=queued,
-        )
+        plan_for = lambda s, msgs: plan_edit(msgs, session_id, message_id, content)
+        return await self.starter.start(TurnRequest(session_id, owner, sink, plan_for, client_id, queued=queued))
 
     async def regenerate(
         self, session_id: str, owner: str, sink: Sink, client_id: str | None = None, queued: Queued | None = None
     ) -> Turn:
         """A new branch: the last reply (if the session ends with one) gets a sibling, streamed anew."""
-        return await self._begin(
-            session_id, owner, sink, client_id, lambda s, msgs: plan_regenerate(msgs), queued=queued
-        )
+        plan_for = lambda s, msgs: plan_regenerate(msgs)
+        return await self.starter.start(TurnRequest(session_id, owner, sink, plan_for, client_id, queued=queued))
 
     async def select(self, session_id: str, owner: str, message_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Choose the branch through `message_id` (any message of the session); returns the session and its
@@ -196,123 +246,15 @@ class ChatService:
         sink(None)
         return True
 
-    async def _begin(
-        self,
-        session_id: str,
-        owner: str,
-        sink: Sink,
-        client_id: str | None,
-        plan_for: Planner,
-        idempotency_key: str | None = None,
-        response_format: ResponseFormat | None = None,
-        queued: Queued | None = None,
-        tools: dict[str, Any] | None = None,
-    ) -> Turn:
-        gen: RequestStream | None = None
-        held: Held | None = None  # admitted, and no turn owns it yet
-        lease: Lease | None = None  # the session's lease in the store, no turn owns it yet
-        try:
-            with self.guard.reserve(session_id):
-                lease = await self.guard.take(session_id)
-                found = await self.store.get_history(session_id, owner)
-                if found is None:
-                    raise not_found(session_id)
-                before, messages = found
-                plan = plan_for(before, messages)
-                tool_plan = await self._tools(before["settings"], tools or {}, response_format is not None)
-                # Rendering and tokenizing a long conversation takes a while: not on the event loop.
-                prompt = await asyncio.to_thread(
-                    render, self.engine, before, plan.history, tool_plan.render if tool_plan else None
-                )
-                params = sampling(self.engine, before["settings"], len(prompt))
-                params.response_format = await compile_response_format(self.engine, response_format)
-                if tool_plan is not None and tool_plan.grammar is not None:
-                    params.response_format = tool_plan.grammar
-                req = GenerationRequest(prompt_token_ids=prompt, params=params)
-                held = await self.admitter.admit(owner, params.n, queued)  # nothing is stored before this
-                self.guard.check_open()
-                gen = self._generate(req)
-                started = await self.store.start_reply(
-                    session_id,
-                    owner,
-                    parent_id=plan.parent_id,
-                    user_content=plan.user_content,
-                    idempotency_key=idempotency_key,
-                    title=plan.title,
-                    replica=self.guard.replica,
-                )
-                if started is None:
-                    raise not_found(session_id)
-                session, branch = started
-                reply = branch[-1]
-                # The turn's events go to a numbered log that `sink` watches (with `client_id` on them), and so
-                # may other clients: the reply goes on while someone watches or reattaches (app/domain/replay.py).
-                replay = Replay(session_id, owner, reply["id"], self.detached_s)
-                replay.attach(sink, 0, client_id)
-                turn = Turn(
-                    session_id=session_id,
-                    owner=owner,
-                    message_id=reply["id"],
-                    request_id=req.request_id,
-                    title=session["title"],
-                    sink=replay.publish,
-                    ticket=held,
-                    replay=replay,
-                    lease=lease,
-                    tool_format=tool_plan.fmt if tool_plan else None,
-                )
-                replay.on_idle = lambda: self.cancel_turn(turn)
-                replay.on_end = lambda: self.replays.ended(replay)
-                self.replays.add(replay)
-                if plan.branches:
-                    turn.emit({"type": "history", "session_id": session_id, "messages": branch[:-1]})
-                elif plan.user_content is not None:
-                    turn.emit({"type": "message.created", "session_id": session_id, "message": branch[-2]})
-                turn.emit({"type": "message.created", "session_id": session_id, "message": reply})
-                if plan.title is not None:
-                    turn.emit({"type": "session", "session": session})
-                self.guard.turns[session_id] = turn
-                turn.task = asyncio.create_task(self.runner.run(turn, gen, len(prompt)), name=f"turn-{session_id}")
-                gen = held = lease = None  # the turn owns them now
-                return turn
-        except Conflict:
-            raise ServiceError(
-                "busy", "this idempotency key was just used in the session", param="idempotency_key"
-            ) from None
-        finally:
-            if gen is not None:  # admitted, but no turn runs it
-                await gen.aclose()
-            if held is not None:
-                self.admitter.release(held)
-            await self.guard.give_back(lease)
+    def asking(self, session_id: str, owner: str, sink: Sink) -> dict[str, Any] | None:
+        """The `tool.approval` event of the MCP call in `session_id` awaiting the user's decision, if any; the
+        rounds' events go to `sink` from now on (app/domain/mcp/sessions.py)."""
+        return self.mcp_sessions.asking(session_id, owner, sink)
 
-    async def _tools(self, settings: dict[str, Any], given: dict[str, Any], response_format: bool) -> ToolPlan | None:
-        """The turn's tools: the message's own (`given`) over the session's settings; the session's tool_choice
-        and parallel_tool_calls count only beside tools. Errors name the message's field or `settings.<field>`."""
-        if "tools" in given:
-            tools, prefix = given["tools"], ""
-        else:  # a tool_choice given without any tools is the message's fault
-            tools = settings.get("tools")
-            prefix = "settings." if tools is not None else ""
-        kept = {k: settings.get(k) for k in TOOL_KEYS[1:]} if tools is not None else {}
-        options = {**kept, **{k: v for k, v in given.items() if k != "tools"}}
-        return await plan_tools(
-            self.engine,
-            tools,
-            options.get("tool_choice"),
-            options.get("parallel_tool_calls"),
-            response_format=response_format,
-            prefix=prefix,
-        )
-
-    def _generate(self, req: GenerationRequest) -> RequestStream:
-        """The engine takes the request now or refuses it: nothing is stored for a refused turn."""
-        try:
-            return self.engine.generate(req)
-        except EngineOverloaded as e:
-            raise ServiceError("overloaded", f"the server is overloaded: {e}; retry later") from None
-        except InvalidRequest as e:
-            raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
+    async def approve(self, session_id: str, owner: str, call_id: str, decision: str) -> dict[str, Any] | None:
+        """The user's decision on the MCP call awaiting approval; "always" also stores the tool in the session's
+        `mcp_allowed` and returns the session. ServiceError when no such call waits."""
+        return await self.mcp_sessions.approve(session_id, owner, call_id, decision)
 
     def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
         return render(self.engine, session, history)
@@ -328,6 +270,7 @@ class ChatService:
 
     def detach(self, turn: Turn, sink: Sink) -> None:
         """`sink`'s client went away: the turn goes on (stopped once nobody has watched it for `detached_s`)."""
+        sink = self.mcp_sessions.watcher(turn.session_id, sink)  # the rounds around `sink`, when they watch
         if turn.replay is not None:
             turn.replay.detach(sink)
         else:
@@ -340,10 +283,11 @@ class ChatService:
         return self.guard.running(session_id, owner)
 
     def cancel(self, session_id: str, owner: str) -> bool:
-        """Abort the running turn of a session (its partial reply is stored as "stopped")."""
+        """Abort the running turn of a session (its partial reply is stored as "stopped"), or its running MCP
+        tool call (its result says it was stopped, and the reply does not continue)."""
         turn = self.guard.running(session_id, owner)
         if turn is None:
-            return False
+            return self.mcp_sessions.stop(session_id, owner)
         turn.cancelled = True
         self.engine.abort(turn.request_id)
         return True
@@ -358,6 +302,9 @@ class ChatService:
         turn = self.guard.running(session_id, owner)
         if turn is not None and self.cancel(session_id, owner) and turn.task is not None:
             await asyncio.wait({turn.task}, timeout=timeout)
+        task = self.mcp_sessions.task(session_id)
+        if turn is None and task is not None and self.cancel(session_id, owner):
+            await asyncio.wait({task}, timeout=timeout)  # an MCP call running or awaiting approval
 
     async def delete_session(self, session_id: str, owner: str) -> bool:
         """Delete a session (False: not found); a reply running here is stopped first, one running on another
@@ -387,13 +334,16 @@ class ChatService:
     def interrupt_all(self) -> None:
         """Server shutdown: refuse new turns, abort the running ones (stored as "interrupted")."""
         self.guard.shutting_down = True
+        self.mcp_sessions.stop_all()
         for turn in list(self.guard.turns.values()):
             if not turn.done:
                 self.engine.abort(turn.request_id)
 
     def abandon(self) -> None:
-        """This replica lost its lease (another may have taken its sessions): abort the running turns."""
+        """This replica lost its lock or lease (another may take its sessions): abort the running turns, stored
+        as "interrupted" where the reply is still theirs."""
         for turn in list(self.guard.turns.values()):
+            turn.fenced = True
             self.cancel_turn(turn)
 
     async def drain(self, timeout: float) -> None:

@@ -34,6 +34,7 @@ class Turn:
     lease: Lease | None = None  # its session's lease in the store (replicas); released when the reply is stored
     task: asyncio.Task | None = None
     cancelled: bool = False
+    fenced: bool = False  # stopped because its replica lost its lock or lease, or its reply was taken from it
     done: bool = False
     replay: Any = None  # its numbered events and watchers: app.domain.replay.Replay (which imports this module)
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from kernels.weight import Weight
 
-QK_K = 256
 _CHUNK_VALUES = 1 << 17  # values per chunk: keeps each chunk's temporaries around 0.5-2 MB
 
 

@@ -47,6 +47,9 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)  # FORGE_* settings without a flag
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    # Ready only once the compiled CPU kernels serve: a cold kernel cache starts on the float32 reference
+    # (engine/backend_swap.py), and the tests expect the product's kernels.
+    wait_compiled: bool = True
 
     @property
     def url(self) -> str:
@@ -100,7 +103,8 @@ class ServerProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/ready", timeout=2.0).status_code == 200:
+                r = httpx.get(self.url + "/ready", timeout=2.0)
+                if r.status_code == 200 and (not self.wait_compiled or compiled(r.json())):
                     return
             except httpx.HTTPError:
                 pass
@@ -145,6 +149,11 @@ class ServerProcess:
         r = httpx.get(self.url + "/admin/api/stats", headers=self.admin_headers(), timeout=10)
         r.raise_for_status()
         return r.json()
+
+
+def compiled(ready: dict) -> bool:
+    """Whether a `/ready` body says no background compile is pending (engine/backend_swap.py)."""
+    return (ready.get("background_compile") or {}).get("phase") in (None, "done", "failed")
 
 
 def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
@@ -200,6 +209,28 @@ def post_and_leave(
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
         s.sendall(head.encode() + b"\r\n" + data)
         yield s
+
+
+def wait_reply_grows(server: ServerProcess, session_id: str, timeout: float = 60.0) -> dict:
+    """Poll the session's last stored message until its text grows past what it holds now, still streaming;
+    return it. The evidence that a reply goes on (after its client left, say), where a pause would only hope so."""
+
+    def last() -> dict:
+        r = httpx.get(f"{server.url}/api/sessions/{session_id}", headers=server.auth, timeout=30)
+        r.raise_for_status()
+        return r.json()["messages"][-1]
+
+    start = len(last()["content"])
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = last()
+        if len(reply["content"]) > start or reply["status"] != "streaming":
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the reply did not grow in {timeout}s: {reply}")
+        time.sleep(0.05)
+    assert reply["status"] == "streaming", reply
+    return reply
 
 
 def finished(server: ServerProcess, reason: str) -> int:

@@ -147,7 +147,7 @@ async def test_admission_is_decided_when_generate_is_called(default_model):
 
 
 async def test_the_heap_is_trimmed_once_each_time_the_engine_goes_idle(default_model, monkeypatch):
-    import engine.engine as engine_module
+    import engine.step_thread as engine_module
 
     trims = []
     monkeypatch.setattr(engine_module, "return_freed_memory", lambda: trims.append(1))
@@ -155,8 +155,11 @@ async def test_the_heap_is_trimmed_once_each_time_the_engine_goes_idle(default_m
     try:
         await drain(eng, chat(eng, "Hi", max_tokens=4))
         await wait_until(lambda: len(trims) == 1)
-        await asyncio.sleep(0.6)  # the idle loop wakes every 0.5 s: no trim without a step in between
-        assert len(trims) == 1
+        wakes = []  # the idle loop's waits for a command (each gives up after 0.5 s)
+        drain_commands = eng._steps._drain
+        eng._steps._drain = lambda block: wakes.append(block) or drain_commands(block)
+        await wait_until(lambda: wakes.count(True) >= 2)  # a whole idle round went by ...
+        assert len(trims) == 1  # ... without a trim: none without a step in between
         await drain(eng, chat(eng, "Hello", max_tokens=4))
         await wait_until(lambda: len(trims) == 2)
     finally:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from app.api import openai_bodies as ob
@@ -30,10 +32,21 @@ DEADLINE_S = 60.0  # one answer, a whole stream included: a hang detector, far a
 RSS_GROWTH_MB = 150  # after warm-up; caches (prefix blocks, compiled shapes) may grow a little
 # Valid data is refused (400) for reasons a schema cannot state: the prompt against the model's context, token
 # ids against its vocabulary, a regex or grammar that does not compile, references within an export, tools whose
-# names repeat or whose parameters cannot be enforced (a session's settings). Elsewhere valid data must be accepted.
+# names repeat or whose parameters cannot be enforced, and what the session holds now (nothing to continue or
+# regenerate, no call for a tool result to answer, a message's tool_choice over a session without tools).
+# Elsewhere valid data must be accepted: the rules between fields that a schema can state, it states
+# (app/api/schema_rules.py).
 CONFIG = """
+# The stateful phase follows the schema's links (a created session into its routes): enough scenarios to get there.
+[phases.stateful.generation]
+max-examples = 40
+
 [[operations]]
 include-path-regex = "^/(v1/((chat/)?completions|embeddings)|api/sessions(/import|/[^/]+)?)$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+
+[[operations]]
+include-path-regex = "^/api/sessions/[^/]+/(messages|continue|regenerate|tool_results)$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 """
 
@@ -131,6 +144,9 @@ def test_schemathesis_finds_nothing(open_server: ServerProcess, tmp_path: Path) 
     slow = [c for c in answered if c["s"] > DEADLINE_S]
     assert not slow, slow
     assert {200, 201, 400, 404}.issubset({c["status"] for c in answered})
+    # The stateful phase follows the schema's links from a created session into its routes: only a real id opens them.
+    reached = {c["op"] for c in answered if c["status"] < 300 and c["op"].split(" ")[0] != "OPTIONS"}
+    assert {"GET /api/sessions/{session_id}", "GET /api/sessions/{session_id}/export"} <= reached, sorted(reached)
     growth = _rss_mb(srv.proc.pid) - rss_before
     assert growth < RSS_GROWTH_MB, f"RSS grew {growth:.0f} MB"
 
@@ -213,3 +229,42 @@ def test_every_count_is_bounded_before_anything_is_sized_from_it(
     assert r.status_code == 400, r.text
     param = r.json()["error"]["param"]
     assert param == field or (field == "best_of" and param == "n"), r.text
+
+
+def test_the_schema_says_what_the_server_refuses_and_links_ids_onward(open_server: ServerProcess) -> None:
+    """Requests the schema called valid while the server refused them (Schemathesis, seed 7) now agree: the server
+    takes what the schema allows, or the schema states the rule. And the ids an answer carries link onward."""
+    srv = open_server
+    schema = httpx.get(srv.url + "/schema/openapi.json", timeout=30).json()
+    search = next(p for p in schema["paths"]["/api/search"]["get"]["parameters"] if p["name"] == "q")["schema"]
+    for q, ok in [("\x85", True), ("a", True), ("\u3000", False), (" \t", False)]:  # U+0085 is no space to JSON Schema
+        assert bool(re.search(search["pattern"], q)) is ok, q
+        assert httpx.get(srv.url + "/api/search", params={"q": q}, timeout=30).status_code == (200 if ok else 400), q
+
+    message = {**schema["components"]["schemas"]["ImportedMessage"], "components": schema["components"]}
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for role, fields, ok in [
+        ("user", {"tool_calls": [call]}, False),
+        ("assistant", {"tool_calls": [call]}, True),
+        ("tool", {}, False),
+        ("tool", {"tool_call_id": "call_1"}, True),
+        ("user", {"tool_call_id": "call_1"}, False),
+    ]:
+        msg = {"role": role, "content": "x", **fields}
+        assert jsonschema.Draft202012Validator(message).is_valid(msg) is ok, msg
+        history = [{"role": "assistant", "content": "", "tool_calls": [call]}] if role == "tool" else []
+        export = {"forge_export": 1, "session": {}, "messages": [*history, msg]}
+        r = httpx.post(srv.url + "/api/sessions/import", json=export, timeout=30)
+        assert r.status_code == (201 if ok else 400), (msg, r.text)
+
+    send = {**schema["components"]["schemas"]["SendBody"], "components": schema["components"]}
+    assert not jsonschema.Draft202012Validator(send).is_valid({"content": "x", "tools": None, "tool_choice": "auto"})
+    assert jsonschema.Draft202012Validator(send).is_valid({"content": "x", "tools": None})
+
+    created = schema["paths"]["/api/sessions"]["post"]["responses"]["201"]["links"]
+    assert created["ApiSessionsSessionIdReadSession"]["parameters"] == {"session_id": "$response.body#/id"}
+    assert {"ApiSessionsSessionIdMessagesSendMessage", "ApiSessionsSessionIdExportExportSession"} <= set(created)
+    models = schema["paths"]["/v1/models"]["get"]["responses"]["200"]["links"]
+    assert models["V1ModelsModelIdReadModel"]["parameters"] == {"model_id": "$response.body#/data/0/id"}
+    model_id = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    assert httpx.get(f"{srv.url}/v1/models/{model_id}", timeout=30).status_code == 200

@@ -81,6 +81,15 @@ async def until_depth(srv: ServerProcess, depth: int) -> None:
     raise AssertionError(f"the queue never held {depth} (holds {seen})")
 
 
+async def until_in_use(srv: ServerProcess, units: int) -> None:
+    for _ in range(2000):
+        seen = metric(srv, "forge_admission_in_use")
+        if seen == units:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"admission never held {units} (holds {seen})")
+
+
 def chat_body(stream: bool, **extra) -> dict:
     return {
         "model": "default",
@@ -223,8 +232,9 @@ async def test_the_per_key_cap_counts_other_replicas_generations(capped) -> None
         assert slot is not None
         async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT) as http:
             waiting = asyncio.create_task(http.post("/v1/chat/completions", json=chat_body(False)))
-            await asyncio.sleep(0.5)
-            assert not waiting.done()  # the engine is free; the key's place is held elsewhere
+            await until_in_use(srv, 1)  # this replica's queue granted it: now it waits for the key's slot ...
+            assert not waiting.done()  # ... which the other replica holds, though the engine is free
+            assert srv.stats()["engine"]["running"] == 0
             await other.key_slots.release(slot)
             answer = await waiting
         assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in ("stop", "length")

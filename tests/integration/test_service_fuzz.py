@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from app.api.bodies import AnyCommand, Export, SessionFields, decode
-from app.api.errors import ServiceError
+from app.api.errors import status_of
 from app.api.openai_bodies import ChatRequest, CompletionRequest
+from app.domain.errors import ServiceError
 from scripts import hostile
 from tests.integration.conftest import ServerProcess
 
@@ -94,4 +95,4 @@ def test_the_decoder_returns_a_struct_or_names_the_problem(body, into) -> None:
     try:
         decode(raw, into, unsupported=into in (ChatRequest, CompletionRequest))
     except ServiceError as e:
-        assert e.status == 400 and e.message
+        assert status_of(e) == 400 and e.message

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import ServerProcess, post_and_leave, wait_idle
+from tests.integration.conftest import ServerProcess, post_and_leave, wait_idle, wait_reply_grows
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,8 @@ def test_disconnect_leaves_the_generation_running_until_stopped(server: ServerPr
         assert mid["engine"]["running"] == 1
         assert [s["id"] for s in mid["active_sessions"] if s["status"] == "generating"] == [sid]
         lines.close()
-    time.sleep(0.2)
-    assert server.stats()["engine"]["running"] == 1  # the reply goes on without its client ...
+    wait_reply_grows(server, sid)  # the reply goes on without its client ...
+    assert server.stats()["engine"]["running"] == 1
     assert http.post(f"/api/sessions/{sid}/cancel").json() == {"cancelled": True}  # ... until it is stopped
     after = wait_idle(server)  # the sequence is gone ...
     assert after["engine"]["kv_blocks_used"] == before  # ... and its blocks are free

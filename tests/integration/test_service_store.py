@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 
 from app.api.bodies import Export, SessionFields, decode
-from app.api.errors import ServiceError
 from app.config import Settings
 from app.domain.defaults import DEFAULT_SETTINGS
+from app.domain.errors import ServiceError
 from app.store import Store
 from app.store.migrate import head_revision, upgrade
 

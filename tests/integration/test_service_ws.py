@@ -12,7 +12,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from engine import Engine, GenerationRequest, SamplingParams
-from tests.integration.conftest import OTHER_KEY, ServerProcess, wait_idle
+from tests.integration.conftest import OTHER_KEY, ServerProcess, wait_idle, wait_reply_grows
 
 TIMEOUT = 180.0
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -284,8 +284,8 @@ async def test_closing_the_socket_leaves_the_reply_running_until_stopped(server:
         pass
     assert server.stats()["engine"]["running"] == 1
     await ws.close()
-    await asyncio.sleep(0.2)
-    assert server.stats()["engine"]["running"] == 1  # the reply goes on without its client ...
+    await asyncio.to_thread(wait_reply_grows, server, sid)  # the reply goes on without its client ...
+    assert server.stats()["engine"]["running"] == 1
     r = httpx.post(f"{server.url}/api/sessions/{sid}/cancel", headers=server.auth, timeout=30)
     assert r.json() == {"cancelled": True}  # ... until it is stopped
     after = wait_idle(server)

@@ -8,6 +8,7 @@ import pytest
 
 from app.api import bodies
 from app.api import openai_bodies as ob
+from app.api.errors import status_of
 from app.main import create_app
 from engine.types import InvalidRequest, SamplingParams
 
@@ -50,7 +51,7 @@ def test_decoder_refuses_past_every_bound_by_name() -> None:
     ]:
         with pytest.raises(bodies.ServiceError) as e:
             bodies.decode(msgspec.json.encode({**base, field: past}), ob.CompletionRequest, unsupported=True)
-        assert e.value.status == 400 and e.value.param == field
+        assert status_of(e.value) == 400 and e.value.param == field
 
 
 def _structs() -> list[type]:
