@@ -15,8 +15,9 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
+from litestar.types import ControllerRouterHandler
 
-from app.api import admin, embeddings, openai, pages, search, sessions, ws
+from app.api import admin, embeddings, mcp, openai, pages, search, sessions, ws
 from app.api.allow import allow_header
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.gate import Gate, security_headers
@@ -59,6 +60,24 @@ def _load_engine(settings: Settings) -> Engine:
         kv_spill_size=settings.kv_spill_size,
         quick_start=True,  # a new machine answers while its CPU kernels compile (engine/backend_swap.py)
     )
+
+
+# Every route of the service (the composition root's list, kept out of create_app to keep it short).
+ROUTES: list[ControllerRouterHandler] = [
+    admin.health,
+    admin.ready,
+    admin.metrics,
+    admin.stats,
+    pages.index,
+    pages.admin_page,
+    pages.static_router,
+    sessions.router,
+    search.search,
+    mcp.mcp_tools,
+    openai.router,
+    ws.chat_socket,
+    embeddings.embeddings,
+]
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, *, migrate: bool = True) -> Litestar:
@@ -144,20 +163,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             log.info("stopped")
 
     app = Litestar(
-        route_handlers=[
-            admin.health,
-            admin.ready,
-            admin.metrics,
-            admin.stats,
-            pages.index,
-            pages.admin_page,
-            pages.static_router,
-            sessions.router,
-            search.search,
-            openai.router,
-            ws.chat_socket,
-            embeddings.embeddings,
-        ],
+        route_handlers=ROUTES,
         lifespan=[lifespan],
         state=State({"forge": svc}),
         dependencies=DEPENDENCIES,

@@ -45,5 +45,6 @@ export const api = {
   deleteSession: (id) => request("DELETE", "/api/sessions/" + encodeURIComponent(id)),
   exportSession: (id) => request("GET", "/api/sessions/" + encodeURIComponent(id) + "/export"),
   importSession: (data) => request("POST", "/api/sessions/import", data),
+  mcpTools: () => request("GET", "/api/mcp/tools").then((d) => d.data),
   search: (q) => request("GET", "/api/search?q=" + encodeURIComponent(q)).then((d) => d.data),
 };

@@ -1,8 +1,10 @@
-// The settings drawer of the open session: system prompt, temperature, top p, max tokens, tools (a JSON list).
+// The settings drawer of the open session: system prompt, temperature, top p, max tokens, tools (a JSON list),
+// MCP tools (web/mcptools.js).
 import { api } from "./api.js";
 import { state } from "./state.js";
 import { $ } from "./chrome.js";
 import { upsertSession } from "./sessions.js";
+import { fillMcpTools, chosenMcpTools } from "./mcptools.js";
 
 const SAVED_MS = 2000;
 
@@ -41,6 +43,7 @@ function fillSettings() {
   $("set-top-p").value = st.top_p ?? 1;
   $("set-max-tokens").value = st.max_tokens ?? 512;
   $("set-tools").value = st.tools ? JSON.stringify(st.tools, null, 2) : "";
+  fillMcpTools(st.mcp_tools);
   $("settings-error").textContent = "";
   $("settings-saved").hidden = true;
 }
@@ -64,7 +67,7 @@ export async function saveSettings(e) {
   try {
     upsertSession(await api.updateSession(state.current.id, {
       system_prompt: system.trim() ? system : null,
-      settings: { temperature, top_p: topP, max_tokens: maxTokens, tools },
+      settings: { temperature, top_p: topP, max_tokens: maxTokens, tools, mcp_tools: chosenMcpTools() },
     }));
     err.textContent = "";
     $("settings-saved").hidden = false;

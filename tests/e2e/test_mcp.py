@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,38 @@ def test_admin_lists_servers_tools_calls_and_last_error(mcp_server, mcp_page, sc
     assert tools.count() == len(calc["tools"])
     page.get_by_test_id("admin-mcp").scroll_into_view_if_needed()
     screenshot(page, "admin-mcp")
+
+
+def test_settings_drawer_chooses_the_sessions_mcp_tools(mcp_server, mcp_page):
+    page = mcp_page
+    chat = Chat(page, mcp_server).open()
+    sid = chat.new_session()
+    page.get_by_test_id("toggle-settings").click()
+    group = page.get_by_test_id("settings-mcp")
+    box = group.get_by_role("checkbox", name="calc__add")
+    box.wait_for()
+    listed = mcp_server.http.get("/api/mcp/tools").json()["data"]
+    assert group.get_by_role("checkbox").count() == len(listed)
+    assert not box.is_checked()
+    found = Axe().run(page).response["violations"]
+    assert not found, [f"{v['id']}: {[n['target'] for n in v['nodes']][:6]}" for v in found]
+
+    box.check()
+    page.get_by_test_id("settings-save").click()
+    stored = wait_settings(mcp_server, sid, lambda s: s.get("mcp_tools") == ["calc__add"])
+    assert stored["mcp_approval"] is True  # the drawer's save left the other settings alone
+
+    box.uncheck()
+    page.get_by_test_id("settings-save").click()
+    wait_settings(mcp_server, sid, lambda s: not s.get("mcp_tools"))
+
+
+def wait_settings(server: Server, sid: str, ok: Callable[[dict], bool], timeout_s: float = 10.0) -> dict:
+    """The session's stored settings once `ok` holds of them (a save is a request the page sends on its own)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        settings = server.session(sid)["settings"]
+        if ok(settings) or time.monotonic() > deadline:
+            assert ok(settings), settings
+            return settings
+        time.sleep(0.1)
