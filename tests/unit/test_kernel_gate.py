@@ -17,18 +17,15 @@ from kernels.gate import sample_activations, sample_weight
 from kernels.numba_backend import NumbaBackend
 from kernels.numpy_backend import NumpyBackend
 from kernels.reference import exact_product
-from kernels.routes import ROW_CLASSES, Form, stripe_for
+from kernels.routes import ROW_CLASSES, Form, gguf_forms
 
 HERE = CpuCaps.detect()
 
 
 def model_forms(caps: CpuCaps) -> list[Form]:
     """The default model's forms (Q4_1 matrices, a Q8_0 head) and a Q4_0 file's, as this CPU holds them."""
-    return [
-        Form("q4", 32, caps.f16c, stripe_for("q4", caps), True),
-        Form("q4", 32, caps.f16c, stripe_for("q4", caps), False, 8),
-        Form("q8", 32, caps.f16c, 4),
-    ]
+    forms = gguf_forms(caps)
+    return [forms["Q4_1"], forms["Q4_0"], forms["Q8_0"]]
 
 
 def prepared(activations: str = "f32") -> tuple[NumbaBackend, list]:
