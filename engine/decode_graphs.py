@@ -133,7 +133,9 @@ class DecodeGraphs:
         """`pad_block`: a cache block no sequence uses; `width`: the most blocks a sequence can hold."""
         self.model, self.backend, self.kv_caches = model, model.backend, kv_caches
         self.block_size, self.pad_block, self.width = block_size, pad_block, width
-        self.buckets = graph_buckets(max_batch)
+        # Buckets up to the backend's graph_max_rows: larger steps would call what a capture cannot hold.
+        limit = getattr(self.backend, "graph_max_rows", max_batch)
+        self.buckets = [b for b in graph_buckets(max_batch) if b <= limit] or [1]
         self.eager_from = self.buckets[-1] + 1  # buckets this large run eagerly (a capture failed)
         self._graphs: dict[int, _Graph] = {}
 

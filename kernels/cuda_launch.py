@@ -10,6 +10,8 @@ import numpy as np
 # gemv.cu: weight rows per thread block (one per warp) and activation rows per block.
 GEMV_WARPS = 4
 GEMV_ROWS = 8
+# gemv.cu's tiled form: weight rows per warp.
+GEMV_TILE_ROWS = 2
 # Products with up to this many activation rows read quantized weights in the GEMV kernels (decode and
 # batched decode); above, panels of the weight are dequantized to float16 for cuBLAS (prefill).
 GEMV_MAX_ROWS = 32
@@ -30,6 +32,13 @@ def gemv_geometry(n_out: int, n_rows: int) -> tuple[tuple[int, int], tuple[int]]
     x walks the activation rows (so blocks sharing weight rows run together), y the weight rows."""
     assert 0 < n_rows <= GEMV_MAX_ROWS and 0 < n_out <= 65535 * GEMV_WARPS
     return (-(-n_rows // GEMV_ROWS), -(-n_out // GEMV_WARPS)), (32 * GEMV_WARPS,)
+
+
+def gemv_tiled_geometry(n_out: int, n_rows: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) of gemv_tiled_q4 / gemv_tiled_q8: as gemv_geometry, a warp taking GEMV_TILE_ROWS weight rows."""
+    per_block = GEMV_WARPS * GEMV_TILE_ROWS
+    assert 0 < n_rows <= GEMV_MAX_ROWS and 0 < n_out <= 65535 * per_block
+    return (-(-n_rows // GEMV_ROWS), -(-n_out // per_block)), (32 * GEMV_WARPS,)
 
 
 def elementwise_blocks(n: int, threads: int = ROW_THREADS) -> int:

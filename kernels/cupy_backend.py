@@ -19,14 +19,16 @@ Importing this module needs neither CuPy nor a GPU; constructing CupyBackend nee
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
+from kernels.cublas_gemm import gemm_f16
 from kernels.cuda_launch import (
     GEMV_MAX_ROWS,
     PA_MAX_DH,
@@ -36,6 +38,7 @@ from kernels.cuda_launch import (
     attention_plan,
     elementwise_blocks,
     gemv_geometry,
+    gemv_tiled_geometry,
     panel_rows,
     row_threads,
 )
@@ -44,6 +47,7 @@ from kernels.gate import RouteCheck, check_products
 from kernels.row_sampling import TABLE
 from kernels.weight import Weight
 
+log = logging.getLogger("forge.kernels")
 CUDA_DIR = Path(__file__).with_name("cuda")
 # Every kernel the backend launches -> its source in kernels/cuda (a unit test checks both ways).
 KERNELS = {
@@ -66,6 +70,10 @@ KERNELS = {
     "gemv_q8": "gemv.cu",
     "gemv_q4_hs": "gemv.cu",
     "gemv_q8_hs": "gemv.cu",
+    "gemv_tiled_q4": "gemv.cu",
+    "gemv_tiled_q8": "gemv.cu",
+    "gemv_tiled_q4_hs": "gemv.cu",
+    "gemv_tiled_q8_hs": "gemv.cu",
     "paged_attention_decode_f16": "paged_attention.cu",
     "paged_attention_prefill_f16": "paged_attention.cu",
     "apply_token_bitmask_f32": "token_bitmask.cu",
@@ -92,6 +100,9 @@ class CupyBackend:
 
     name = "cupy"
     kv_dtype = np.float16
+    # Decode steps of at most this many rows are captured as CUDA graphs: CuPy refuses cuBLAS calls while a
+    # stream captures, and products of more rows than this go through cuBLAS (engine/decode_graphs.py).
+    graph_max_rows = GEMV_MAX_ROWS
     choice = ""  # get_backend says what it chose and why
     blas_threads: int | None = None  # host BLAS is only used by the sampler here
 
@@ -109,7 +120,7 @@ class CupyBackend:
         # Allocated once, so that CUDA graphs may hold its address.
         self._panel = cupy.empty(PANEL_VALUES, dtype=np.float16)
         self._shared: tuple[Weight, DeviceWeight] | None = None
-        self._one, self._zero = np.ones((), np.float32), np.zeros((), np.float32)  # cuBLAS alpha, beta (host)
+        self.gemv = "gemv_tiled"  # the GEMV route: "gemv_tiled", or "gemv" once the start-up gate retired it
 
     # ---- kernels ------------------------------------------------------------
     def _kernel(self, name: str) -> Any:
@@ -138,8 +149,17 @@ class CupyBackend:
         self.compile_kernels(progress)
 
     def check_routes(self) -> list[RouteCheck]:
-        """The parity gate's products (kernels/gate.py): without it passing, `auto` does not choose the GPU."""
-        return check_products(self)
+        """The parity gate's products (kernels/gate.py): without it passing, `auto` does not choose the GPU.
+
+        The tiled GEMV kernels come first; if one of their products fails, the plain ones replace them (with a
+        warning naming both), and the checks are those of the plain route."""
+        checks = check_products(self)
+        failed = [c for c in checks if not c.ok and c.rows <= GEMV_MAX_ROWS]
+        if failed and self.gemv == "gemv_tiled":
+            self.gemv = "gemv"
+            log.warning("kernel route gemv_tiled failed its check (%s); using gemv instead", failed[0])
+            checks = [replace(c, replaced_by="gemv") for c in failed] + check_products(self)
+        return checks
 
     def _f32(self, a: Any, what: str, aligned: bool = False) -> Any:
         """`a` as contiguous float32; with `aligned`, also starting on a 16-byte boundary (a copy if a contiguous view
@@ -246,9 +266,10 @@ class CupyBackend:
         if gemv:
             out = cp.empty((T, N), dtype=np.float32)
             if T:
-                grid, block = gemv_geometry(N, T)
+                route = self.gemv_route(w.kind, T)
+                grid, block = (gemv_tiled_geometry if route == "gemv_tiled" else gemv_geometry)(N, T)
                 last = np.int32(w.zero if w.kind == "q4" else w.group)
-                self._kernel(f"gemv_{w.kind}{_scales(w)}")(
+                self._kernel(f"{route}_{w.kind}{_scales(w)}")(
                     grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), last)
                 )
         elif w.kind in QUANTIZED:
@@ -258,10 +279,10 @@ class CupyBackend:
             for n0 in range(0, N, step):
                 panel = self._panel[: min(step, N - n0) * K].reshape(-1, K)
                 self._dequantize(w, panel, n0, None)
-                self._gemm_f16(x16, panel, out[:, n0 : n0 + panel.shape[0]])
+                gemm_f16(cp, x16, panel, out[:, n0 : n0 + panel.shape[0]])
         elif w.kind == "f16":
             out = cp.empty((T, N), dtype=np.float32)
-            self._gemm_f16(x.astype(np.float16), w.data, out)
+            gemm_f16(cp, x.astype(np.float16), w.data, out)
         else:
             out = cp.matmul(x, w.data.T)
         if bias is not None:
@@ -270,36 +291,11 @@ class CupyBackend:
             out += bias
         return out
 
-    def _gemm_f16(self, x16: Any, w16: Any, out: Any) -> None:
-        """out [T, n] = x16 [T, K] @ w16 [n, K].T by cuBLAS: float16 in, float32 accumulated and written
-        (cupy.matmul would round the result to float16). `out` may be a column slice of a wider matrix."""
-        (T, K), n = x16.shape, w16.shape[0]
-        if T == 0:
-            return
-        cublas, runtime = self._cp.cuda.cublas, self._cp.cuda.runtime
-        # cuBLAS is column-major: the row-major out [T, n] is a column-major [n, T] matrix whose leading
-        # dimension is out's row stride, and it equals w16 (column-major [K, n], transposed) times x16 ([K, T]).
-        cublas.gemmEx(
-            self._cp.cuda.get_cublas_handle(),
-            cublas.CUBLAS_OP_T,
-            cublas.CUBLAS_OP_N,
-            n,
-            T,
-            K,
-            self._one.ctypes.data,
-            w16.data.ptr,
-            runtime.CUDA_R_16F,
-            K,
-            x16.data.ptr,
-            runtime.CUDA_R_16F,
-            K,
-            self._zero.ctypes.data,
-            out.data.ptr,
-            runtime.CUDA_R_32F,
-            out.strides[0] // 4,
-            cublas.CUBLAS_COMPUTE_32F,
-            cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-        )
+    def gemv_route(self, kind: str, rows: int) -> str:
+        """The GEMV kernel family a product of `rows` activation rows with a q4/q8 weight takes: the tiled one, but
+        the plain one for a single q8 row (its two bytes per value already keep the loads busy: measured faster,
+        docs/performance.md), and for everything once the start-up gate retired the tiled one."""
+        return "gemv" if self.gemv == "gemv" or (kind == "q8" and rows == 1) else "gemv_tiled"
 
     def embedding(self, table: DeviceWeight, ids: Any) -> Any:
         """Rows `ids` [T] of the table, float32 [T, D] (quantized rows bit-equal to Weight.dequantize)."""

@@ -4,18 +4,25 @@
 // exact for zero = 8). Sums in float32; per group the lane adds scale * sum(x * q) + min * sum(x). Scales and
 // mins are float32 (`gemv_q4`, `gemv_q8`) or float16 as in the file (`_hs`: the device reads the file's bytes).
 //
-// x is re-read from memory (L1/L2) for every weight row a warp takes; whether staging it in shared memory pays
-// for batched decode is a question for a measurement on the device.
+// Two forms. `gemv_tiled_*` (the route the backend takes) stages x in shared memory: every GEMV_SPANS spans of K
+// (a span: the 16 weight bytes one lane loads, 32 values of q4 or 16 of q8) the block copies those columns of
+// its activation rows there once, coalesced, and each value a lane reads serves GEMV_TILE_ROWS weight rows. The
+// plain `gemv_*` form reads x straight from global memory for every weight row: each of its float4 loads touches
+// 32 lines (a lane's span is 64 or 128 bytes past its neighbour's), which bounds it by L1 wavefronts, not by the
+// weight bytes; it stays as the route the start-up gate falls back to.
 //
-// Block: GEMV_WARPS warps, warp w takes weight row blockIdx.y * GEMV_WARPS + w; its lanes split the row's groups
-// (q4: 32 values, q8: 16-value chunks) and sum across the warp at the end. Activation rows blockIdx.x * GEMV_ROWS
-// onwards (GEMV_ROWS of them or what is left) share the weight bytes each lane loads; the blocks of one weight
-// row group are neighbours in the grid, so that after the first their weight reads can hit L2.
+// Plain block: GEMV_WARPS warps, warp w takes weight row blockIdx.y * GEMV_WARPS + w; its lanes split the row's
+// groups (q4: 32 values, q8: 16-value chunks) and sum across the warp at the end. Activation rows blockIdx.x *
+// GEMV_ROWS onwards (GEMV_ROWS of them or what is left) share the weight bytes each lane loads; the blocks of one
+// weight row group are neighbours in the grid, so that after the first their weight reads can hit L2.
 // K must be a multiple of 32 (q4) or 16 (q8, whose group is 16 or 32).
 #include "common.cuh"
 
 #define GEMV_WARPS 4
 #define GEMV_ROWS 8
+// The tiled form: weight rows per warp, and spans of K staged per round (one per lane).
+#define GEMV_TILE_ROWS 2
+#define GEMV_SPANS 32
 
 // The 16 bytes of p as unsigned values.
 __device__ __forceinline__ unsigned int byte_of(const uint4& p, int i) {
@@ -130,4 +137,117 @@ extern "C" __global__ void gemv_q8_hs(float* __restrict__ out, const float* __re
                                       const signed char* __restrict__ data, const __half* __restrict__ scale,
                                       const __half* __restrict__ mins, int T, int N, int K, int group) {
     gemv_q8<__half>(out, x, data, scale, mins, T, N, K, group);
+}
+
+// ---- the tiled form ---------------------------------------------------------------------------------------------
+// In shared memory a lane's V values sit V + 4 floats past its neighbour's, so the 8 lanes of a quarter warp read
+// their 16-byte vectors from distinct banks; an activation row takes GEMV_SPANS * (V + 4) floats.
+template <int V> struct Stage {
+    static constexpr int VALUES = GEMV_SPANS * V;    // x values per activation row per round
+    static constexpr int STRIDE = V + 4;             // floats between two lanes' values
+    static constexpr int ROW = GEMV_SPANS * STRIDE;  // floats of one activation row
+};
+
+// x's columns k0 .. k0 + Stage<V>::VALUES - 1 of `rows` rows (row stride K) into xs; columns past K read as 0.
+template <int V>
+__device__ __forceinline__ void stage_x(float* xs, const float* x, int rows, int K, int k0) {
+    const int n = min(Stage<V>::VALUES, K - k0);
+    for (int i = threadIdx.x; i < rows * Stage<V>::VALUES; i += blockDim.x) {
+        const int t = i / Stage<V>::VALUES, j = i - t * Stage<V>::VALUES;
+        xs[t * Stage<V>::ROW + (j / V) * Stage<V>::STRIDE + j % V] = j < n ? x[(long long)t * K + k0 + j] : 0.0f;
+    }
+}
+
+// Value j of a 16-byte span: q4 as GGUF packs a block (byte i: value i in the low nibble, i + 16 in the high),
+// q8 one signed byte each.
+template <bool Q4>
+__device__ __forceinline__ float span_value(const uint4& p, int j) {
+    if (Q4) return (float)(j < 16 ? (byte_of(p, j) & 15u) : (byte_of(p, j - 16) >> 4));
+    return (float)(signed char)byte_of(p, j);
+}
+
+// `last`: q4 the zero (used without mins), q8 the group size.
+template <typename S, bool Q4>
+__device__ __forceinline__ void gemv_tiled(float* __restrict__ out, const float* __restrict__ x,
+                                           const unsigned char* __restrict__ data, const S* __restrict__ scale,
+                                           const S* __restrict__ mins, int T, int N, int K, int last) {
+    constexpr int V = Q4 ? 32 : 16;
+    __shared__ float4 staged[GEMV_ROWS * Stage<V>::ROW / 4];
+    float* xs = reinterpret_cast<float*>(staged);
+    const int lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.y * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_TILE_ROWS;
+    const int t0 = blockIdx.x * GEMV_ROWS, rows = min(GEMV_ROWS, T - t0);
+    const int spans = K / V, groups = Q4 ? K / 32 : K / last;
+    const long long row_bytes = Q4 ? K / 2 : K;
+    float acc[GEMV_TILE_ROWS][GEMV_ROWS] = {};
+    for (int s0 = 0; s0 < spans; s0 += GEMV_SPANS) {
+        __syncthreads();  // every warp is done with the last round's values
+        stage_x<V>(xs, x + (long long)t0 * K, rows, K, s0 * V);
+        __syncthreads();
+        const int s = s0 + lane;
+        if (s >= spans) continue;  // the tail round: lanes past K still reach the next barrier
+        uint4 p[GEMV_TILE_ROWS] = {};
+        float sc[GEMV_TILE_ROWS] = {}, mn[GEMV_TILE_ROWS] = {};
+#pragma unroll
+        for (int w = 0; w < GEMV_TILE_ROWS; ++w) {
+            const int n = n0 + w;
+            if (n < N) {
+                p[w] = reinterpret_cast<const uint4*>(data + (long long)n * row_bytes)[s];
+                const long long g = (long long)n * groups + (Q4 ? s : s * 16 / last);
+                sc[w] = to_float(scale[g]);
+                mn[w] = mins ? to_float(mins[g]) : (Q4 ? -(float)last * sc[w] : 0.0f);
+            }
+        }
+        float dot[GEMV_TILE_ROWS][GEMV_ROWS] = {}, sum[GEMV_ROWS] = {};
+#pragma unroll
+        for (int i = 0; i < V / 4; ++i) {
+            float q[GEMV_TILE_ROWS][4];
+#pragma unroll
+            for (int w = 0; w < GEMV_TILE_ROWS; ++w)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) q[w][c] = span_value<Q4>(p[w], 4 * i + c);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r) {
+                if (r < rows) {
+                    const float4 v = reinterpret_cast<const float4*>(xs + r * Stage<V>::ROW + lane * Stage<V>::STRIDE)[i];
+                    sum[r] += (v.x + v.y) + (v.z + v.w);
+#pragma unroll
+                    for (int w = 0; w < GEMV_TILE_ROWS; ++w)
+                        dot[w][r] += v.x * q[w][0] + v.y * q[w][1] + v.z * q[w][2] + v.w * q[w][3];
+                }
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < GEMV_TILE_ROWS; ++w)
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r) acc[w][r] += sc[w] * dot[w][r] + mn[w] * sum[r];
+    }
+#pragma unroll
+    for (int w = 0; w < GEMV_TILE_ROWS; ++w) {
+        if (n0 + w < N) write_rows(out + (long long)t0 * N, acc[w], N, n0 + w, rows);  // n0 + w: the same for a warp
+    }
+}
+
+extern "C" __global__ void gemv_tiled_q4(float* __restrict__ out, const float* __restrict__ x,
+                                         const unsigned char* __restrict__ data, const float* __restrict__ scale,
+                                         const float* __restrict__ mins, int T, int N, int K, int zero) {
+    gemv_tiled<float, true>(out, x, data, scale, mins, T, N, K, zero);
+}
+
+extern "C" __global__ void gemv_tiled_q4_hs(float* __restrict__ out, const float* __restrict__ x,
+                                            const unsigned char* __restrict__ data, const __half* __restrict__ scale,
+                                            const __half* __restrict__ mins, int T, int N, int K, int zero) {
+    gemv_tiled<__half, true>(out, x, data, scale, mins, T, N, K, zero);
+}
+
+extern "C" __global__ void gemv_tiled_q8(float* __restrict__ out, const float* __restrict__ x,
+                                         const signed char* __restrict__ data, const float* __restrict__ scale,
+                                         const float* __restrict__ mins, int T, int N, int K, int group) {
+    gemv_tiled<float, false>(out, x, reinterpret_cast<const unsigned char*>(data), scale, mins, T, N, K, group);
+}
+
+extern "C" __global__ void gemv_tiled_q8_hs(float* __restrict__ out, const float* __restrict__ x,
+                                            const signed char* __restrict__ data, const __half* __restrict__ scale,
+                                            const __half* __restrict__ mins, int T, int N, int K, int group) {
+    gemv_tiled<__half, false>(out, x, reinterpret_cast<const unsigned char*>(data), scale, mins, T, N, K, group);
 }

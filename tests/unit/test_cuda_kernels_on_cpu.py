@@ -20,6 +20,7 @@ from test_kernels_cupy_parity import (  # noqa: F401  (collected here, on the CP
     test_add_rms_norm_updates_the_residual_in_place,
     test_apply_token_bitmask,
     test_argmax_takes_the_first_maximum,
+    test_each_gemv_route_over_several_rounds_of_k,
     test_embedding_of_float_tables,
     test_embedding_rows_are_bit_equal_to_gguf_py,
     test_linear_over_every_block_type,

@@ -10,7 +10,14 @@ import pytest
 from _tiny_model import random_weight
 
 from kernels import cuda_launch
-from kernels.cuda_launch import attention_plan, elementwise_blocks, gemv_geometry, panel_rows, row_threads
+from kernels.cuda_launch import (
+    attention_plan,
+    elementwise_blocks,
+    gemv_geometry,
+    gemv_tiled_geometry,
+    panel_rows,
+    row_threads,
+)
 from kernels.device_weight import F16_MAX, device_layout
 from kernels.nvrtc import CUDA_DIR
 from kernels.row_sampling import TABLE
@@ -20,7 +27,7 @@ from kernels.weight import Weight
 @pytest.mark.parametrize(
     "file,names",
     [
-        ("gemv.cu", ["GEMV_WARPS", "GEMV_ROWS"]),
+        ("gemv.cu", ["GEMV_WARPS", "GEMV_ROWS", "GEMV_TILE_ROWS"]),
         ("paged_attention.cu", ["PA_WARPS", "PA_ROWS", "PA_MAX_DH"]),
         ("sample.cu", ["SAMPLE_THREADS"]),
     ],
@@ -42,6 +49,14 @@ def test_gemv_grid_covers_every_output_and_row_once(n_out, n_rows):
     warps = threads // 32
     assert warps == cuda_launch.GEMV_WARPS
     assert (gy - 1) * warps < n_out <= gy * warps
+    assert (gx - 1) * cuda_launch.GEMV_ROWS < n_rows <= gx * cuda_launch.GEMV_ROWS
+
+
+@pytest.mark.parametrize("n_out,n_rows", [(1, 1), (70, 1), (576, 8), (49152, 9), (3, 32)])
+def test_tiled_gemv_grid_covers_every_output_and_row_once(n_out, n_rows):
+    (gx, gy), (threads,) = gemv_tiled_geometry(n_out, n_rows)
+    per_block = threads // 32 * cuda_launch.GEMV_TILE_ROWS
+    assert (gy - 1) * per_block < n_out <= gy * per_block
     assert (gx - 1) * cuda_launch.GEMV_ROWS < n_rows <= gx * cuda_launch.GEMV_ROWS
 
 

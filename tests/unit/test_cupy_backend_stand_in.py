@@ -60,8 +60,10 @@ def test_every_op_on_the_stand_in_launches_matching_kernels(cp, gpu, rng):
     for host in weights + [half_scaled(t, 70, 64, rng) for t in (2, 3, 8)]:  # Q4_0, Q4_1, Q8_0
         w = gpu.prepare_linear(host)
         assert w.kind == ("f16" if host.kind == "bf16" else host.kind)
-        for rows in (1, 9, 33):
-            assert gpu.linear(f32(rows, 64), w, f32(70)).shape == (rows, 70)
+        for route in ("gemv_tiled", "gemv"):
+            gpu.gemv = route
+            for rows in (1, 9, 33):
+                assert gpu.linear(f32(rows, 64), w, f32(70)).shape == (rows, 70)
         assert gpu.embedding(w, gpu.asarray(np.array([3, 0, 69]))).shape == (3, 64)
     x, res, g = f32(T, 64), f32(T, 64), f32(64)
     assert gpu.rms_norm(x, g, 1e-5).shape == (T, 64)
@@ -97,8 +99,14 @@ def test_few_rows_read_the_quantized_weight_in_one_gemv_launch(cp, gpu, rng, kin
     w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
     gpu.linear(gpu.asarray(np.ones((rows, 64), np.float32)), w)
     (launch,) = cp.launches
-    assert launch.kernel == f"gemv_{kind}"
-    assert (launch.grid, launch.block) == cuda_launch.gemv_geometry(70, rows)
+    route = "gemv" if kind == "q8" and rows == 1 else "gemv_tiled"  # a single q8 row reads faster untiled
+    assert launch.kernel == f"{route}_{kind}"
+    geometry = cuda_launch.gemv_geometry if route == "gemv" else cuda_launch.gemv_tiled_geometry
+    assert (launch.grid, launch.block) == geometry(70, rows)
+    gpu.gemv = "gemv"  # the route the start-up gate falls back to
+    gpu.linear(gpu.asarray(np.ones((rows, 64), np.float32)), w)
+    assert cp.launches[1].kernel == f"gemv_{kind}"
+    assert (cp.launches[1].grid, cp.launches[1].block) == cuda_launch.gemv_geometry(70, rows)
 
 
 def test_many_rows_dequantize_panels_that_cover_the_weight(cp, monkeypatch, rng):

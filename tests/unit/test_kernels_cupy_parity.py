@@ -326,6 +326,20 @@ def test_linear_over_every_block_type(gpu, rng, type_id, rows):
     _rel(gpu, got, want, 1e-5 if rows <= GEMV_MAX_ROWS else F16_REL)  # GEMV: float32; more rows: float16 panels
 
 
+@pytest.mark.parametrize("route", ["gemv_tiled", "gemv"])
+@pytest.mark.parametrize("rows", [1, 9, GEMV_MAX_ROWS], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("type_id", QUANTIZED, ids=NAMES.get)
+def test_each_gemv_route_over_several_rounds_of_k(gpu, rng, type_id, rows, route, monkeypatch):
+    """Both GEMV routes, named: K of 1280 (five K-quant blocks) takes the tiled form several rounds of staged x
+    (1024 q4 values, 512 q8 values a round), the last one ragged; 70 outputs leave a block's last warps without
+    weight rows."""
+    monkeypatch.setattr(gpu, "gemv_route", lambda kind, rows: route)
+    w, dense = quantized(type_id, 70, 1280, rng)
+    x = rng.standard_normal((rows, 1280)).astype(np.float32)
+    got = gpu.linear(gpu.asarray(x), gpu.prepare_linear(w))
+    _rel(gpu, got, x.astype(np.float64) @ dense.T.astype(np.float64), 1e-5)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("rows", [1, 40], ids=lambda t: f"T{t}")
 def test_linear_over_float_weights(gpu, rng, kind, rows):
