@@ -19,7 +19,7 @@ from engine import Engine, GenerationRequest, ResponseFormat, SamplingParams
 from engine.op_profile import OpProfile
 from engine.tool_calls import Tool, ToolChoice, tool_grammar
 
-WORDS = [
+WORDS = (
     "river",
     "mountain",
     "quiet",
@@ -44,7 +44,7 @@ WORDS = [
     "summit",
     "velvet",
     "cobalt",
-]
+)
 
 
 def _text(n_words: int, salt: int) -> str:
@@ -346,6 +346,21 @@ async def _resume_fields(engine: Engine, repeats: int) -> dict:
     return {"resume_ttft_ms": r["ttft_ms"], "resume": {k: v for k, v in r.items() if k != "ttft_ms"}}
 
 
+async def _single_decode(engine: Engine, tokens: int) -> dict:
+    """One sequence's decode rate; on a CPU also the weight bytes it reads a second beside the machine's read
+    bandwidth with the same threads (a CPU decode step reads every weight byte once: that is its bound)."""
+    from kernels.read_bandwidth import read_bandwidth
+
+    await engine.reset_prefix_cache()
+    r = await _run(engine, _raw_prompt(engine, 32, 2), tokens)
+    out = {"decode_tokens": tokens, "decode_tok_s": _decode_rate(r["stamps"])}
+    info = engine.model_info
+    if info["backend"] != "cupy":
+        out["weight_read_gb_s"] = info["weight_bytes"] * out["decode_tok_s"] / 1e9
+        out["read_gb_s"] = read_bandwidth(engine.threads) / 1e9  # the engine is idle: its threads are free
+    return out
+
+
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
@@ -386,9 +401,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool, report: Callable[[d
         ttfts.append((await _run(engine, prompt, 1))["timings"].ttft)
     done(chat_prompt_tokens=len(prompt), ttft_ms=statistics.median(ttfts) * 1000)
 
-    await engine.reset_prefix_cache()
-    r = await _run(engine, _raw_prompt(engine, 32, 2), decode_len)
-    done(decode_tokens=decode_len, decode_tok_s=_decode_rate(r["stamps"]))
+    done(**await _single_decode(engine, decode_len))
 
     aggregate, e2e, itl = {}, {}, []
     for n in (8, 32):
@@ -498,6 +511,16 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB ({result['kv_context_tokens']}-token KV budget)"),
         ("weights (read once a decode step)", f"{result['weight_mb']:.0f} MB"),
     ]
+    _print_rows(result, rows)
+    return result
+
+
+def _print_rows(result: dict, rows: list[tuple[str, str]]) -> None:
+    """The table, with the rows only some runs have: the read bandwidth (CPU) and the decode profile."""
+    if "read_gb_s" in result:  # after the single-stream decode row
+        w, r = result["weight_read_gb_s"], result["read_gb_s"]
+        share = f"{w:.1f} / {r:.1f} GB/s ({w / r:.0%}, {result['threads']} threads)"
+        rows.insert(4, ("decode's weight reads / the read bandwidth", share))
     if "decode_profile" in result:
         p = result["decode_profile"]
         rows.append(
@@ -507,4 +530,3 @@ def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profil
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    return result
