@@ -16,11 +16,12 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from engine.model.llama import LlamaModel
+from kernels import Backend, GraphBackend
 from kernels.attention_meta import AttentionMetadata
 
 log = logging.getLogger("forge.engine")
@@ -50,7 +51,7 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
 class PackedInputs:
     """A decode step's inputs for `rows` rows in one host buffer and its device twin: views of each by name."""
 
-    def __init__(self, rows: int, width: int, backend: Any) -> None:
+    def __init__(self, rows: int, width: int, backend: Backend) -> None:
         self.rows, self.width = rows, width
         offsets, at = {}, 0
         for name, dtype in _FIELDS:
@@ -131,7 +132,8 @@ class DecodeGraphs:
         max_batch: int,
     ) -> None:
         """`pad_block`: a cache block no sequence uses; `width`: the most blocks a sequence can hold."""
-        self.model, self.backend, self.kv_caches = model, model.backend, kv_caches
+        # engine/model_runner.py builds these only over a backend with capture_graph.
+        self.model, self.backend, self.kv_caches = model, cast(GraphBackend, model.backend), kv_caches
         self.block_size, self.pad_block, self.width = block_size, pad_block, width
         # Buckets up to the backend's graph_max_rows: larger steps would call what a capture cannot hold.
         limit = getattr(self.backend, "graph_max_rows", max_batch)

@@ -26,6 +26,7 @@ from engine.sampling import (
 from engine.sequence import Sequence
 from engine.structured import Grammars
 from engine.types import TokenLogprob
+from kernels import Backend
 
 log = logging.getLogger("forge.engine")
 
@@ -35,7 +36,7 @@ Emitted = tuple[list[int], list[TokenLogprob] | None]  # a sequence's tokens thi
 class Sampler:
     """Samples and verifies on the backend where it can; never raises: a failure is that row's Exception."""
 
-    def __init__(self, backend: Any, grammars: Grammars) -> None:
+    def __init__(self, backend: Backend, grammars: Grammars) -> None:
         self.backend, self.grammars = backend, grammars
 
     def __call__(self, seqs: list[Sequence], logits: Any) -> list[Emitted | Exception]:

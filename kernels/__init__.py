@@ -6,7 +6,7 @@ path), NumPy (float32 reference) and CuPy (CUDA kernels).
 All offer: asarray, to_numpy, upload, synchronize, begin_step, prepare_linear, prepare_embedding,
 empty_kv_cache (of dtype `kv_dtype`), embedding, rms_norm, add_rms_norm, linear, rope_cos_sin, rope,
 rope_write_kv, silu_mul, argmax_rows, sample_rows, logprob_rows, apply_token_bitmask, write_kv, paged_attention,
-warm_up. CuPy adds capture_graph / replay (CUDA graphs, engine/decode_graphs.py).
+warm_up. CuPy adds capture_graph / replay (`GraphBackend`: CUDA graphs, engine/decode_graphs.py).
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class Backend(Protocol):
     kv_dtype: Any  # the KV cache's dtype: float32 on the CPU, float16 on the GPU
     choice: str  # set by get_backend: which backend, and why
 
+    @property
+    def blas_threads(self) -> int | None:
+        """Host BLAS threads the step loop allows (None: the engine's threads)."""
+        ...
+
     def asarray(self, a: Any, dtype: Any = None) -> Any: ...
     def to_numpy(self, a: Any) -> np.ndarray: ...
     def upload(self, dst: Any, src: np.ndarray) -> None: ...
@@ -107,6 +112,17 @@ class Backend(Protocol):
         small shapes against the NumPy reference, after `warm_up`. numba retires a route that fails (the next one
         takes its products); the checks are returned for the start-up log, /admin and the metrics."""
         ...
+
+
+class GraphBackend(Backend, Protocol):
+    """A backend that also captures its work as graphs and replays them (CuPy's CUDA graphs,
+    engine/decode_graphs.py)."""
+
+    def capture_graph(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        """Run `fn` once, then capture a second run: (the graph, what the captured run returned)."""
+        ...
+
+    def replay(self, graph: Any) -> None: ...
 
 
 class BackendUnavailable(RuntimeError):

@@ -49,7 +49,9 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from kernels.numba_jit import JIT
-from kernels.simd import f32_at, prefetch, target_has, vfma_s, vload, vstore
+from kernels.simd import target_has
+from kernels.simd_scales import f32_at
+from kernels.simd_vectors import prefetch, vfma_s, vload, vstore
 
 llb.initialize_native_asmparser()  # numba compiles inline assembly only with LLVM's parser loaded
 

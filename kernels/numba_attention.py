@@ -12,7 +12,7 @@ independent FMAs.
 
 An item of one row (decode) reads K and V rows in place from the cache instead (a copy would cost
 as much as the row's whole attention): LANES keys' scores at once, one accumulator each, reduced
-together by a transposing tree (`simd.vsum_lanes`); then the V rows of each group of LANES keys
+together by a transposing tree (`simd_attention.vsum_lanes`); then the V rows of each group of LANES keys
 for every head while they are in L1. The softmax's exp is `exp32` (vectorized).
 """
 
@@ -23,18 +23,9 @@ from numba import njit, prange
 
 from kernels.numba_jit import JIT
 from kernels.numba_math import exp32
-from kernels.simd import (
-    LANES,
-    vfma_bcast,
-    vfma_rows,
-    vfma_s,
-    vload,
-    vscale,
-    vstore,
-    vstore_rows,
-    vsum_lanes,
-    vzero_n,
-)
+from kernels.simd import LANES
+from kernels.simd_attention import vfma_bcast, vfma_rows, vstore_rows, vsum_lanes
+from kernels.simd_vectors import vfma_s, vload, vscale, vstore, vzero_n
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill

@@ -39,12 +39,11 @@ from kernels.numba_layout import STRIPE16, Blocked, block_rows, block_rows16, de
 from kernels.numba_linear import (
     half_dequant,
     matvec_i8,
-    matvec_i8_x16,
     matvec_q4,
     matvec_q4_split,
-    matvec_q4_split_x16,
     matvec_q8,
 )
+from kernels.numba_linear16 import matvec_i8_x16, matvec_q4_split_x16
 from kernels.numba_ops import (
     PARALLEL_ROWS,
     add_rms_norm_parallel,

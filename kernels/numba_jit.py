@@ -18,7 +18,19 @@ JIT = dict(cache=True, fastmath={"nsz", "arcp", "contract", "reassoc"}, nogil=Tr
 JIT_EXACT = dict(cache=True, nogil=True)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_INLINED = ("simd.py", "numba_math.py")  # modules compiled into other files' kernels (intrinsics, inlined helpers)
+# Modules compiled into other files' kernels (intrinsics, helpers they call): every module of numba code that
+# another one imports (tests/unit/test_inlined_stamp.py checks), or its changes would leave cached kernels stale.
+_INLINED = (
+    "simd.py",
+    "simd_attention.py",
+    "simd_dequant.py",
+    "simd_dot.py",
+    "simd_scales.py",
+    "simd_vectors.py",
+    "numba_math.py",
+    "numba_activations.py",
+    "numba_tiling.py",
+)
 
 
 def _inlined_digest() -> bytes:

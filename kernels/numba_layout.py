@@ -25,7 +25,7 @@ The public `Weight` stays as it is (other backends upload it); only this backend
 
 q4 weights on AVX-512 VNNI without AMX (NumbaBackend chooses) are blocked sixteen rows at a time instead
 (`block_rows16`, `Blocked.stripe` 16), so that one vpdpbusd multiplies sixteen rows' four values by four
-broadcast activations and a group's sums land one row per lane (kernels/numba_linear.py `matvec_i8_x16`,
+broadcast activations and a group's sums land one row per lane (kernels/numba_linear16.py `matvec_i8_x16`,
 `matvec_q4_split_x16`):
 
     data   [N16 / 16, K / 32, 4, 16, 4]   uint8: group g's load j, row r, byte i holds values
@@ -44,7 +44,8 @@ import numpy as np
 from numba import njit
 
 from kernels.numba_jit import JIT_EXACT
-from kernels.simd import f32_at, q4_dequant32, q8_dequant16
+from kernels.simd_dequant import q4_dequant32, q8_dequant16
+from kernels.simd_scales import f32_at
 from kernels.weight import Weight
 
 ROWS = 4  # rows per block
@@ -181,7 +182,7 @@ def dequant_rows16(data, scale, minv, zero, rows, out):
 def dequant_rows(data, scale, minv, packed, G, zero, rows, out):
     """out [len(rows), K] = the blocked weight's `rows` in float32 (scale * q + min, or scale * (q - zero)
     for a symmetric q4 type: `Weight.dequantize`'s arithmetic), q4 (groups of 32) when `packed`, else q8
-    (groups of 16 or 32); in vectors (`simd.q4_dequant32`, `simd.q8_dequant16`)."""
+    (groups of 16 or 32); in vectors (`simd_dequant.q4_dequant32`, `simd_dequant.q8_dequant16`)."""
     K = out.shape[1]
     ng = K // G
     per = G // 2 if packed else G

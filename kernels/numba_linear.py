@@ -3,7 +3,7 @@
     y[t, r] = sum_g scale[r, g] * (sum_j q[r, g, j] * x[t, g, j]) + min[r, g] * xsum[t, g]
 
 Each block of four rows is read group by group, and every row keeps an 8-lane float32
-accumulator (kernels/simd.py) across all groups: a group's 32 products stay in the vector,
+accumulator (kernels/simd.py's vector type) across all groups: a group's 32 products stay in the vector,
 which is scaled by the group's scale as a whole (no reduction per group), and the row is
 reduced once at its end. The group sums of x (xsum) are computed once per call and shared by
 all rows; spread four times (`spread4`) they line up with a block's mins, so a block's min
@@ -12,7 +12,7 @@ terms are one 8-lane FMA per two groups.
 Several activation rows (batched decode, speculative verification) go through a block in tiles: a
 weight group is unpacked and converted to float32 once per tile instead of once per row. Tiles of 8
 (and remainders of 3 and 5-7 rows) dequantize the group first, min included, and give each row 4
-FMAs (kernels/simd.py's `*_acc*_tile` blocks); remainders of 2 and 4 rows sum a row's group products
+FMAs (kernels/simd_dot.py's `*_acc*_tile` blocks); remainders of 2 and 4 rows sum a row's group products
 and scale them afterwards (the `_dot*_tile` blocks), and a lone row goes alone.
 
 Activation paths:
@@ -27,8 +27,8 @@ Activation paths:
 - int8 ("q8" activations, as llama.cpp does): each activation row is quantized once per call
   to int8 per 32-value block with a float32 scale (round(x * 127 / max|x|)), and each group's
   dot product is an exact integer sum, scaled by weight scale times activation scale. q4 weights
-  take a block's four rows in one zmm on AVX-512 VNNI (`simd.q4_quad_i8`: the activations' 16-byte
-  halves broadcast to the four lanes), else two rows to a ymm (`simd.q4_pair_i8`, the activations in
+  take a block's four rows in one zmm on AVX-512 VNNI (`simd_dot.q4_quad_i8`: the activations' 16-byte
+  halves broadcast to the four lanes), else two rows to a ymm (`simd_dot.q4_pair_i8`, the activations in
   `pair_layout`); vpdpbusd where the CPU has VNNI, AVX2 vpmaddubsw/vpmaddwd otherwise. The min term
   uses the quantized sums (scale times the sum of a block's int8 values, as llama.cpp's q8_1 blocks
   carry): the product is then the dequantized weight times the quantized activations, whose error
@@ -37,10 +37,7 @@ Activation paths:
   groups of 16 (Q6_K, Q3_K, Q2_K) stay on the float32 path.
 - Both integer paths take activation rows in tiles of up to I8_TILE: each weight group is loaded and
   unpacked once for the tile's rows.
-- int8 over q4 weights in sixteen-row blocks (`matvec_i8_x16`, numba_layout `block_rows16`: the backend's
-  choice for `--activations q8` on AVX-512 VNNI): a group's sums land one row per lane, so its scaling is
-  three vector operations per sixteen rows and activation row instead of per four, and a block's results
-  are one vector store; tiles of X16_TILE rows.
+- q4 weights in sixteen-row blocks (int8 activations, or float32 as pieces): kernels/numba_linear16.py.
 
 A symmetric q4 type (Q4_0) keeps no mins: its scales stand in, times -8 (`Blocked.min_operand`,
 d * sum((q - 8) x) = d * sum(q x) - 8 d * sum(x)), in the same min term.
@@ -50,38 +47,27 @@ the hardware prefetchers alone did not keep a one-row product over weights from 
 
 Work items are chunks of row blocks handed out dynamically, so a thread that loses its core to
 another process does not hold the step back; each kernel's last argument, `threads`, is the launch's
-kernel threads, which bound how many items a product is cut into (`_chunk_blocks`). The row kernels
+kernel threads, which bound how many items a product is cut into (`numba_tiling.chunk_blocks`). The row kernels
 loop over a chunk's blocks themselves and take flat arrays with offsets: a call or an array view per
 block cost as much as the block's work.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from numba import njit, prange
+from numba import literal_unroll, njit, prange
 
-from kernels.numba_jit import JIT, JIT_EXACT
-from kernels.simd import (
-    LANES,
-    VNNI512,
-    f32_at,
-    f32x4_at,
-    fold4,
-    hsum,
-    hsum_halves,
-    hsum_quarters,
-    pair_scales,
-    prefetch,
+from kernels.numba_activations import group_sums, pair_layout, quantize_rows, split_rows, spread4
+from kernels.numba_jit import JIT
+from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
+from kernels.simd import LANES, VNNI512
+from kernels.simd_dot import (
     q4_acc32_tile,
     q4_dot32,
     q4_dot32_tile,
     q4_pair_i8_tile,
     q4_quad_i8_tile,
     q4_quad_split_tile,
-    q4_x16_i8_tile,
-    q4_x16_split_tile,
     q8_acc16_tile,
     q8_acc32_tile,
     q8_dot16,
@@ -89,154 +75,37 @@ from kernels.simd import (
     q8_dot32,
     q8_dot32_i8_tile,
     q8_dot32_tile,
+)
+from kernels.simd_scales import (
+    f32_at,
+    f32x4_at,
+    pair_scales,
     quad_scales,
     quad_scales4_tile,
     scale_acc_tile,
     scale_quad_acc_tile,
     splat_at,
+)
+from kernels.simd_vectors import (
+    fold4,
+    hsum,
+    hsum_halves,
+    hsum_quarters,
+    prefetch,
     tile_offsets,
     vfma,
     vfma_s,
     vload,
-    vstore,
     vzero,
     vzero_tile,
     vzero_tile_of,
-    x16_acc_min_tile,
-    x16_acc_tile,
 )
 
 f32 = np.float32
-# Groups of one 4-row block per parallel work item (~40 blocks of a 576-wide matrix), whatever the
-# number of activation rows. Handing out an item and its calls per row or tile cost a fixed time
-# that small items would pay often beside little work (a one-row int8 product's is short), and
-# items sized down for many rows pay it per row; larger items balance less finely between threads.
-CHUNK_GROUPS = 768
-# Work items a kernel thread gets of one product at most (items grow past CHUNK_GROUPS to keep to it):
-# a 1B model's single-row products from DRAM ran ~10% faster in items of a sixteenth of the matrix
-# than in items of 768 groups (hundreds per product); 8 still lets the other thread take over the
-# work of one that loses its core to another process.
-ITEMS_PER_THREAD = 8
 L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
-# Weight bytes ahead of the group being read that a kernel asks the caches for (a software prefetch
-# per 64 bytes of weights): the hardware prefetchers alone do not keep enough lines in flight for a
-# one-row product over weights from DRAM, which then runs well below its speed from cache; a couple
-# of KB ahead covers the memory latency at that speed (`scripts/matvec_bench.py --copies N` compares).
-PREFETCH_BYTES = 2048
-TINY = f32(2.0**-100)  # blocks of activations all below this count as zeros in `split_rows`
 # Activation rows that share each unpacked weight group on the integer paths (a tile's accumulators stay
 # in registers, AVX2's 16 included); `_i8_chunk` and `_split_chunk` finish with one tile of the 1-3 left.
 I8_TILE = 4
-# Activation rows that share each unpacked group of a 16-row block (`matvec_i8_x16`): a tile's float
-# accumulators, one zmm a row, beside the group's eight unpacked weight vectors.
-X16_TILE = 8
-
-
-@njit(**JIT)
-def _chunk_blocks(ng, nb, threads):
-    """Row blocks per parallel work item (of nb): at least CHUNK_GROUPS groups, and no more items than
-    ITEMS_PER_THREAD for each of the launch's `threads` (numba.get_num_threads() is the caller's: asked for in
-    here it would keep the kernels out of numba's on-disk cache)."""
-    return max(1, CHUNK_GROUPS // ng, nb // (ITEMS_PER_THREAD * threads))
-
-
-@njit(**JIT)
-def group_sums(x, G, xsum):
-    """x [T, K] -> xsum [T, K // G]: each group's sum."""
-    T, K = x.shape
-    for t in range(T):
-        for g in range(K // G):
-            s = f32(0.0)
-            for j in range(G):
-                s += x[t, g * G + j]
-            xsum[t, g] = s
-
-
-@njit(**JIT_EXACT)  # no FMA contraction: xq is exactly what a plain float32 model computes (tests rely on it)
-def quantize_rows(x, xq, xd, xsum):
-    """x [T, K] -> int8 xq [T, K] and scales xd [T, K // 32] with x ~ xd * xq per 32-block, and the sums of
-    the blocks as quantized, xd * sum(xq) (xsum [T, K // 32]: what the min term meets)."""
-    T, K = x.shape
-    for t in range(T):
-        for g in range(K // 32):
-            amax = f32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, g * 32 + j]))
-            inv = f32(127.0) / amax if amax > 0 else f32(0.0)
-            qs = np.int32(0)
-            for j in range(32):
-                q = np.int8(math.floor(x[t, g * 32 + j] * inv + f32(0.5)))
-                xq[t, g * 32 + j] = q
-                qs += np.int32(q)
-            xd[t, g] = amax / f32(127.0)
-            xsum[t, g] = xd[t, g] * f32(qs)
-
-
-@njit(**JIT_EXACT)  # no reassociation or contraction: the pieces' remainders must be exact
-def split_rows(x, xp, xs, xsum):
-    """x [T, K] -> four int8 pieces per value, xp flat [T * 4K] (per 32-block: p0[0:32], p1, p2, p3), and
-    s / 2^7 for a power of two s per block, xs [T, K // 32]: x = s * (p0 + p1 / 2^7 + p2 / 2^14 + p3 / 2^21) to within
-    s / 2^22 (s = 2^-6 of the block's largest power of two above its max: every value within 2^3 of the
-    block's max exactly, the others to 2^-27 of that max; a block under 2^-100 as zeros), and the float32
-    block sums (xsum).
-
-    x / s, its remainders and their multiples of 2^7 are exact in float32 (powers of two and
-    differences of values within one of each other), so only the last piece rounds."""
-    T, K = x.shape
-    v = np.empty(32, dtype=np.float32)
-    for t in range(T):
-        for g in range(K // 32):
-            amax = f32(0.0)
-            sm = f32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, g * 32 + j]))
-                sm += x[t, g * 32 + j]
-            xsum[t, g] = sm
-            o = (t * (K // 32) + g) * 128
-            if not (amax > f32(TINY) and amax < np.inf):  # ~zeros (2^e would leave float32), or a NaN/inf for the sums
-                xs[t, g] = amax * f32(0.0) if amax > f32(TINY) else f32(0.0)
-                for j in range(128):
-                    xp[o + j] = 0
-                continue
-            e = math.frexp(amax)[1] - 6  # amax / 2^e in [32, 64)
-            xs[t, g] = f32(math.ldexp(1.0, e - 7))  # s / 2^7: `q4_quad_split` sums p0 * 2^7 + p1 + ...
-            inv = f32(math.ldexp(1.0, -e))
-            for j in range(32):
-                v[j] = x[t, g * 32 + j] * inv
-            for k in range(4):
-                for j in range(32):
-                    p = np.rint(v[j])  # the nearest integer (llvm.rint: one instruction, vectorized)
-                    xp[o + k * 32 + j] = np.int8(np.int32(p))
-                    v[j] = (v[j] - p) * f32(128.0)
-
-
-@njit(**JIT)
-def pair_layout(xq):
-    """int8 xq [T, K] -> flat [T * 2K]: each 32-block as [x0..15, x0..15, x16..31, x16..31], the
-    activation layout of `q4_pair_i8` (two weight rows' nibbles in one 32-byte vector)."""
-    T, K = xq.shape
-    x2 = np.empty(T * 2 * K, dtype=np.int8)
-    for t in range(T):
-        for g in range(K // 32):
-            for h in range(2):
-                for j in range(16):
-                    v = xq[t, g * 32 + h * 16 + j]
-                    x2[(t * K + g * 32 + h * 16) * 2 + j] = v
-                    x2[(t * K + g * 32 + h * 16) * 2 + 16 + j] = v
-    return x2
-
-
-@njit(**JIT)
-def spread4(xsum, mf):
-    """xsum [T, ng] times mf -> flat [T * 4 ng]: each group sum four times, beside a block's four mins of
-    that group (mf: the factor of `Blocked.min_operand`, -8 where the scales stand in for the mins; a
-    power of two, so the product is exact)."""
-    T, ng = xsum.shape
-    xs4 = np.empty(T * 4 * ng, dtype=np.float32)
-    for t in range(T):
-        for i in range(4 * ng):
-            xs4[t * 4 * ng + i] = xsum[t, i // 4] * mf
-    return xs4
 
 
 @njit(**JIT)
@@ -281,17 +150,6 @@ def _store4(out, t, r, N, y0, y1, y2, y3):
 # has 16). Dequantize-first tiles (3, 5-8 rows, `_f32_wide_tile`): 4 + 4 / T FMAs per row-group, no
 # mins pass; with few rows their x loads (one per FMA, across a block's four weight rows) cost more
 # than the dequantization saves.
-
-
-@njit(**JIT)
-def _tile4(t, K):
-    """Rows t .. t + 3 and their offsets in x.ravel()."""
-    return (t, t + 1, t + 2, t + 3), (t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K)
-
-
-@njit(**JIT)
-def _tile2(t, K):
-    return (t, t + 1), (t * K, (t + 1) * K)
 
 
 @njit(**JIT)
@@ -495,36 +353,37 @@ def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
             _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
 
 
-# ---- chunks of row blocks (float32: rows in tiles of 4, then 2, then 1) -----------------------------
-# The activations come flat (x.ravel(): no array made per chunk); T rows of K values.
+# ---- chunks of row blocks: full tiles, then one tile of the rows left -------------------------------
+# The activations come flat (x.ravel(): no array made per chunk); T rows of K values. A tile's row offsets are a
+# tuple (`simd_vectors.tile_offsets`), so its row count is a compile-time constant and each count compiles to a
+# kernel of its own: `literal_unroll` compiles a loop body once per count in these tuples, each with its count as a
+# constant, and the body whose count is the number of rows left runs.
+F32_TILE = 8
+F32_SCALE_AFTER = (2, 4)  # float32 rows left that sum a row's group products and scale them after (`_f32_tile`)
+F32_WIDE = (3, 5, 6, 7)  # float32 rows left that dequantize first (`_f32_wide_tile`); a single row goes alone
+I8_REST = tuple(range(1, I8_TILE))
 
 
 @njit(**JIT)
 def _f32_chunk(q, scale, minv, mf, G, packed, xf, T, K, xs4, out, b0, b1, ng, N):
+    """T float32 activation rows in tiles of F32_TILE, then the rows left in one tile (or alone: one row)."""
     t = 0
-    while T - t >= 8:
-        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 8), b0, b1, ng, N)
-        t += 8
+    while T - t >= F32_TILE:
+        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, F32_TILE), b0, b1, ng, N)
+        t += F32_TILE
     r = T - t
     if r == 1:
         if packed:
             _q4_rows(q, scale, minv, xf, xs4, out, t, b0, b1, ng, N)
         else:
             _q8_rows(q, scale, minv, G, xf, xs4, out, t, b0, b1, ng, N)
-    elif r == 2:
-        ts, rows = _tile2(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-    elif r == 3:
-        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 3), b0, b1, ng, N)
-    elif r == 4:
-        ts, rows = _tile4(t, K)
-        _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
-    elif r == 5:
-        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 5), b0, b1, ng, N)
-    elif r == 6:
-        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 6), b0, b1, ng, N)
-    elif r == 7:
-        _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, 7), b0, b1, ng, N)
+    for n in literal_unroll(F32_SCALE_AFTER):
+        if r == n:
+            ts, rows, _ = tile_at(t, K, ng, n)
+            _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, b0, b1, ng, N)
+    for n in literal_unroll(F32_WIDE):
+        if r == n:
+            _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t, tile_offsets(t, K, n), b0, b1, ng, N)
 
 
 @njit(**JIT)
@@ -532,156 +391,27 @@ def _i8_chunk(q, scale, minv, packed, xq, T, KX, xd, xs4, out, b0, b1, ng, N):
     """T int8 activation rows (KX values apart in xq) in tiles of I8_TILE rows, then one tile of the rest."""
     t = 0
     while T - t >= I8_TILE:
-        _i8_tile(
-            q,
-            scale,
-            minv,
-            packed,
-            xq,
-            xd,
-            xs4,
-            out,
-            tile_offsets(t, 1, I8_TILE),
-            tile_offsets(t, KX, I8_TILE),
-            tile_offsets(t, ng, I8_TILE),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        ts, rows, xds = tile_at(t, KX, ng, I8_TILE)
+        _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
         t += I8_TILE
-    r = T - t
-    if r == 1:
-        _i8_tile(
-            q,
-            scale,
-            minv,
-            packed,
-            xq,
-            xd,
-            xs4,
-            out,
-            tile_offsets(t, 1, 1),
-            tile_offsets(t, KX, 1),
-            tile_offsets(t, ng, 1),
-            b0,
-            b1,
-            ng,
-            N,
-        )
-    elif r == 2:
-        _i8_tile(
-            q,
-            scale,
-            minv,
-            packed,
-            xq,
-            xd,
-            xs4,
-            out,
-            tile_offsets(t, 1, 2),
-            tile_offsets(t, KX, 2),
-            tile_offsets(t, ng, 2),
-            b0,
-            b1,
-            ng,
-            N,
-        )
-    elif r == 3:
-        _i8_tile(
-            q,
-            scale,
-            minv,
-            packed,
-            xq,
-            xd,
-            xs4,
-            out,
-            tile_offsets(t, 1, 3),
-            tile_offsets(t, KX, 3),
-            tile_offsets(t, ng, 3),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+    for n in literal_unroll(I8_REST):
+        if T - t == n:
+            ts, rows, xds = tile_at(t, KX, ng, n)
+            _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
 
 
 @njit(**JIT)
 def _split_chunk(q, scale, minv, xp, T, K, xs, xs4, out, b0, b1, ng, N):
-    """T rows of activation pieces in tiles of I8_TILE rows, then one tile of the rest."""
+    """T rows of activation pieces (4K values a row) in tiles of I8_TILE rows, then one tile of the rest."""
     t = 0
-    KX = 4 * K
     while T - t >= I8_TILE:
-        _split_tile(
-            q,
-            scale,
-            minv,
-            xp,
-            xs,
-            xs4,
-            out,
-            tile_offsets(t, 1, I8_TILE),
-            tile_offsets(t, KX, I8_TILE),
-            tile_offsets(t, ng, I8_TILE),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+        ts, rows, xds = tile_at(t, 4 * K, ng, I8_TILE)
+        _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N)
         t += I8_TILE
-    r = T - t
-    if r == 1:
-        _split_tile(
-            q,
-            scale,
-            minv,
-            xp,
-            xs,
-            xs4,
-            out,
-            tile_offsets(t, 1, 1),
-            tile_offsets(t, KX, 1),
-            tile_offsets(t, ng, 1),
-            b0,
-            b1,
-            ng,
-            N,
-        )
-    elif r == 2:
-        _split_tile(
-            q,
-            scale,
-            minv,
-            xp,
-            xs,
-            xs4,
-            out,
-            tile_offsets(t, 1, 2),
-            tile_offsets(t, KX, 2),
-            tile_offsets(t, ng, 2),
-            b0,
-            b1,
-            ng,
-            N,
-        )
-    elif r == 3:
-        _split_tile(
-            q,
-            scale,
-            minv,
-            xp,
-            xs,
-            xs4,
-            out,
-            tile_offsets(t, 1, 3),
-            tile_offsets(t, KX, 3),
-            tile_offsets(t, ng, 3),
-            b0,
-            b1,
-            ng,
-            N,
-        )
+    for n in literal_unroll(I8_REST):
+        if T - t == n:
+            ts, rows, xds = tile_at(t, 4 * K, ng, n)
+            _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N)
 
 
 @njit(parallel=True, **JIT)
@@ -697,7 +427,7 @@ def matvec_q4_split(q, scale, minv, mf, x, out, threads):
     split_rows(x, xp, xs, xsum)
     xs4, xsf = spread4(xsum, mf), xs.reshape(T * ng)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, nb, threads)
+    cb = chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _split_chunk(q, scale, minv, xp, T, K, xsf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
@@ -712,7 +442,7 @@ def matvec_q4(q, scale, minv, mf, x, out, threads):
     group_sums(x, 32, xsum)
     xs4, xf = spread4(xsum, mf), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, nb, threads)
+    cb = chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, mf, 32, True, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
@@ -728,7 +458,7 @@ def matvec_q8(q, scale, minv, G, x, out, threads):
         group_sums(x, G, xsum)
     xs4, xf = spread4(xsum, f32(1.0)), x.reshape(T * K)
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, nb, threads)
+    cb = chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _f32_chunk(q, scale, minv, f32(1.0), G, False, xf, T, K, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
 
@@ -749,119 +479,9 @@ def matvec_i8(q, scale, minv, mf, is_q4, x, out, threads):
     xqf = pair_layout(xq) if pairs else xq.reshape(T * K)
     KX = 2 * K if pairs else K
     nb = (N + 3) // 4
-    cb = _chunk_blocks(ng, nb, threads)
+    cb = chunk_blocks(ng, nb, threads)
     for c in prange((nb + cb - 1) // cb):
         _i8_chunk(q, scale, minv, is_q4, xqf, T, KX, xdf, xs4, out, c * cb, min(nb, (c + 1) * cb), ng, N)
-
-
-@njit(**JIT)
-def _times(a, f):
-    """a * f, a new array (a loop: a whole-array expression in a parallel kernel becomes a parallel loop)."""
-    out = np.empty_like(a)
-    for i in range(a.shape[0]):
-        out[i] = a[i] * f
-    return out
-
-
-@njit(**JIT)
-def _x16_tile(w, xa, out, ts, rows, xds, b0, b1, ng, N):
-    """Rows ts of the activations times the 16-row blocks b0 .. b1 - 1 of a STRIPE16 q4 weight w = (q, scale,
-    minv, sym): each group is loaded and unpacked once for the tile's rows, and a block's sixteen results for a
-    row are one vector store. xa = (x, xd, xsm, split): int8 values (32 a group) or, `split`, four int8 pieces
-    (128 a group) at offsets rows in x, their scales and the mins' sums from xds in xd and xsm."""
-    q, scale, minv, sym = w
-    x, xd, xsm, split = xa
-    xg = 128 if split else 32
-    last = np.empty(16, dtype=np.float32)  # a ragged last block's row, before its padding is dropped
-    for blk in range(b0, b1):
-        a = vzero_tile_of(rows, 16)
-        for g in range(ng):
-            s = (blk * ng + g) * 16
-            b = s * 16  # 256 bytes a group
-            prefetch(q, b + PREFETCH_BYTES)
-            prefetch(q, b + PREFETCH_BYTES + 64)
-            prefetch(q, b + PREFETCH_BYTES + 128)
-            prefetch(q, b + PREFETCH_BYTES + 192)
-            if split:
-                ints = q4_x16_split_tile(q, b, x, g * xg, rows)
-            else:
-                ints = q4_x16_i8_tile(q, b, x, g * xg, rows)
-            if sym:
-                a = x16_acc_tile(ints, scale, scale, s, xd, xsm, xds, g, a)
-            else:
-                a = x16_acc_min_tile(ints, scale, minv, s, xd, xsm, xds, g, a)
-        r = blk * 16
-        for i in range(len(ts)):
-            if r + 16 <= N:
-                vstore(out, ts[i] * N + r, a[i])
-            else:
-                vstore(last, 0, a[i])
-                for j in range(N - r):
-                    out[ts[i] * N + r + j] = last[j]
-
-
-@njit(**JIT)
-def _x16_chunk(w, xa, T, KX, out, b0, b1, ng, N):
-    """T activation rows (KX values apart in x) in tiles of X16_TILE rows, then one tile of the rest."""
-    t = 0
-    while T - t >= X16_TILE:
-        o, rows, xds = tile_offsets(t, 1, X16_TILE), tile_offsets(t, KX, X16_TILE), tile_offsets(t, ng, X16_TILE)
-        _x16_tile(w, xa, out, o, rows, xds, b0, b1, ng, N)
-        t += X16_TILE
-    r = T - t
-    if r == 1:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 1), tile_offsets(t, KX, 1), tile_offsets(t, ng, 1), b0, b1, ng, N)
-    elif r == 2:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 2), tile_offsets(t, KX, 2), tile_offsets(t, ng, 2), b0, b1, ng, N)
-    elif r == 3:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 3), tile_offsets(t, KX, 3), tile_offsets(t, ng, 3), b0, b1, ng, N)
-    elif r == 4:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 4), tile_offsets(t, KX, 4), tile_offsets(t, ng, 4), b0, b1, ng, N)
-    elif r == 5:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 5), tile_offsets(t, KX, 5), tile_offsets(t, ng, 5), b0, b1, ng, N)
-    elif r == 6:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 6), tile_offsets(t, KX, 6), tile_offsets(t, ng, 6), b0, b1, ng, N)
-    elif r == 7:
-        _x16_tile(w, xa, out, tile_offsets(t, 1, 7), tile_offsets(t, KX, 7), tile_offsets(t, ng, 7), b0, b1, ng, N)
-
-
-@njit(parallel=True, **JIT)
-def matvec_i8_x16(q, scale, minv, mf, x, out, threads):
-    """`matvec_i8` over a q4 weight in STRIPE16 order (numba_layout `block_rows16`): sixteen rows a block, a
-    group's sums one row per lane (`simd.q4_x16_i8`); minv empty for a symmetric type (Q4_0: the scales times
-    mf = -8 stand in), else the stored mins (mf = 1)."""
-    T, K = x.shape
-    N = out.shape[1]
-    ng = K // 32
-    xq = np.empty((T, K), dtype=np.int8)
-    xd = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    quantize_rows(x, xq, xd, xsum)
-    w = (q, scale, minv, minv.shape[0] == 0)
-    xa = (xq.reshape(T * K), xd.reshape(T * ng), _times(xsum.reshape(T * ng), mf), False)
-    nb = (N + 15) // 16
-    cb = _chunk_blocks(ng * 4, nb, threads)
-    for c in prange((nb + cb - 1) // cb):
-        _x16_chunk(w, xa, T, K, out.reshape(T * N), c * cb, min(nb, (c + 1) * cb), ng, N)
-
-
-@njit(parallel=True, **JIT)
-def matvec_q4_split_x16(q, scale, minv, mf, x, out, threads):
-    """`matvec_q4_split` over a q4 weight in STRIPE16 order: float32 activations as four int8 pieces each
-    (`split_rows`), every product's sums exact integers, any number of rows."""
-    T, K = x.shape
-    N = out.shape[1]
-    ng = K // 32
-    xp = np.empty(T * 4 * K, dtype=np.int8)
-    xs = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    split_rows(x, xp, xs, xsum)
-    w = (q, scale, minv, minv.shape[0] == 0)
-    xa = (xp, xs.reshape(T * ng), _times(xsum.reshape(T * ng), mf), True)
-    nb = (N + 15) // 16
-    cb = _chunk_blocks(ng * 4, nb, threads)
-    for c in prange((nb + cb - 1) // cb):
-        _x16_chunk(w, xa, T, 4 * K, out.reshape(T * N), c * cb, min(nb, (c + 1) * cb), ng, N)
 
 
 @njit(**JIT)

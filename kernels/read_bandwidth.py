@@ -22,7 +22,8 @@ def read_bandwidth(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> f
     float32 (well past any cache), after one untimed pass (compilation, page faults)."""
     a = np.ones(max(nbytes // 4, 1), dtype=np.float32)
     previous = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it at import
+    numba.set_num_threads(max(1, min(threads, most)))
     try:
         _sum(a)
         best = float("inf")

@@ -16,6 +16,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.memory import return_freed_memory
 from engine.model.rope import rope_inv_freq
+from kernels import Backend
 from kernels.attention_meta import AttentionMetadata
 from kernels.weight import Weight, concat_rows
 
@@ -37,7 +38,7 @@ class LlamaModel:
     """Weights on a backend plus the forward pass. Stateless apart from the KV arrays passed in."""
 
     def __init__(
-        self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Any, *, take: bool = False
+        self, config: ModelConfig, weights: dict[str, Weight | np.ndarray], backend: Backend, *, take: bool = False
     ) -> None:
         """`weights`: canonical names (engine/loader/names.py) -> a `Weight` for every matrix, float32
         vectors otherwise. `take=True` pops each one from the dict once prepared and gives the memory
@@ -63,17 +64,17 @@ class LlamaModel:
                     attn_norm=be.asarray(w("attn_norm")),
                     qkv=be.prepare_linear(concat_rows([_matrix(w(n)) for n in ("q", "k", "v")])),
                     qkv_bias=bias,
-                    o=be.prepare_linear(w("o")),
+                    o=be.prepare_linear(_matrix(w("o"))),
                     ffn_norm=be.asarray(w("ffn_norm")),
                     gate_up=be.prepare_linear(concat_rows([_matrix(w(n)) for n in ("gate", "up")])),
-                    down=be.prepare_linear(w("down")),
+                    down=be.prepare_linear(_matrix(w("down"))),
                 )
             )
             if take:
                 return_freed_memory()
-        embed = get("embed")
+        embed = _matrix(get("embed"))
         self.embed = be.prepare_embedding(embed)
-        self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else get("lm_head"))
+        self.lm_head = be.prepare_linear(embed if config.tie_word_embeddings else _matrix(get("lm_head")))
         del embed
         self.final_norm = be.asarray(get("final_norm"))
         self.inv_freq = be.asarray(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from engine_helpers import greedy, make_core, run_all
 
-from kernels import numba_attention, numba_layout, numba_linear, numba_ops
+from kernels import numba_activations, numba_attention, numba_layout, numba_linear, numba_linear16, numba_ops
 from kernels.attention_meta import build_attention_metadata
 from kernels.cpu import CpuCaps
 from kernels.numba_backend import NumbaBackend
@@ -75,7 +75,7 @@ def test_logits_agree_on_a_multi_row_step_over_a_cached_prefix(default_model, re
 def _signatures() -> dict[str, int]:
     return {
         f"{mod.__name__}.{name}": len(fn.signatures)
-        for mod in (numba_linear, numba_layout, numba_ops, numba_attention)
+        for mod in (numba_linear, numba_linear16, numba_activations, numba_layout, numba_ops, numba_attention)
         for name, fn in vars(mod).items()
         if hasattr(fn, "signatures")
     }

@@ -25,7 +25,7 @@ from test_kernels_numpy import (  # the same op semantics, run here against the 
 )
 
 from engine.loader.quant import GGML_TYPES, gguf_weight
-from kernels import numba_attention, numba_backend, numba_layout, numba_linear, simd
+from kernels import numba_activations, numba_attention, numba_backend, numba_layout, numba_linear, numba_linear16, simd
 from kernels.cpu import SIMULATED, CpuCaps
 from kernels.numba_backend import TRANSPOSED_PANEL_MAX_ROWS, Linear, NumbaBackend
 from kernels.numba_ops import PARALLEL_ROWS
@@ -338,7 +338,7 @@ def random_activations(rng: np.random.Generator, rows: int, k: int) -> np.ndarra
 def test_activation_quantization_matches_its_numpy_model(rng):
     x = random_activations(rng, 3, 160)
     xq, xd, xsum = np.empty(x.shape, np.int8), np.empty((3, 5), np.float32), np.empty((3, 5), np.float32)
-    numba_linear.quantize_rows(x, xq, xd, xsum)
+    numba_activations.quantize_rows(x, xq, xd, xsum)
     want_q, want_d = quantize_activations(x)
     np.testing.assert_array_equal(xq, want_q)
     np.testing.assert_array_equal(xd, want_d)
@@ -508,7 +508,7 @@ def _x16_product(b: numba_layout.Blocked, x: np.ndarray, activations: str) -> np
     """x times a 16-row blocked q4 weight, called directly: int8 activations ("q8"), or float32 as four int8
     pieces ("f32")."""
     out = np.full((len(x), b.rows), np.nan, np.float32)
-    kernel = numba_linear.matvec_i8_x16 if activations == "q8" else numba_linear.matvec_q4_split_x16
+    kernel = numba_linear16.matvec_i8_x16 if activations == "q8" else numba_linear16.matvec_q4_split_x16
     kernel(b.data, b.scale, b.min, np.float32(-b.zero if b.zero else 1), x, out, 2)
     return out
 
@@ -521,7 +521,7 @@ def test_sixteen_row_products_over_every_tile_remainder(rng, case, activations, 
     # Called directly (an AMX Xeon runs them too, though its backend keeps four rows): ragged last blocks,
     # tiles of X16_TILE rows and every remainder, each row equal to the same row computed alone; the float32
     # mode to float32 rounding of the exact product, int8 to its NumPy model.
-    tile = numba_linear.X16_TILE
+    tile = numba_linear16.X16_TILE
     for n, k in ((1, 32), (38, 96), (133, 320)):
         w = blocked_case(case, n, k, rng, scales)
         b = numba_layout.block_rows16(w, half=scales == "f16")
@@ -619,7 +619,7 @@ def test_activation_pieces_rebuild_every_value_to_float32_precision(rng):
     x[1, 32:64] *= np.float32(1e-30)  # a block of tiny values (still above the cut-off)
     x[2, 64:96] = np.float32(2.0**-120)  # a block below it: zeros
     xp, xs, xsum = np.empty(3 * 4 * 160, np.int8), np.empty((3, 5), np.float32), np.empty((3, 5), np.float32)
-    numba_linear.split_rows(x, xp, xs, xsum)
+    numba_activations.split_rows(x, xp, xs, xsum)
     p = xp.reshape(3, 5, 4, 32).astype(np.float64)
     rebuilt = ((p[:, :, 0] * 2**7 + p[:, :, 1] + p[:, :, 2] / 2**7 + p[:, :, 3] / 2**14) * xs[:, :, None]).reshape(
         3, 160
