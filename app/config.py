@@ -15,13 +15,16 @@ from typing import Any
 from kernels import check_activations
 
 ENV_PREFIX = "FORGE_"
+MODEL_MEMORY_SHARE = 0.75  # --model-memory's default: what the machine can hold, leaving the rest to the OS and us
 
 
 @dataclass(slots=True)
 class Settings:
     """Everything `forge serve` needs. Field names map to FORGE_<NAME> variables."""
 
-    model: str = "default"
+    model: str = "default"  # FORGE_MODEL: the one model served when `models` is empty
+    models: tuple[str, ...] = ()  # FORGE_MODELS / repeatable --model: "NAME=MODEL" or "MODEL", the default first
+    model_memory: str | None = None  # what the loaded models may take together; None: MODEL_MEMORY_SHARE of the RAM
     host: str = "127.0.0.1"
     port: int = 8000
     database_url: str = "sqlite+aiosqlite:///./data/forge.db"
@@ -144,6 +147,7 @@ class Settings:
         if replica is not None and not (0 < len(replica) <= 200 and replica.isprintable()):  # as the store keeps them
             raise ValueError(f"replica_name must be 1 to 200 printable characters, got {self.replica_name!r}")
         self._check_mcp()
+        self._check_models()
         if not 0.5 <= self.lease_ttl_s <= 3600:
             raise ValueError(f"lease_ttl_s must be in [0.5, 3600] seconds, got {self.lease_ttl_s}")
         check_activations(self.activations, self.backend)
@@ -153,6 +157,30 @@ class Settings:
             parse_size(self.kv_spill_size)
         except ValueError as exc:
             raise ValueError(f"kv_spill_size: {exc}") from None
+
+    def _check_models(self) -> None:
+        from engine.engine import parse_size
+
+        self.model_specs()  # ValueError naming a bad --model
+        if self.model_memory is not None:
+            try:
+                parse_size(self.model_memory)
+            except ValueError as exc:
+                raise ValueError(f"model_memory: {exc}") from None
+
+    def model_specs(self) -> list[Any]:
+        """The served models (app.domain.models.ModelSpec), the default first: `models`, else `model` alone."""
+        from app.domain.models import parse_specs
+
+        return parse_specs(self.models, fallback=self.model)
+
+    def model_budget(self) -> int:
+        """Bytes the loaded models may take together: `model_memory`, else a share of this machine's memory."""
+        from engine.engine import parse_size
+
+        if self.model_memory is not None:
+            return parse_size(self.model_memory)
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MODEL_MEMORY_SHARE)
 
     def _check_mcp(self) -> None:
         from app.domain.mcp.spec import ServerSpec
@@ -221,7 +249,8 @@ _FLOAT_FIELDS = {
 }
 _BOOL_FIELDS = {"allow_anonymous"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_LIST_FIELDS = {"api_keys", "allowed_origins", "mcp_servers"}  # comma-separated in the environment, repeatable flags
+# comma-separated in the environment, repeatable flags
+_LIST_FIELDS = {"api_keys", "allowed_origins", "mcp_servers", "models"}
 _SECRETS = {"api_keys", "admin_token"}
 _ENV_NAMES = {"api_keys": "FORGE_API_KEY", "allowed_origins": "FORGE_ALLOWED_ORIGIN", "mcp_servers": "FORGE_MCP"}
 _FLAGS = {"api_keys": "api_key", "allowed_origins": "allow_origin", "mcp_servers": "mcp"}
@@ -251,14 +280,30 @@ def _convert(field_name: str, raw: str, source: str) -> Any:
     return raw
 
 
-def engine_flags(p: argparse.ArgumentParser) -> None:
-    """The engine's flags (`forge serve`, `generate`, `chat`, `bench`)."""
-    p.add_argument(
-        "--model",
-        default=None,
-        help='"default" (SmolLM2-135M-Instruct), a .gguf file, a HF directory or hf:OWNER/REPO[/FILE.gguf][:QUANT] '
-        "(pulled from the hub when not on disk; docs/models.md)",
+def engine_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """The engine's flags (`forge serve`, `generate`, `chat`, `bench`); `many`: --model repeatable (serve)."""
+    what = (
+        '"default" (SmolLM2-135M-Instruct), a .gguf file, a HF directory or hf:OWNER/REPO[/FILE.gguf][:QUANT] '
+        "(pulled from the hub when not on disk; docs/models.md)"
     )
+    if many:
+        p.add_argument(
+            "--model",
+            dest="models",
+            action="append",
+            default=None,
+            metavar="[NAME=]MODEL",
+            help=f"a model to serve: {what}; repeatable, the first is the default. NAME is what requests and "
+            "sessions choose it by (default: the file's stem)",
+        )
+        p.add_argument(
+            "--model-memory",
+            default=None,
+            help="what the loaded models may take together (their files and KV budgets), e.g. 8GiB; past it idle "
+            "models unload, least recently used first (default: 3/4 of this machine's memory)",
+        )
+    else:
+        p.add_argument("--model", default=None, help=what)
     p.add_argument(
         "--backend",
         default=None,
@@ -298,7 +343,7 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
 
 def serve_flags(p: argparse.ArgumentParser) -> None:
     """`forge serve`'s flags: the engine's, then the service's."""
-    engine_flags(p)
+    engine_flags(p, many=True)
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--db", dest="database_url", default=None, help="SQLAlchemy async URL (default: SQLite in ./data)")
@@ -392,7 +437,8 @@ _SERVE_SETTINGS = (
     "mcp_timeout_s",
     "mcp_result_bytes",
     "mcp_rounds",
-    "model",
+    "models",
+    "model_memory",
     "backend",
     "kv_memory",
     "threads",

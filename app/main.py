@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
@@ -33,21 +34,25 @@ from app.domain.admission import Admission
 from app.domain.chat import ChatService
 from app.domain.mcp.registry import McpRegistry
 from app.domain.mcp.spec import ServerSpec
+from app.domain.models import ModelRegistry, ModelSpec
 from app.domain.relay import open_relay
 from app.metrics import Metrics
+from app.models.catalog import size_on_disk
 from app.store import Store
 from app.store.membership import Membership
 from app.store.migrate import upgrade
-from engine import Engine
+from engine import Engine, parse_size
 
 log = logging.getLogger("forge.app")
 
 MAX_BODY_BYTES = 8 << 20  # an imported session can be large; chat content is capped separately
 
 
-def _load_engine(settings: Settings) -> Engine:
+def _load_engine(
+    settings: Settings, model: str = "default", progress: Callable[[str], None] | None = None, folder: str = ""
+) -> Engine:
     return Engine.load(
-        model=settings.model,
+        model=model,
         backend=settings.backend,
         kv_memory=settings.kv_memory,
         max_waiting=settings.max_waiting,
@@ -56,10 +61,41 @@ def _load_engine(settings: Settings) -> Engine:
         activations=settings.activations,
         speculative=settings.speculative,
         spec_row_cost=settings.spec_row_cost,
-        kv_spill_dir=settings.spill_dir(),
+        kv_spill_dir=os.path.join(settings.spill_dir(), folder) if folder else settings.spill_dir(),
         kv_spill_size=settings.kv_spill_size,
         quick_start=True,  # a new machine answers while its CPU kernels compile (engine/backend_swap.py)
+        progress=progress,
     )
+
+
+def _registry(settings: Settings) -> ModelRegistry:
+    """The served models (the default first), each loaded on demand within the budget."""
+    kv = parse_size(settings.kv_memory)
+    default = settings.model_specs()[0]
+    return ModelRegistry.of(
+        settings.model_specs(),
+        # each model's spill files in a folder of its own (the default's where a one-model server keeps them)
+        load=lambda spec, progress: _load_engine(settings, spec.source, progress, _folder(spec, default)),
+        footprint=lambda spec: size_on_disk(spec.source) + kv,
+        budget=settings.model_budget(),
+        wait_s=settings.queue_timeout_s,
+    )
+
+
+def _folder(spec: ModelSpec, default: ModelSpec) -> str:
+    return "" if spec == default else os.path.join("models", spec.alias)
+
+
+async def _open_models(settings: Settings, engine: Engine | None) -> tuple[ModelRegistry, Engine]:
+    """The served models with the default loaded (or `engine`, the caller's, serving it), and the default's
+    engine; the others load on demand."""
+    models = _registry(settings)
+    if engine is not None:
+        models.adopt(models.default, engine, owned=False)
+    else:
+        (await models.acquire(None)).release()  # the default loads now, and stays loaded
+    assert models.default.engine is not None
+    return models, models.default.engine
 
 
 # Every route of the service (the composition root's list, kept out of create_app to keep it short).
@@ -106,12 +142,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             log.warning("marked %d reply(ies) of stopped replicas as interrupted", membership.swept)
         svc.membership = membership
         try:
-            eng = engine if engine is not None else await asyncio.to_thread(_load_engine, settings)
+            models, eng = await _open_models(settings, engine)
         except BaseException:
             await membership.stop()
             await store.close()
             raise
-        svc.store, svc.engine = store, eng
+        svc.store, svc.engine, svc.models = store, eng, models
         svc.metrics.bind_engine(eng)
         svc.chat = ChatService(
             eng,
@@ -126,6 +162,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             detached_s=settings.detached_turn_s,
             replica=settings.replica,
             holding=lambda: membership.holding,
+            models=models,
         )
         if settings.mcp_servers:  # their tools are listed before the first turn may choose them
             svc.chat.mcp = McpRegistry(
@@ -157,8 +194,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             await membership.stop()  # after the drain: the replies are stored, the session leases released
             if svc.chat.mcp is not None:
                 await svc.chat.mcp.close()
-            if engine is None:
-                await eng.shutdown()
+            await models.close()  # the engines it loaded (a passed engine stays the caller's)
             await store.close()
             log.info("stopped")
 

@@ -95,7 +95,9 @@ class Metrics:
             "forge_mcp_tool_call_seconds", "MCP tool call latency.", ["server"], buckets=LATENCY_BUCKETS, registry=r
         )
         self.mcp_servers: Callable[[], list[dict[str, Any]]] | None = None  # McpRegistry.snapshot, at scrape time
+        self.models: Callable[[], list[dict[str, Any]]] | None = None  # ModelRegistry.snapshot, at scrape time
         r.register(_EngineCollector(self))
+        r.register(_ModelCollector(self))
         self._ttft_window = _Window()
         self._itl_window = _Window()
         self._tokens_window = _Window()
@@ -342,3 +344,44 @@ class _EngineCollector:
         for reason, count in sorted(dict(s.get("requests_finished", {})).items()):
             finished.add_metric([str(reason)], float(count))
         yield finished
+
+
+class _ModelCollector:
+    """Scrape-time view of the served models (app.domain.models): state, memory, requests, by `model`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.m.models is not None:
+            yield from _model_families(self.m.models())
+
+
+MODEL_STATES = ("on disk", "loading", "ready", "unloading")
+
+
+def _model_families(models: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Each served model's state, memory and requests, labelled by `model` (its /v1 id)."""
+    state = GaugeMetricFamily(
+        "forge_model_state", "1 for the state a served model is in now (on disk, loading, ready, unloading).",
+        labels=["model", "state"],
+    )  # fmt: skip
+    memory = GaugeMetricFamily(
+        "forge_model_memory_bytes", "What a served model counts against --model-memory while loaded.", labels=["model"]
+    )
+    requests = GaugeMetricFamily(
+        "forge_model_requests", "Requests holding a served model: running, or waiting for it.", labels=["model"]
+    )
+    queued = GaugeMetricFamily(
+        "forge_model_queue_depth", "Generations waiting in a served model's admission queue.", labels=["model"]
+    )
+    for m in models:
+        for name in MODEL_STATES:
+            state.add_metric([m["id"], name], float(m["state"] == name))
+        memory.add_metric([m["id"]], float(m["memory_bytes"]))
+        requests.add_metric([m["id"]], float(m["requests"]))
+        queued.add_metric([m["id"]], float(m["queued"]))
+    yield from (state, memory, requests, queued)

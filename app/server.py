@@ -95,7 +95,11 @@ def preflight(settings: Settings) -> None:
     from engine.loader import ModelLoadError, resolve_model_path
 
     try:
-        resolve_model_path(settings.model)
+        for i, spec in enumerate(settings.model_specs()):
+            if i == 0 or not spec.source.startswith("hf:"):  # the others' hub names are pulled when first used
+                resolve_model_path(spec.source)
+        if settings.model_memory is not None:
+            parse_size(settings.model_memory)
         parse_size(settings.kv_memory)
         resolve_backend(settings.backend)
         check_exposure(settings)

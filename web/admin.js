@@ -2,6 +2,7 @@
 import { LineChart } from "./chart.js";
 import { h } from "./dom.js";
 import { renderMcp } from "./mcptable.js";
+import { renderModels } from "./modeltable.js";
 
 const POLL_MS = 1000;
 const TOKEN_KEY = "forge-admin-token";
@@ -153,6 +154,7 @@ function update(s) {
   if (!rows.length) rows.push(h("tr.empty-row", {}, h("td", { colSpan: 3 }, "No active sessions")));
   $("sessions").replaceChildren(...rows);
   renderMcp(s.mcp || [], $("mcp-servers"), $("mcp-tools"));
+  renderModels(s.models || [], s.model_memory, $("models"), $("model-memory"));
 }
 
 function pair(p50, p95) {

@@ -46,5 +46,6 @@ export const api = {
   exportSession: (id) => request("GET", "/api/sessions/" + encodeURIComponent(id) + "/export"),
   importSession: (data) => request("POST", "/api/sessions/import", data),
   mcpTools: () => request("GET", "/api/mcp/tools").then((d) => d.data),
+  listModels: () => request("GET", "/v1/models").then((d) => d.data),
   search: (q) => request("GET", "/api/search?q=" + encodeURIComponent(q)).then((d) => d.data),
 };

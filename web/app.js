@@ -13,11 +13,13 @@ import { send, stop, showBusy, onKeydown, autosize } from "./composer.js";
 import { toggleSettings, syncSettings, saveSettings, showTemperature } from "./settings.js";
 import { exportSession, importFile } from "./transfer.js";
 import { onSearchInput, onSearchSubmit, onSearchKeydown } from "./search.js";
+import { loadModels, syncModel, chooseModel } from "./models.js";
 
 const FOLLOW_EVERY_MS = 2000;
 
 on("sessions", renderSessionList);
 on("session", syncSettings);
+on("session", syncModel);
 on("busy", showBusy);
 on("busy", refreshActions);
 
@@ -36,6 +38,7 @@ $("close-settings").addEventListener("click", () => toggleSettings(false));
 $("settings-form").addEventListener("submit", saveSettings);
 $("set-temperature").addEventListener("input", showTemperature);
 $("export-session").addEventListener("click", exportSession);
+$("model-picker").addEventListener("change", chooseModel);
 $("import-session").addEventListener("click", () => $("import-file").click());
 $("import-file").addEventListener("change", (e) => {
   const f = e.target.files && e.target.files[0];
@@ -73,6 +76,7 @@ useSocket(new ChatSocket(wsUrl(), {
 }));
 setInterval(followOtherTabs, FOLLOW_EVERY_MS);
 
+loadModels();
 refreshSessions().then(() => {
   const id = routeId();
   if (id) openSession(id);

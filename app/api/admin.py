@@ -86,6 +86,8 @@ async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
         "model": services.engine.model_info,
         "engine": services.engine.stats(),
         "mcp": services.chat.mcp.snapshot() if services.chat.mcp is not None else [],  # MCP servers and tools
+        "models": services.chat.models.snapshot(),  # every served model: state, memory, requests
+        "model_memory": services.chat.models.budget_info(),
         **services.metrics.snapshot(),
         "active_sessions": services.chat.active(),
     }

@@ -27,6 +27,7 @@ Seconds = Annotated[float, Meta(ge=0, le=1e9)]
 Id = Annotated[str, Meta(min_length=1, max_length=64)]
 Title = Annotated[str, Meta(max_length=200)]
 SystemPrompt = Annotated[str, Meta(max_length=50_000)]
+ModelName = Annotated[str, Meta(min_length=1, max_length=200)]  # a served model (/v1/models); null: the default
 Content = Annotated[str, Meta(max_length=100_000)]
 NON_BLANK = r"\S"  # what a message a user sends must hold (msgspec, like JSON Schema, searches: not anchored)
 Said = Annotated[str, Meta(max_length=100_000, pattern=NON_BLANK)]
@@ -80,9 +81,12 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
     title: Title | None | UnsetType = UNSET  # null or blank: "New chat"
     system_prompt: SystemPrompt | None | UnsetType = UNSET  # null: the model's own default
     settings: SessionSettings | UnsetType = UNSET
+    model: ModelName | None | UnsetType = UNSET  # the model its turns run on (null: the default)
 
     def changes(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        if self.model is not UNSET:
+            out["model"] = self.model
         if self.title is not UNSET:
             out["title"] = (self.title or "").strip() or DEFAULT_TITLE
         if self.system_prompt is not UNSET:
@@ -98,6 +102,7 @@ class SessionFields(Struct, forbid_unknown_fields=True, kw_only=True):
             "title": changes.get("title", DEFAULT_TITLE),
             "system_prompt": changes.get("system_prompt"),
             "settings": {**defaults, **changes.get("settings", {})},
+            "model": changes.get("model"),
         }
 
 
@@ -151,6 +156,7 @@ class ImportedSession(Struct, kw_only=True):
     title: Title | None = None
     system_prompt: SystemPrompt | None = None
     settings: SessionSettings | None = None
+    model: ModelName | None = None  # one this server serves (null: the default)
 
 
 class Export(Struct, forbid_unknown_fields=True):
@@ -220,9 +226,12 @@ class SessionCreate(Command, tag="session.create"):
     title: Title | None | UnsetType = UNSET
     system_prompt: SystemPrompt | None | UnsetType = UNSET
     settings: SessionSettings | UnsetType = UNSET
+    model: ModelName | None | UnsetType = UNSET
 
     def fields(self) -> SessionFields:
-        return SessionFields(title=self.title, system_prompt=self.system_prompt, settings=self.settings)
+        return SessionFields(
+            title=self.title, system_prompt=self.system_prompt, settings=self.settings, model=self.model
+        )
 
 
 class SessionOpen(Command, tag="session.open"):

@@ -21,6 +21,7 @@ from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
 from app.api.openapi import BODY, KEYED, Documented, errors
+from app.api.served import OnModel, on_model
 from app.api.state import Ready
 from app.domain.errors import ServiceError
 from engine.types import EngineOverloaded, InvalidRequest
@@ -72,16 +73,7 @@ def _invalid(message: str, param: str = "input") -> ServiceError:
     return ServiceError("invalid_parameter", message, param=param)
 
 
-def _served_model(svc: Ready, model: str) -> str:
-    served = str(svc.engine.model_info.get("name") or "default")
-    if model not in (served, "default"):
-        raise ServiceError(
-            "model_not_found", f"the model '{model}' does not exist; this server serves '{served}'", param="model"
-        )
-    return served
-
-
-async def _token_ids(svc: Ready, given: str | list) -> list[list[int]]:
+async def _token_ids(svc: OnModel, given: str | list) -> list[list[int]]:
     """The request's inputs as token-id lists: a string, strings, token ids (one input) or token-id lists."""
     if isinstance(given, str):
         given = [given]
@@ -106,8 +98,16 @@ async def _token_ids(svc: Ready, given: str | list) -> list[list[int]]:
 @post("/v1/embeddings", status_code=200, responses=errors(*KEYED, *BODY, 404), operation_class=Documented)
 async def embeddings(svc: NamedDependency[Ready], data: JSONBody[EmbeddingRequest]) -> EmbeddingList:
     """One L2-normalised vector per input. Inputs longer than the model's context are a 400 unless `truncate`."""
+    on = await on_model(svc, data.model)  # held while its engine embeds
+    try:
+        return await _embed(on, data)
+    finally:
+        on.lease.release()
+
+
+async def _embed(svc: OnModel, data: EmbeddingRequest) -> EmbeddingList:
     engine = svc.engine
-    model = _served_model(svc, data.model)
+    model = svc.model_id
     size = int(engine.model_info["hidden_size"])
     if data.dimensions is not None and data.dimensions != size:
         raise ServiceError(

@@ -26,6 +26,7 @@ from app.config import Settings
 from app.domain.chat import ChatService
 from app.domain.defaults import DEFAULT_TITLE, session_defaults
 from app.domain.errors import ServiceError, not_found
+from app.domain.models import ModelRegistry
 from app.domain.turn import Queued, Sink, Turn
 from app.store import Conflict, Store
 from engine import Engine
@@ -43,14 +44,21 @@ async def list_sessions(request: Request, store: NamedDependency[Store]) -> dict
 async def create_session(
     request: Request,
     store: NamedDependency[Store],
-    engine: NamedDependency[Engine],
+    chat: NamedDependency[ChatService],
     data: JSONBody[SessionFields | None] = None,
 ) -> dict[str, Any]:
-    """A new session (the body may be left out)."""
-    await check_settings(engine, data.settings if data else None)
-    return await store.create_session(
-        owner(request.scope), **(data or SessionFields()).new_session(session_defaults(engine))
-    )
+    """A new session (the body may be left out) on `model` (one of /v1/models; left out: the default)."""
+    data = data or SessionFields()
+    return await store.create_session(owner(request.scope), **await new_session(chat.models, data))
+
+
+async def new_session(models: ModelRegistry, data: SessionFields) -> dict[str, Any]:
+    """Store.create_session's fields for `data`: its model checked (400 when not served), its settings over the
+    model's recommendations."""
+    model = models.session_model(data.model if isinstance(data.model, str) else None)
+    engine = models.engine_of(model)
+    await check_settings(engine, data.settings)
+    return {**data.new_session(session_defaults(engine)), "model": model}
 
 
 @get("/{session_id:str}", responses=errors(*KEYED, 404))
@@ -68,13 +76,17 @@ async def update_session(
     request: Request,
     store: NamedDependency[Store],
     engine: NamedDependency[Engine],
+    chat: NamedDependency[ChatService],
     session_id: FromPath[str],
     data: JSONBody[SessionFields],
 ) -> dict[str, Any]:
-    """Change title, system prompt or settings (merged over the current ones)."""
+    """Change title, system prompt, model (null: the default) or settings (merged over the current ones)."""
     await check_settings(engine, data.settings)
+    changes = data.changes()
+    if "model" in changes:
+        changes["model"] = chat.models.session_model(changes["model"])
     try:
-        updated = await store.update_session(session_id, owner(request.scope), **data.changes())
+        updated = await store.update_session(session_id, owner(request.scope), **changes)
     except Conflict as e:
         raise ServiceError("busy", str(e), param="session_id") from None
     if updated is None:
@@ -103,7 +115,7 @@ async def export_session(request: Request, store: NamedDependency[Store], sessio
 async def import_session(
     request: Request,
     store: NamedDependency[Store],
-    engine: NamedDependency[Engine],
+    chat: NamedDependency[ChatService],
     settings: NamedDependency[Settings],
     data: JSONBody[Export],
 ) -> dict[str, Any]:
@@ -116,11 +128,14 @@ async def import_session(
             param="messages",
         )
     s = data.session
+    model = chat.models.session_model(s.model)
+    engine = chat.models.engine_of(model)
     await check_settings(engine, s.settings)
     session = {
         "title": (s.title or "").strip() or DEFAULT_TITLE,
         "system_prompt": s.system_prompt,
         "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})},
+        "model": model,
     }
     return await store.import_session(owner(request.scope), session, data.tree())
 

@@ -12,6 +12,7 @@ from litestar.di import Provide
 from app.config import Settings
 from app.domain.chat import ChatService
 from app.domain.errors import ServiceError
+from app.domain.models import ModelRegistry
 from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership
@@ -28,6 +29,7 @@ class Services:
     started_at: float = 0.0  # unix time the model was ready
     connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
     membership: Membership | None = None  # this process as a replica of its database (app.store.membership)
+    models: ModelRegistry | None = None  # the served models and their state (app.domain.models)
 
 
 @runtime_checkable  # Litestar checks a dependency's type with isinstance

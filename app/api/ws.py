@@ -22,9 +22,8 @@ from app.api.bodies import AnyCommand, Envelope
 from app.api.errors import busy_database
 from app.api.gate import WS_PROTOCOL, owner
 from app.api.outbox import Outbox
+from app.api.sessions import new_session
 from app.api.state import Ready, Services
-from app.api.tools import check_settings
-from app.domain.defaults import session_defaults
 from app.domain.errors import ServiceError, not_found
 from app.domain.rate import TokenBucket
 from app.domain.replay import Replay
@@ -203,9 +202,8 @@ class Connection:
 
     async def session_create(self, cmd: bodies.SessionCreate) -> None:
         self.room_for(None)
-        await check_settings(self.svc.engine, cmd.settings)
         session = await self.svc.store.create_session(
-            self.owner, **cmd.fields().new_session(session_defaults(self.svc.engine))
+            self.owner, **await new_session(self.svc.chat.models, cmd.fields())
         )
         self._watch(session["id"], session["title"])
         self.reply({"type": "session", "session": session}, cmd.client_id)

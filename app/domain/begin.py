@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.domain.admit import Admitter, Held
+from app.domain.admit import Held
 from app.domain.errors import ServiceError, not_found
 from app.domain.guard import Guard
 from app.domain.mcp.rounds import Rounds
 from app.domain.mcp.sessions import McpSessions
+from app.domain.models import ModelLease, ModelRegistry
 from app.domain.plan import Plan, plan_continue
 from app.domain.prompt import render, sampling
 from app.domain.relay import Relay
@@ -65,16 +66,21 @@ class _Prepared:
     req: GenerationRequest
     tool_plan: ToolPlan | None
     mcp: list[dict[str, Any]]  # the session's MCP tools offered to the turn
+    model: ModelLease  # the session's model, held until the turn ends
+
+    @property
+    def engine(self) -> Engine:
+        return self.model.engine
 
 
 @dataclass(slots=True, eq=False)
 class TurnStarter:
-    """Starts turns (one running per session, through `guard`); `cancel_turn` stops one nobody watches for
-    `detached_s`; `relay` (with replicas) carries its events to every replica."""
+    """Starts turns (one running per session, through `guard`) on their session's model (`models`: each has its
+    own engine and admission queue); `cancel_turn` stops one nobody watches for `detached_s`; `relay` (with
+    replicas) carries its events to every replica."""
 
-    engine: Engine
+    models: ModelRegistry
     store: Store
-    admitter: Admitter
     guard: Guard
     runner: Runner
     replays: Replays
@@ -89,13 +95,16 @@ class TurnStarter:
         gen: RequestStream | None = None
         held: Held | None = None  # admitted, and no turn owns it yet
         lease: Lease | None = None  # the session's lease in the store, no turn owns it yet
+        model: ModelLease | None = None  # the session's model, no turn holds it yet
         try:
             with self.guard.reserve(r.session_id):
                 lease = await self.guard.take(r.session_id)
                 p = await self._prepare(r)
-                held = await self.admitter.admit(r.owner, p.req.params.n, r.queued)  # nothing is stored before this
+                model = p.model
+                # nothing is stored before this
+                held = await model.slot.admitter.admit(r.owner, p.req.params.n, r.queued)
                 self.guard.check_open()
-                gen = self._generate(p.req)
+                gen = self._generate(p.engine, p.req)
                 started = await self.store.start_reply(
                     r.session_id,
                     r.owner,
@@ -109,7 +118,7 @@ class TurnStarter:
                     raise not_found(r.session_id)
                 turn = self._turn(r, p, *started, held, lease)
                 turn.task = asyncio.create_task(self.runner.run(turn, gen, len(p.prompt)), name=f"turn-{r.session_id}")
-                gen = held = lease = None  # the turn owns them now
+                gen = held = lease = model = None  # the turn owns them now
                 return turn
         except Conflict:
             raise ServiceError(
@@ -118,8 +127,10 @@ class TurnStarter:
         finally:
             if gen is not None:  # admitted, but no turn runs it
                 await gen.aclose()
-            if held is not None:
-                self.admitter.release(held)
+            if held is not None and model is not None:
+                model.slot.admitter.release(held)
+            if model is not None:
+                model.release()
             await self.guard.give_back(lease)
 
     async def _prepare(self, r: TurnRequest) -> _Prepared:
@@ -129,19 +140,26 @@ class TurnStarter:
             raise not_found(r.session_id)
         before, messages = found
         plan = r.plan_for(before, messages)
-        settings = before["settings"]
-        mcp = self.mcp.tools(settings)
-        tool_plan = await self._tools(settings, r.tools or {}, r.response_format is not None, mcp)
-        # Rendering and tokenizing a long conversation takes a while: not on the event loop.
-        prompt = await asyncio.to_thread(
-            render, self.engine, before, plan.history, tool_plan.render if tool_plan else None
-        )
-        params = sampling(self.engine, settings, len(prompt))
-        params.response_format = await compile_response_format(self.engine, r.response_format)
-        if tool_plan is not None:
-            tool_plan.constrain(params)
+        # loaded first when it is not; one this server no longer serves is the session's setting at fault
+        model = await self.models.acquire(self.models.session_model(before.get("model")))
+        try:
+            engine = model.engine
+            settings = before["settings"]
+            mcp = self.mcp.tools(settings)
+            tool_plan = await self._tools(engine, settings, r.tools or {}, r.response_format is not None, mcp)
+            # Rendering and tokenizing a long conversation takes a while: not on the event loop.
+            prompt = await asyncio.to_thread(
+                render, engine, before, plan.history, tool_plan.render if tool_plan else None
+            )
+            params = sampling(engine, settings, len(prompt))
+            params.response_format = await compile_response_format(engine, r.response_format)
+            if tool_plan is not None:
+                tool_plan.constrain(params)
+        except BaseException:
+            model.release()
+            raise
         req = GenerationRequest(prompt_token_ids=prompt, params=params)
-        return _Prepared(before, plan, prompt, req, tool_plan, mcp)
+        return _Prepared(before, plan, prompt, req, tool_plan, mcp, model)
 
     def _turn(
         self,
@@ -173,6 +191,7 @@ class TurnStarter:
             replay=replay,
             lease=lease,
             tool_format=tool_plan.fmt if tool_plan else None,
+            model=p.model,
         )
         replay.on_idle = lambda: self.cancel_turn(turn)
         replay.on_end = lambda: self.replays.ended(replay)
@@ -201,6 +220,7 @@ class TurnStarter:
 
     async def _tools(
         self,
+        engine: Engine,
         settings: dict[str, Any],
         given: dict[str, Any],
         response_format: bool,
@@ -219,7 +239,7 @@ class TurnStarter:
         kept = {k: settings.get(k) for k in TOOL_KEYS[1:]} if tools is not None else {}
         options = {**kept, **{k: v for k, v in given.items() if k != "tools"}}
         return await plan_tools(
-            self.engine,
+            engine,
             tools,
             options.get("tool_choice"),
             options.get("parallel_tool_calls"),
@@ -227,10 +247,10 @@ class TurnStarter:
             prefix=prefix,
         )
 
-    def _generate(self, req: GenerationRequest) -> RequestStream:
+    def _generate(self, engine: Engine, req: GenerationRequest) -> RequestStream:
         """The engine takes the request now or refuses it: nothing is stored for a refused turn."""
         try:
-            return self.engine.generate(req)
+            return engine.generate(req)
         except EngineOverloaded as e:
             raise ServiceError("overloaded", f"the server is overloaded: {e}; retry later") from None
         except InvalidRequest as e:

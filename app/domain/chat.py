@@ -22,6 +22,7 @@ from app.domain.guard import Guard
 from app.domain.mcp.registry import McpRegistry
 from app.domain.mcp.rounds import Rounds
 from app.domain.mcp.sessions import McpSessions
+from app.domain.models import ModelRegistry, ModelSpec
 from app.domain.plan import plan_continue, plan_edit, plan_regenerate, plan_send
 from app.domain.presence import Presence
 from app.domain.prompt import render
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 
 class ChatService:
     """Starts, tracks and cancels chat turns; at most one running turn per session. Every generation (turns
-    and /v1 requests) goes through `admitter`: past the engine's capacity it waits in a queue fair across
-    owners."""
+    and /v1 requests) goes through its model's admitter (`admitter`: the default's): past the engine's capacity
+    it waits in a queue fair across owners."""
 
     def __init__(
         self,
@@ -52,22 +53,24 @@ class ChatService:
         detached_s: float = 120.0,
         replica: str | None = None,
         holding: Callable[[], bool] | None = None,
+        models: ModelRegistry | None = None,
     ) -> None:
-        self.engine = engine
+        self.engine = engine  # the default model's (it stays loaded: app/domain/models.py)
         self.store = store
         self.metrics = metrics
         admission = admission if admission is not None else Admission(engine.max_num_seqs)
         self.admitter = Admitter(admission, metrics, store.key_slots, replica)  # the per-key cap across replicas
+        self.models = models if models is not None else _only(engine)
+        _admitters(self.models, self.admitter, store, metrics, replica)
         # replica None: one process on its database; `holding`: this replica still holds its lock and lease
         self.guard = Guard(store.leases, replica, store.reaper, holding)
         self.presence = Presence()
-        self.runner = Runner(engine, store, metrics, self.admitter, self.guard)
+        self.runner = Runner(store, metrics, self.admitter, self.guard)
         self.replays = Replays()  # the turns' numbered events, for clients that reattach (app/domain/replay.py)
         self.mcp_sessions = McpSessions(store, self.guard)  # the sessions' MCP tools and tool rounds
         self.starter = TurnStarter(
-            engine,
+            self.models,
             store,
-            self.admitter,
             self.guard,
             self.runner,
             self.replays,
@@ -75,8 +78,6 @@ class ChatService:
             self.cancel_turn,
             detached_s,
         )
-        # /v1 requests take their places here too (app/api/openai.py)
-        self.enter, self.wait, self.release = self.admitter.enter, self.admitter.wait, self.admitter.release
 
     @property
     def admission(self) -> Admission:
@@ -289,14 +290,14 @@ class ChatService:
         if turn is None:
             return self.mcp_sessions.stop(session_id, owner)
         turn.cancelled = True
-        self.engine.abort(turn.request_id)
+        turn.abort()
         return True
 
     def cancel_turn(self, turn: Turn) -> None:
         """Abort this turn if it is still running (a transport that started it went away)."""
         if not turn.done:
             turn.cancelled = True
-            self.engine.abort(turn.request_id)
+            turn.abort()
 
     async def cancel_and_wait(self, session_id: str, owner: str, timeout: float = 10.0) -> None:
         turn = self.guard.running(session_id, owner)
@@ -337,7 +338,7 @@ class ChatService:
         self.mcp_sessions.stop_all()
         for turn in list(self.guard.turns.values()):
             if not turn.done:
-                self.engine.abort(turn.request_id)
+                turn.abort()
 
     def abandon(self) -> None:
         """This replica lost its lock or lease (another may take its sessions): abort the running turns, stored
@@ -364,3 +365,29 @@ class ChatService:
     def active(self) -> list[dict[str, Any]]:
         """Sessions generating a reply ("generating") or open on a connected client ("open")."""
         return self.presence.active(self.guard.turns.values())
+
+
+def _admitters(models: ModelRegistry, default: Admitter, store: Store, metrics: Metrics, replica: str | None) -> None:
+    """Each model its own admission queue, sized as the default's: one model's queue never holds up another's
+    (each engine schedules its own steps). The metrics' admission figures stay the default's; each model's state
+    and queue are the models' own figures."""
+    adm = default.admission
+    for slot in models.slots:
+        if slot is models.default:
+            slot.admitter = default
+        elif slot.admitter is None:
+            own = Admission(adm.capacity, adm.queue_size, adm.timeout_s, adm.per_owner)
+            slot.admitter = Admitter(own, metrics, store.key_slots, replica)
+    metrics.bind_admission(adm)
+    metrics.models = models.snapshot
+
+
+def _only(engine: Engine) -> ModelRegistry:
+    """One model, already loaded (a caller's engine, which stays the caller's to shut down)."""
+    models = ModelRegistry.of([ModelSpec("default", "default", named=False)], _no_load, lambda _: 0, budget=0)
+    models.adopt(models.default, engine, owned=False)
+    return models
+
+
+def _no_load(spec: ModelSpec, progress: Callable[[str], None]) -> Engine:
+    raise AssertionError("a one-model service never loads")  # its one model is loaded and stays

@@ -25,7 +25,6 @@ from app.store import Store
 from engine.types import GenerationEvent
 
 if TYPE_CHECKING:
-    from engine import Engine
     from engine.engine import RequestStream
 
 log = logging.getLogger("forge.chat")
@@ -39,8 +38,7 @@ _STATUS = {"stop": "complete", "length": "complete", "tool_calls": "complete", "
 class Runner:
     """Runs turns to their end: streaming, storing, and freeing what they hold (`guard`, `admitter`)."""
 
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics, admitter: Admitter, guard: Guard) -> None:
-        self.engine = engine
+    def __init__(self, store: Store, metrics: Metrics, admitter: Admitter, guard: Guard) -> None:
         self.store = store
         self.metrics = metrics
         self.admitter = admitter
@@ -53,7 +51,7 @@ class Runner:
             if turn.message_id in message_ids and not turn.done:
                 log.warning("the reply %s was taken over by another replica; stopping its turn", turn.message_id)
                 turn.fenced = turn.cancelled = True
-                self.engine.abort(turn.request_id)
+                turn.abort()
 
     async def run(self, turn: Turn, gen: RequestStream, prompt_len: int) -> None:
         """Until the engine's final event, an abort or `drain`'s cancel; the reply is stored in every case."""
@@ -67,7 +65,7 @@ class Runner:
         calls = ToolReply(turn.tool_format) if turn.tool_format is not None else None
         if self.guard.shutting_down:  # interrupt_all() ran while this turn was being set up
             turn.cancelled = True
-            self.engine.abort(turn.request_id)
+            turn.abort()
         try:
             try:
                 async for ev in gen:
@@ -100,7 +98,7 @@ class Runner:
             failure = "generation failed"
         finally:
             tracker.close()
-            self.admitter.release(turn.ticket)
+            self._release(turn)
         try:
             await self._finish(turn, parts, completion, final, failure, killed, prompt_len, calls)
         except Exception:
@@ -112,6 +110,13 @@ class Runner:
             turn.sink(None)
         if killed:
             raise asyncio.CancelledError
+
+    def _release(self, turn: Turn) -> None:
+        """The generation ended: its place in its model's admission, then its hold on the model."""
+        admitter = turn.model.slot.admitter if turn.model is not None else self.admitter
+        admitter.release(turn.ticket)
+        if turn.model is not None:
+            turn.model.release()
 
     def _emit_split(self, turn: Turn, calls: ToolReply, ev: GenerationEvent, parts: list[str]) -> None:
         """A reply that may call tools: its text as `delta`s, each call's start and argument fragments as

@@ -37,6 +37,12 @@ class Turn:
     fenced: bool = False  # stopped because its replica lost its lock or lease, or its reply was taken from it
     done: bool = False
     replay: Any = None  # its numbered events and watchers: app.domain.replay.Replay (which imports this module)
+    model: Any = None  # its hold on the model it runs on (app.domain.models.ModelLease): engine and admission
+
+    def abort(self) -> None:
+        """Ask its model's engine to stop generating it (ends within a step)."""
+        if self.model is not None:
+            self.model.engine.abort(self.request_id)
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.client_id is not None:

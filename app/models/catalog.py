@@ -33,6 +33,22 @@ def list_models() -> list[LocalModel]:
     return models + _hub_models()
 
 
+def size_on_disk(source: str) -> int:
+    """The bytes of a model's files as `--model` names it; 0 for a hub model not pulled yet (never a download)."""
+    try:
+        if source.startswith(PREFIX):
+            from engine.loader.hub import find_cached
+
+            path = find_cached(parse_hub_ref(source))
+        else:
+            path = resolve_model_path(source)
+    except (ModelLoadError, HubError, OSError):
+        return 0
+    if path is None:
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
 def _hub_models() -> list[LocalModel]:
     from engine.loader.hub import cache_dir
 

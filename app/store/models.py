@@ -12,6 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 MESSAGE_STATUSES = ("streaming", "complete", "stopped", "error", "interrupted")
 CALL_ID_CHARS = 256
 REPLICA_NAME_CHARS = 200
+MODEL_NAME_CHARS = 200  # a session's model, by the name the server serves it under
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -49,12 +50,14 @@ class ChatSession(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    model: Mapped[str | None] = mapped_column(String(MODEL_NAME_CHARS), nullable=True)  # None: the default model
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "title": self.title,
             "system_prompt": self.system_prompt,
+            "model": self.model,
             "settings": dict(self.settings),
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, text, update
+from sqlalchemy import bindparam, delete, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -73,21 +73,13 @@ class Store:
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(
-        self, owner: str, title: str, system_prompt: str | None, settings: dict[str, Any]
+        self, owner: str, title: str, system_prompt: str | None, settings: dict[str, Any], model: str | None = None
     ) -> dict[str, Any]:
         now = utcnow()
-        row = ChatSession(
-            id=new_id(),
-            owner=owner,
-            version=0,
-            title=title,
-            system_prompt=system_prompt,
-            settings=dict(settings),
-            created_at=now,
-            updated_at=now,
-        )
+        row = ChatSession(id=new_id(), owner=owner, version=0, title=title, system_prompt=system_prompt, model=model)
+        row.settings, row.created_at, row.updated_at = dict(settings), now, now
         async with self.sessionmaker.begin() as db:
-            db.add(row)
+            await db.execute(insert(ChatSession).values(**_given(row)))
         return row.to_dict()
 
     async def list_sessions(self, owner: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -129,11 +121,11 @@ class Store:
             return row.to_dict(), chosen_branch(rows)
 
     async def update_session(self, session_id: str, owner: str, **fields: Any) -> dict[str, Any] | None:
-        """Set title / system_prompt (already checked) and merge `settings` (a partial dict) over the stored
+        """Set title / system_prompt / model (already checked) and merge `settings` (a partial dict) over the stored
         ones; None when unknown. Concurrent updates all land: each write is conditional on the version it
         read (retried on a lost race), so no merge works from a stale copy. Raises Conflict after
         UPDATE_TRIES lost races."""
-        assert set(fields) <= {"title", "system_prompt", "settings"}, fields
+        assert set(fields) <= {"title", "system_prompt", "settings", "model"}, fields
         for _ in range(UPDATE_TRIES):
             async with self.sessionmaker.begin() as db:
                 row = await _owned(db, session_id, owner)
@@ -379,8 +371,8 @@ class Store:
     async def import_session(
         self, owner: str, session: dict[str, Any], messages: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """Create a new session (new ids) from checked fields: `session` has title, system_prompt and
-        settings; each message role, content, status, the reply facts (finish_reason, token counts,
+        """Create a new session (new ids) from checked fields: `session` has title, system_prompt, settings and
+        model (None: the default); each message role, content, status, the reply facts (finish_reason, token counts,
         timings), `parent` (the index of an earlier message, or None) and `active` (the chosen one of
         its siblings). A message left "streaming" by its exporter is stored as "interrupted"."""
         now = utcnow()
@@ -411,6 +403,7 @@ class Store:
             title=session["title"],
             system_prompt=session["system_prompt"],
             settings=dict(session["settings"]),
+            model=session.get("model"),
             created_at=now,
             updated_at=now,
         )
@@ -427,6 +420,12 @@ class Store:
         `query` (plain text, never query syntax); see app.store.search."""
         async with self.sessionmaker() as db:
             return await search(db, owner, query, limit)
+
+
+def _given(row: ChatSession) -> dict[str, Any]:
+    """A new session's columns for its INSERT: `model` only when one is chosen (a database before migration 0007
+    has no such column, and tests make sessions there)."""
+    return {c.key: getattr(row, c.key) for c in ChatSession.__table__.columns if c.key != "model" or row.model}
 
 
 async def _messages(db: Any, session_id: str) -> list[Message]:

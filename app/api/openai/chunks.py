@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 import msgspec
 
 from app.api import tools
-from app.api.openai.parse import Call, model_id
+from app.api.openai.parse import Call
 from app.api.state import Ready
+from app.domain.models import ModelSlot
 from engine.types import GenerationEvent, TokenLogprob
 
 encode = msgspec.json.Encoder().encode  # chunks are framed here: one JSON line each, no SSE encoder per token
@@ -221,16 +222,22 @@ class CompletionFormat(Format):
         }
 
 
-def model_card(svc: Ready) -> dict[str, Any]:
-    """The served model as /v1/models lists it."""
-    info = svc.engine.model_info
-    return {
-        "id": model_id(svc),
+def model_card(slot: ModelSlot, created: float) -> dict[str, Any]:
+    """One served model as /v1/models lists it: what is known of it before it loads, the rest once loaded."""
+    card: dict[str, Any] = {
+        "id": slot.id,
         "object": "model",
-        "created": int(svc.started_at),
+        "created": int(created),
         "owned_by": "forge",
-        "max_model_len": int(svc.engine.max_context),
-        "quantization": info.get("quant"),
-        "backend": info.get("backend"),
-        "tool_format": svc.engine.tool_format.name,
+        "state": slot.state,
     }
+    engine = slot.engine
+    if engine is not None:
+        info = engine.model_info
+        card.update(
+            max_model_len=int(engine.max_context),
+            quantization=info.get("quant"),
+            backend=info.get("backend"),
+            tool_format=engine.tool_format.name,
+        )
+    return card

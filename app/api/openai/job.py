@@ -13,8 +13,8 @@ from litestar import Request
 from app.api.openai.chunks import Choice, Usage, encode
 from app.api.openai.parse import Call
 from app.api.outbox import Outbox
+from app.api.served import OnModel
 from app.api.sse import with_keepalives
-from app.api.state import Ready
 from app.domain.errors import ServiceError
 from engine.types import EngineOverloaded, GenerationEvent, GenerationRequest, InvalidRequest
 
@@ -27,8 +27,8 @@ class Job:
     `enter` takes its place in admission (app/admission.py; True when admitted at once, else `wait`), `start`
     hands it to the engine (both raise a ServiceError); `cancel` aborts it or leaves the queue."""
 
-    def __init__(self, svc: Ready, call: Call, owner_id: str, chat: bool) -> None:
-        self.svc = svc
+    def __init__(self, svc: OnModel, call: Call, owner_id: str, chat: bool) -> None:
+        self.svc = svc  # on the model the request named: its engine, its admission queue, the hold on it
         self.chat = chat  # chat spells the engine's `logprobs` count `top_logprobs`
         self.owner = owner_id
         self.req = GenerationRequest(prompt_token_ids=call.prompt, params=call.params, request_id=call.request_id)
@@ -37,18 +37,19 @@ class Job:
         self.ticket: Any = None
 
     def enter(self) -> bool:
-        self.ticket = self.svc.chat.enter(self.owner, self.req.params.n)
+        self.ticket = self.svc.admitter.enter(self.owner, self.req.params.n)
         return self.ticket.granted
 
     async def wait(self) -> None:
-        await self.svc.chat.wait(self.ticket)
+        await self.svc.admitter.wait(self.ticket)
 
     def start(self) -> None:
         assert self.ticket is not None and self.ticket.granted, "start() follows admission"
         try:
             gen = self.svc.engine.generate(self.req)
         except Exception as e:
-            self.svc.chat.release(self.ticket)
+            self.svc.admitter.release(self.ticket)
+            self.svc.lease.release()
             raise engine_error(e, self.chat) from None
         self.tracker = self.svc.metrics.tracker("openai")
         self.task = asyncio.create_task(self._pump(gen), name=f"openai-{self.req.request_id}")
@@ -63,7 +64,8 @@ class Job:
         finally:
             await gen.aclose()
             self.tracker.close()
-            self.svc.chat.release(self.ticket)
+            self.svc.admitter.release(self.ticket)
+            self.svc.lease.release()  # the model may unload now
             self.outbox.put(None)
 
     def cancel(self) -> None:
@@ -71,8 +73,10 @@ class Job:
         if self.task is not None:
             if not self.task.done():
                 self.svc.engine.abort(self.req.request_id)
-        elif self.ticket is not None:  # never started: leave the queue, or give back what was granted
-            self.svc.chat.release(self.ticket)
+        else:  # never started: leave the queue, or give back what was granted, and the model
+            if self.ticket is not None:
+                self.svc.admitter.release(self.ticket)
+            self.svc.lease.release()
 
 
 def engine_error(e: Exception, chat: bool = False) -> ServiceError:

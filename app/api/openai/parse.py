@@ -13,7 +13,7 @@ from typing import Any
 from app.api import tools
 from app.api.openai_bodies import ChatRequest, CompletionRequest, Sampling
 from app.api.response_format import compile_response_format
-from app.api.state import Ready
+from app.api.served import OnModel
 from app.domain.defaults import openai_defaults
 from app.domain.errors import ServiceError
 from engine.types import SamplingParams
@@ -42,22 +42,8 @@ class Call:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-def model_id(svc: Ready) -> str:
-    """The served model's name (`default` when the model has none)."""
-    return str(svc.engine.model_info.get("name") or "default")
-
-
-def _check_model(model: str, svc: Ready) -> str:
-    served = model_id(svc)
-    if model not in (served, "default"):
-        raise ServiceError(
-            "model_not_found", f"the model '{model}' does not exist; this server serves '{served}'", param="model"
-        )
-    return served
-
-
 async def _sampling(
-    body: Sampling, svc: Ready, prompt_len: int, max_tokens: int | None, logprobs: int | None
+    body: Sampling, svc: OnModel, prompt_len: int, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
     """SamplingParams from the body, its `response_format` compiled and parameters left out taken from
     app.defaults (the model's recommendation, else OpenAI's; `max_tokens` capped by
@@ -109,9 +95,10 @@ def _include_usage(body: Sampling) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-async def parse_chat(body: ChatRequest, svc: Ready) -> Call:
-    """A chat request checked, its messages rendered by the model's template and tokenized."""
-    model = _check_model(body.model, svc)
+async def parse_chat(body: ChatRequest, svc: OnModel) -> Call:
+    """A chat request checked, its messages rendered by the model's template and tokenized (`svc`: on the model
+    the body names)."""
+    model = svc.model_id
     mct = body.max_completion_tokens
     if body.max_tokens is not None and mct is not None and body.max_tokens != mct:
         raise _invalid("max_completion_tokens", "and 'max_tokens' disagree; give one of them")
@@ -141,9 +128,9 @@ async def parse_chat(body: ChatRequest, svc: Ready) -> Call:
     )  # tool_choice "none": the reply is text
 
 
-async def parse_completion(body: CompletionRequest, svc: Ready) -> Call:
+async def parse_completion(body: CompletionRequest, svc: OnModel) -> Call:
     """A completion request checked; its prompt (text, or token ids) tokenized or decoded for `echo`."""
-    model = _check_model(body.model, svc)
+    model = svc.model_id
     # msgspec allows one array type in a union (app/api/openai_bodies.py): the list's shapes are told apart here
     raw: Any = body.prompt
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):

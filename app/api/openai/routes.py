@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Request, Response, Router, get, post
@@ -16,13 +16,14 @@ from app.api.gate import owner
 from app.api.openai.chunks import ChatFormat, CompletionFormat, Format, model_card
 from app.api.openai.job import Job, collect, stream_chunks
 from app.api.openai.parse import Call, parse_chat, parse_completion
-from app.api.openai.parse import model_id as served_id  # the name `model_id` is read_model's path parameter
 from app.api.openai_bodies import ChatRequest, CompletionRequest
 from app.api.openapi import BODY, GENERATION, KEYED, JsonOrEvents, errors
+from app.api.served import OnModel, on_model
 from app.api.state import Ready
-from app.domain.errors import ServiceError
 
 log = logging.getLogger("forge.openai")
+
+Parse = Callable[[Any, OnModel], Awaitable[Call]]  # a body on its model -> a checked call
 
 _KEEPALIVE = b": keep-alive\r\n\r\n"  # a comment line, never an empty `data:` (the openai client fails on one)
 _SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
@@ -39,7 +40,20 @@ def _sse(job: Job, stream: AsyncIterator[bytes | None]) -> Stream:
     return Stream(events(), media_type="text/event-stream", headers=_SSE_HEADERS, background=BackgroundTask(after))
 
 
-async def _respond(request: Request, svc: Ready, call: Call, shape: type[Format], user: str | None) -> Response:
+async def _respond(
+    request: Request, svc: Ready, body: ChatRequest | CompletionRequest, parse: Parse, shape: type[Format]
+) -> Response:
+    """Parse `body` on the model it names and run it: the model is held until the generation ends (a refusal
+    before it starts lets it go)."""
+    on = await on_model(svc, body.model)
+    try:
+        return await _run(request, on, await parse(body, on), shape, body.user)
+    except BaseException:
+        on.lease.release()  # a started job lets it go itself when its generation ends
+        raise
+
+
+async def _run(request: Request, svc: OnModel, call: Call, shape: type[Format], user: str | None) -> Response:
     """Run `call` and answer in `shape`: the whole response, or (with `stream`) SSE chunks ending in `[DONE]`."""
     if user:
         log.info("%s %s for user %r", shape.what, call.request_id, user)
@@ -62,28 +76,25 @@ async def _respond(request: Request, svc: Ready, call: Call, shape: type[Format]
 )
 async def chat_completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[ChatRequest]) -> Response:
     """Chat completion; with `stream`, SSE chunks ending in `data: [DONE]`. Refusals come before any byte."""
-    return await _respond(request, svc, await parse_chat(data, svc), ChatFormat, data.user)
+    return await _respond(request, svc, data, parse_chat, ChatFormat)
 
 
 @post("/completions", status_code=200, responses=errors(*KEYED, *BODY, *GENERATION, 404), operation_class=JsonOrEvents)
 async def completions(request: Request, svc: NamedDependency[Ready], data: JSONBody[CompletionRequest]) -> Response:
     """Plain text completion; with `stream`, SSE chunks ending in `data: [DONE]`."""
-    return await _respond(request, svc, await parse_completion(data, svc), CompletionFormat, data.user)
+    return await _respond(request, svc, data, parse_completion, CompletionFormat)
 
 
 @get("/models", responses=errors(*KEYED))
 async def list_models(svc: NamedDependency[Ready]) -> dict[str, Any]:
-    """The one model served."""
-    return {"object": "list", "data": [model_card(svc)]}
+    """Every model served, the default first, loaded or not (`state`)."""
+    return {"object": "list", "data": [model_card(slot, svc.started_at) for slot in svc.chat.models.slots]}
 
 
 @get("/models/{model_id:path}", responses=errors(*KEYED, 404))
 async def read_model(svc: NamedDependency[Ready], model_id: FromPath[str]) -> dict[str, Any]:
-    """The served model's card (`default` is an alias)."""
-    model_id = model_id.lstrip("/")
-    if model_id not in (served_id(svc), "default"):
-        raise ServiceError("model_not_found", f"the model '{model_id}' does not exist", param="model")
-    return model_card(svc)
+    """A served model's card (`default` names the default model)."""
+    return model_card(svc.chat.models.find(model_id.lstrip("/")), svc.started_at)
 
 
 router = Router(path="/v1", route_handlers=[chat_completions, completions, list_models, read_model])
