@@ -58,6 +58,9 @@ class HubStandIn:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     token: str = "hf_test_token"
     cut_once: set[tuple[str, str]] = field(default_factory=set)  # (repo, file): drop the connection halfway, once
+    # (repo, file): send half, then hold the connection open without a byte more, once (a pull a user then stops)
+    stall_once: set[tuple[str, str]] = field(default_factory=set)
+    released: threading.Event = field(default_factory=threading.Event)  # ends a stall
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
     _server: ThreadingHTTPServer | None = None
@@ -75,6 +78,7 @@ class HubStandIn:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -150,6 +154,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.close_connection = True  # the rest never comes: the client sees a body cut short
+            return
+        if key in self.state.stall_once and not start:
+            self.state.stall_once.discard(key)
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.state.released.wait(60)
+            self.close_connection = True
             return
         self.wfile.write(data[start:])
 

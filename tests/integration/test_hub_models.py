@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +111,37 @@ def test_a_cut_download_resumes_where_it_broke(hub, ggufs, tmp_path):
     path = Path(run.stdout.strip().split("\t")[1])
     assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(ggufs["big"]).digest()
     assert "100%" in run.stderr and "big-F32.gguf" in run.stderr
+
+
+def test_a_pull_stopped_by_the_user_leaves_nothing_half_written(hub, ggufs, tmp_path):
+    """Ctrl-C halfway through a download: a one-line message, no traceback, no partial file left in the cache
+    (huggingface_hub keeps a download's partial file private to its process, so the next run starts over; within a
+    run a dropped connection resumes, above), and the next `forge pull` gets the whole file, checked."""
+    key = ("org/big-GGUF", "big-F32.gguf")
+    hub.stall_once.add(key)
+    before = len(hub.file_gets(*key))
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    e |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
+    first = subprocess.Popen([FORGE, "pull", "hf:org/big-GGUF"], env=e, stderr=subprocess.PIPE, text=True)
+    deadline, written = time.monotonic() + 60, 0
+    while time.monotonic() < deadline and written < CHUNK:
+        time.sleep(0.1)
+        written = sum(p.stat().st_size for p in _partial(tmp_path))
+    assert written >= CHUNK, "the first pull never wrote its first chunk"
+    first.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    _, err = first.communicate(timeout=30)
+    hub.released.set()  # the stalled connection may close now
+    assert first.returncode != 0 and "Traceback" not in err, err
+    assert _partial(tmp_path) == [] and cached_files(tmp_path) == []
+    run = forge(hub.url, tmp_path, "pull", "hf:org/big-GGUF")
+    assert run.returncode == 0, run.stderr
+    assert [g.range for g in hub.file_gets(*key)[before:]] == [None, None]  # the second run started over
+    path = Path(run.stdout.strip().split("\t")[1])
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(ggufs["big"]).digest()
+
+
+def _partial(home: Path) -> list[Path]:
+    return list((home / "hub").rglob("*.incomplete")) if (home / "hub").exists() else []
 
 
 def test_a_corrupt_download_is_refused_and_removed(hub, tmp_path):
