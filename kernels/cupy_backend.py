@@ -266,10 +266,9 @@ class CupyBackend:
         if gemv:
             out = cp.empty((T, N), dtype=np.float32)
             if T:
-                route = self.gemv_route(w.kind, T)
-                grid, block = (gemv_tiled_geometry if route == "gemv_tiled" else gemv_geometry)(N, T)
+                grid, block = (gemv_tiled_geometry if self.gemv == "gemv_tiled" else gemv_geometry)(N, T)
                 last = np.int32(w.zero if w.kind == "q4" else w.group)
-                self._kernel(f"{route}_{w.kind}{_scales(w)}")(
+                self._kernel(f"{self.gemv}_{w.kind}{_scales(w)}")(
                     grid, block, (out, x, w.data, w.scale, w.min, np.int32(T), np.int32(N), np.int32(K), last)
                 )
         elif w.kind in QUANTIZED:
@@ -290,12 +289,6 @@ class CupyBackend:
                 raise ValueError(f"linear: bias {bias.shape} should be ({N},)")
             out += bias
         return out
-
-    def gemv_route(self, kind: str, rows: int) -> str:
-        """The GEMV kernel family a product of `rows` activation rows with a q4/q8 weight takes: the tiled one, but
-        the plain one for a single q8 row (its two bytes per value already keep the loads busy: measured faster,
-        docs/performance.md), and for everything once the start-up gate retired the tiled one."""
-        return "gemv" if self.gemv == "gemv" or (kind == "q8" and rows == 1) else "gemv_tiled"
 
     def embedding(self, table: DeviceWeight, ids: Any) -> Any:
         """Rows `ids` [T] of the table, float32 [T, D] (quantized rows bit-equal to Weight.dequantize)."""

@@ -6,7 +6,8 @@
 //
 // Two forms. `gemv_tiled_*` (the route the backend takes) stages x in shared memory: every GEMV_SPANS spans of K
 // (a span: the 16 weight bytes one lane loads, 32 values of q4 or 16 of q8) the block copies those columns of
-// its activation rows there once, coalesced, and each value a lane reads serves GEMV_TILE_ROWS weight rows. The
+// its activation rows there once, coalesced, and each value a lane reads serves GEMV_TILE_ROWS weight rows; the
+// weights of a round are loaded during the round before, so their trip to memory overlaps the staging. The
 // plain `gemv_*` form reads x straight from global memory for every weight row: each of its float4 loads touches
 // 32 lines (a lane's span is 64 or 128 bytes past its neighbour's), which bounds it by L1 wavefronts, not by the
 // weight bytes; it stays as the route the start-up gate falls back to.
@@ -148,13 +149,43 @@ template <int V> struct Stage {
     static constexpr int ROW = GEMV_SPANS * STRIDE;  // floats of one activation row
 };
 
-// x's columns k0 .. k0 + Stage<V>::VALUES - 1 of `rows` rows (row stride K) into xs; columns past K read as 0.
+// x's columns k0 .. k0 + Stage<V>::VALUES - 1 of `rows` rows (row stride K, 16-byte aligned) into xs; columns past
+// K read as 0. Every thread's float4 loads are independent and unrolled, so a round waits for one trip to memory,
+// not one per load. Needs blockDim.x == 32 * GEMV_WARPS.
 template <int V>
 __device__ __forceinline__ void stage_x(float* xs, const float* x, int rows, int K, int k0) {
-    const int n = min(Stage<V>::VALUES, K - k0);
-    for (int i = threadIdx.x; i < rows * Stage<V>::VALUES; i += blockDim.x) {
-        const int t = i / Stage<V>::VALUES, j = i - t * Stage<V>::VALUES;
-        xs[t * Stage<V>::ROW + (j / V) * Stage<V>::STRIDE + j % V] = j < n ? x[(long long)t * K + k0 + j] : 0.0f;
+    constexpr int PER_THREAD = Stage<V>::VALUES / 4 / (32 * GEMV_WARPS);
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        if (r < rows) {
+#pragma unroll
+            for (int c = 0; c < PER_THREAD; ++c) {
+                const int j = 4 * (threadIdx.x + c * 32 * GEMV_WARPS);  // a float4 never straddles two lanes' values
+                float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (k0 + j < K) v = *reinterpret_cast<const float4*>(x + (long long)r * K + k0 + j);
+                *reinterpret_cast<float4*>(xs + r * Stage<V>::ROW + (j / V) * Stage<V>::STRIDE + j % V) = v;
+            }
+        }
+    }
+}
+
+// The 16 weight bytes of span s of rows n0 .. n0 + GEMV_TILE_ROWS - 1, with their scales and mins (zeros past N).
+template <typename S, bool Q4>
+__device__ __forceinline__ void load_spans(uint4 (&p)[GEMV_TILE_ROWS], float (&sc)[GEMV_TILE_ROWS],
+                                           float (&mn)[GEMV_TILE_ROWS], const unsigned char* __restrict__ data,
+                                           const S* __restrict__ scale, const S* __restrict__ mins, int n0, int N,
+                                           long long row_bytes, int groups, int s, int last) {
+#pragma unroll
+    for (int w = 0; w < GEMV_TILE_ROWS; ++w) {
+        const int n = n0 + w;
+        p[w] = uint4{0u, 0u, 0u, 0u};
+        sc[w] = mn[w] = 0.0f;
+        if (n < N) {
+            p[w] = reinterpret_cast<const uint4*>(data + (long long)n * row_bytes)[s];
+            const long long g = (long long)n * groups + (Q4 ? s : s * 16 / last);
+            sc[w] = to_float(scale[g]);
+            mn[w] = mins ? to_float(mins[g]) : (Q4 ? -(float)last * sc[w] : 0.0f);
+        }
     }
 }
 
@@ -180,24 +211,23 @@ __device__ __forceinline__ void gemv_tiled(float* __restrict__ out, const float*
     const int spans = K / V, groups = Q4 ? K / 32 : K / last;
     const long long row_bytes = Q4 ? K / 2 : K;
     float acc[GEMV_TILE_ROWS][GEMV_ROWS] = {};
+    // This round's weights were loaded during the last one: their trip to memory overlaps the staging of x.
+    uint4 p[GEMV_TILE_ROWS], next_p[GEMV_TILE_ROWS] = {};
+    float sc[GEMV_TILE_ROWS], mn[GEMV_TILE_ROWS], next_sc[GEMV_TILE_ROWS] = {}, next_mn[GEMV_TILE_ROWS] = {};
+    if (lane < spans)
+        load_spans<S, Q4>(next_p, next_sc, next_mn, data, scale, mins, n0, N, row_bytes, groups, lane, last);
     for (int s0 = 0; s0 < spans; s0 += GEMV_SPANS) {
+        const int s = s0 + lane;
+#pragma unroll
+        for (int w = 0; w < GEMV_TILE_ROWS; ++w) p[w] = next_p[w], sc[w] = next_sc[w], mn[w] = next_mn[w];
         __syncthreads();  // every warp is done with the last round's values
         stage_x<V>(xs, x + (long long)t0 * K, rows, K, s0 * V);
-        __syncthreads();
-        const int s = s0 + lane;
-        if (s >= spans) continue;  // the tail round: lanes past K still reach the next barrier
-        uint4 p[GEMV_TILE_ROWS] = {};
-        float sc[GEMV_TILE_ROWS] = {}, mn[GEMV_TILE_ROWS] = {};
-#pragma unroll
-        for (int w = 0; w < GEMV_TILE_ROWS; ++w) {
-            const int n = n0 + w;
-            if (n < N) {
-                p[w] = reinterpret_cast<const uint4*>(data + (long long)n * row_bytes)[s];
-                const long long g = (long long)n * groups + (Q4 ? s : s * 16 / last);
-                sc[w] = to_float(scale[g]);
-                mn[w] = mins ? to_float(mins[g]) : (Q4 ? -(float)last * sc[w] : 0.0f);
-            }
+        if (s + GEMV_SPANS < spans) {
+            const int ahead = s + GEMV_SPANS;
+            load_spans<S, Q4>(next_p, next_sc, next_mn, data, scale, mins, n0, N, row_bytes, groups, ahead, last);
         }
+        __syncthreads();
+        if (s >= spans) continue;  // the tail round: lanes past K still reach the next barrier
         float dot[GEMV_TILE_ROWS][GEMV_ROWS] = {}, sum[GEMV_ROWS] = {};
 #pragma unroll
         for (int i = 0; i < V / 4; ++i) {
@@ -209,7 +239,8 @@ __device__ __forceinline__ void gemv_tiled(float* __restrict__ out, const float*
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; ++r) {
                 if (r < rows) {
-                    const float4 v = reinterpret_cast<const float4*>(xs + r * Stage<V>::ROW + lane * Stage<V>::STRIDE)[i];
+                    const float* xr = xs + r * Stage<V>::ROW + lane * Stage<V>::STRIDE;
+                    const float4 v = reinterpret_cast<const float4*>(xr)[i];
                     sum[r] += (v.x + v.y) + (v.z + v.w);
 #pragma unroll
                     for (int w = 0; w < GEMV_TILE_ROWS; ++w)

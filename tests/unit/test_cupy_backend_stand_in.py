@@ -99,10 +99,8 @@ def test_few_rows_read_the_quantized_weight_in_one_gemv_launch(cp, gpu, rng, kin
     w = gpu.prepare_linear(random_weight(kind, 70, 64, rng))
     gpu.linear(gpu.asarray(np.ones((rows, 64), np.float32)), w)
     (launch,) = cp.launches
-    route = "gemv" if kind == "q8" and rows == 1 else "gemv_tiled"  # a single q8 row reads faster untiled
-    assert launch.kernel == f"{route}_{kind}"
-    geometry = cuda_launch.gemv_geometry if route == "gemv" else cuda_launch.gemv_tiled_geometry
-    assert (launch.grid, launch.block) == geometry(70, rows)
+    assert launch.kernel == f"gemv_tiled_{kind}"
+    assert (launch.grid, launch.block) == cuda_launch.gemv_tiled_geometry(70, rows)
     gpu.gemv = "gemv"  # the route the start-up gate falls back to
     gpu.linear(gpu.asarray(np.ones((rows, 64), np.float32)), w)
     assert cp.launches[1].kernel == f"gemv_{kind}"

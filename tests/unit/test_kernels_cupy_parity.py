@@ -333,7 +333,7 @@ def test_each_gemv_route_over_several_rounds_of_k(gpu, rng, type_id, rows, route
     """Both GEMV routes, named: K of 1280 (five K-quant blocks) takes the tiled form several rounds of staged x
     (1024 q4 values, 512 q8 values a round), the last one ragged; 70 outputs leave a block's last warps without
     weight rows."""
-    monkeypatch.setattr(gpu, "gemv_route", lambda kind, rows: route)
+    monkeypatch.setattr(gpu, "gemv", route)
     w, dense = quantized(type_id, 70, 1280, rng)
     x = rng.standard_normal((rows, 1280)).astype(np.float32)
     got = gpu.linear(gpu.asarray(x), gpu.prepare_linear(w))
