@@ -5,10 +5,28 @@ import { $, toast, closeSidebar } from "./chrome.js";
 import { setMessages, showLoading } from "./messages.js";
 import { trySend } from "./commands.js";
 
+// A list answer can arrive after sessions were made or deleted here (the server read it before): those changes,
+// newer than the request, are kept on top of it, and an answer older than the one shown is dropped.
+let changes = 0; // sessions added, updated or dropped here so far
+const changed = new Map(); // session id -> {at: its change's number, session: the session, or null once dropped}
+let listsAsked = 0;
+let listShown = 0; // the latest list request whose answer the page shows
+
 /** Reload the session list from the server. */
 export async function refreshSessions() {
+  const asked = ++listsAsked;
+  const since = changes;
   try {
-    state.sessions = await api.listSessions();
+    const sessions = await api.listSessions();
+    if (asked < listShown) return; // a newer answer is already shown
+    listShown = asked;
+    for (const [id, { at, session }] of changed) {
+      if (at <= since) { changed.delete(id); continue; } // the server had it before it read the list
+      const i = sessions.findIndex((s) => s.id === id);
+      if (!session) { if (i >= 0) sessions.splice(i, 1); }
+      else if (i < 0) sessions.unshift(session);
+    }
+    state.sessions = sessions;
     emit("sessions");
   } catch (err) {
     toast("Could not load sessions: " + err.message, "error");
@@ -20,6 +38,7 @@ export function upsertSession(session) {
   const i = state.sessions.findIndex((s) => s.id === session.id);
   if (i >= 0) state.sessions[i] = { ...state.sessions[i], ...session };
   else state.sessions.unshift(session);
+  changed.set(session.id, { at: ++changes, session: state.sessions[i >= 0 ? i : 0] });
   if (session.id === currentId()) showSession(session);
   emit("sessions");
 }
@@ -27,6 +46,7 @@ export function upsertSession(session) {
 /** Forget a session the server no longer has; close it when it is open. */
 export function dropSession(id) {
   state.sessions = state.sessions.filter((s) => s.id !== id);
+  changed.set(id, { at: ++changes, session: null });
   if (id === currentId()) closeSession();
   emit("sessions");
 }

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
+
+from tests.e2e.conftest import UI_TIMEOUT_MS
 
 FRANCE = 0  # fixture prompt: "What is the capital of France?" -> EOS after 8 tokens
 FACTORIAL = 1  # fixture prompt: a Python function, 32 tokens, opens a ``` fence
@@ -432,6 +435,40 @@ def test_sending_without_a_session_creates_one(chat, server, page):
     assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "stopped")]
     assert stored[0]["content"] == LONG_PROMPT
     assert page.locator(f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]').count() == 1
+
+
+def test_a_session_list_read_before_a_new_session_does_not_drop_it(chat, page):
+    # The page asks for the session list when it loads and again when its socket opens. On a busy server one of
+    # those answers, read before the user made a new session, can arrive after it: the list must keep the new
+    # (open) session, not fall back to the older list.
+    stale = []  # (route, the server's answer read at once, before the new session exists); given to the page later
+    lists = []
+
+    def answer_late(route) -> None:
+        if route.request.method != "GET":
+            route.continue_()
+            return
+        lists.append(route)
+        if len(lists) == 1:  # the access probe (web/auth.js): every request waits for it
+            route.continue_()
+        else:
+            stale.append((route, route.fetch()))
+
+    page.route("**/api/sessions", answer_late)
+    chat.open()
+    deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+    while len(stale) < 2:  # the load's list and the socket's
+        assert time.monotonic() < deadline, f"the page asked for the list {len(stale)} time(s)"
+        page.wait_for_timeout(50)
+    sid = chat.new_session()
+    current = f'[data-testid="session-item"][data-id="{sid}"][aria-current="page"]'
+    for route, answer in stale:  # each stale answer redraws the list: it still shows the new session, open
+        drawn = page.locator('[data-testid="session-item"]').first.element_handle()
+        route.fulfill(response=answer)
+        page.wait_for_function("el => !el.isConnected", arg=drawn)
+        assert page.locator(current).count() == 1, chat.page.eval_on_selector_all(
+            '[data-testid="session-item"]', "els => els.map(e => e.dataset.id)"
+        )
 
 
 def _long_reply(chat):

@@ -1,6 +1,6 @@
 """Server fixtures for the service tests: a real `python -m app.server` (uvicorn) on 127.0.0.1 with the
-default model and a real SQLite file. One shared server for the whole test session; the persistence
-tests start their own (they kill it)."""
+default model and a real SQLite file. One shared server for the whole test session, and one with the test MCP
+server for the MCP modules; the persistence tests start their own (they kill it)."""
 
 from __future__ import annotations
 
@@ -178,6 +178,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         log_path=tmp / "server.log",
         env={
             "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
+            # what is drafted must not depend on this machine's load (engine/spec_policy.py)
+            "FORGE_SPEC_ROW_COST": "0.5",
+        },
+    )
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+MCP_TOOL_SERVER = REPO / "tests" / "mcp_servers" / "tool_server.py"
+
+
+@pytest.fixture(scope="session")
+def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server running the test MCP server (tests/mcp_servers/tool_server.py) over stdio as `calc`, with a short
+    call timeout and a small result cap: one for the MCP tests of every module (test_service_mcp*.py)."""
+    tmp = tmp_path_factory.mktemp("forge-mcp")
+    srv = ServerProcess(
+        db_path=tmp / "forge.db",
+        log_path=tmp / "server.log",
+        env={
+            "FORGE_MCP": f"calc={sys.executable} {MCP_TOOL_SERVER}",
+            "FORGE_MCP_TIMEOUT_S": "2",
+            "FORGE_MCP_RESULT_BYTES": "256",
             # what is drafted must not depend on this machine's load (engine/spec_policy.py)
             "FORGE_SPEC_ROW_COST": "0.5",
         },

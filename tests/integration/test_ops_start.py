@@ -70,22 +70,37 @@ def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
 
 
 def test_an_open_bind_without_keys_refuses_to_start(tmp_path: Path) -> None:
-    # By flag: the server exits before it loads the model or binds anything, and says how to proceed.
-    done = subprocess.run(
+    # By flag: the server exits before it loads the model or binds anything, and says how to proceed. By
+    # environment, through the Procfile: honcho reports the process's failure. The two run side by side.
+    by_flag = tmp_path / "by-flag"
+    by_flag.mkdir()
+    direct = subprocess.Popen(
         [sys.executable, "-m", "app.server", "--host", "0.0.0.0", "--port", str(free_port())],
         cwd=REPO,
-        env=_env(tmp_path),
-        capture_output=True,
+        env=_env(by_flag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
-    assert done.returncode != 0
-    assert "refusing to serve 0.0.0.0 without API keys" in done.stderr
-    assert "--allow-anonymous" in done.stderr
-    # By environment, through the Procfile: honcho reports the process's failure.
-    with honcho(tmp_path, free_port(), FORGE_HOST="0.0.0.0") as (proc, log):
-        assert proc.wait(timeout=120) != 0
-    assert "--allow-anonymous" in log.read_text(errors="replace")
+    try:
+        with honcho(tmp_path, free_port(), FORGE_HOST="0.0.0.0") as (proc, log):
+            assert proc.wait(timeout=120) != 0
+        procfile: str | None = log.read_text(errors="replace")
+    except pytest.skip.Exception:  # no honcho: the flag's refusal is still checked
+        procfile = None
+    finally:
+        try:
+            _, stderr = direct.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            direct.kill()
+            direct.communicate()
+            raise
+    assert direct.returncode != 0
+    assert "refusing to serve 0.0.0.0 without API keys" in stderr
+    assert "--allow-anonymous" in stderr
+    if procfile is None:
+        pytest.skip("honcho is not installed (the dev extra has it): the Procfile's refusal is not checked")
+    assert "--allow-anonymous" in procfile
 
 
 def test_procfile_serves_when_told_open_warns_and_metrics_pass_promtool(tmp_path: Path) -> None:

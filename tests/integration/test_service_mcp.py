@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.integration.conftest import ServerProcess
 
 TIMEOUT = 60.0
-TOOL_SERVER = Path(__file__).resolve().parents[1] / "mcp_servers" / "tool_server.py"
 MCP_TOOLS = ["calc__add", "calc__fail", "calc__hang", "calc__crash", "calc__huge"]
 # The continuation has no tool choice left (tool_choice none): each message is one round, then a final answer.
 SETTINGS = {
@@ -34,26 +29,6 @@ STOPPED = "error: the call was stopped by the user"
 
 def forced(tool: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool}}
-
-
-@pytest.fixture(scope="module")
-def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("forge-mcp")
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={
-            "FORGE_MCP": f"calc={sys.executable} {TOOL_SERVER}",
-            "FORGE_MCP_TIMEOUT_S": "2",
-            "FORGE_MCP_RESULT_BYTES": "256",
-            "FORGE_SPEC_ROW_COST": "0.5",
-        },
-    )
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 async def recv(ws: ClientConnection) -> dict[str, Any]:

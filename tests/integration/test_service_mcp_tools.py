@@ -1,35 +1,15 @@
 """`GET /api/mcp/tools` against real servers (`python -m app.server`): with the test MCP server (tests/mcp_servers/
-tool_server.py) over stdio it lists that server's tools by namespaced name, with their descriptions and argument
-schemas; without one the list is empty. Behind the API key like the rest of /api."""
+tool_server.py) over stdio (the MCP tests' shared server: tests/integration/conftest.py) it lists that server's tools
+by namespaced name, with their descriptions and argument schemas; without one the list is empty. Behind the API key
+like the rest of /api."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
-import pytest
 
 from tests.integration.conftest import ServerProcess
 
-TOOL_SERVER = Path(__file__).resolve().parents[1] / "mcp_servers" / "tool_server.py"
 MCP_TOOLS = {"calc__add", "calc__fail", "calc__hang", "calc__crash", "calc__huge"}
-
-
-@pytest.fixture(scope="module")
-def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("forge-mcp-tools")
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={"FORGE_MCP": f"calc={sys.executable} {TOOL_SERVER}"},
-    )
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def test_lists_the_servers_tools(mcp_server: ServerProcess) -> None:
