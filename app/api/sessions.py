@@ -37,7 +37,7 @@ log = logging.getLogger("forge.sessions")
 @get("/", responses=errors(*KEYED))
 async def list_sessions(request: Request, store: NamedDependency[Store]) -> dict[str, Any]:
     """The caller's sessions, most recently active first."""
-    return {"data": await store.list_sessions(owner(request.scope))}
+    return {"data": [s.to_dict() for s in await store.list_sessions(owner(request.scope))]}
 
 
 @post("/", responses=errors(*KEYED, *BODY), operation_class=OptionalBody)
@@ -49,7 +49,8 @@ async def create_session(
 ) -> dict[str, Any]:
     """A new session (the body may be left out) on `model` (one of /v1/models; left out: the default)."""
     data = data or SessionFields()
-    return await store.create_session(owner(request.scope), **await new_session(chat.models, data))
+    session = await store.create_session(owner(request.scope), **await new_session(chat.models, data))
+    return session.to_dict()
 
 
 async def new_session(models: ModelRegistry, data: SessionFields) -> dict[str, Any]:
@@ -68,7 +69,7 @@ async def read_session(request: Request, store: NamedDependency[Store], session_
     if found is None:
         raise not_found(session_id)
     session, messages = found
-    return {**session, "messages": messages}
+    return {**session.to_dict(), "messages": [m.to_dict() for m in messages]}
 
 
 @patch("/{session_id:str}", responses=errors(*KEYED, *BODY, 404, 409))
@@ -91,7 +92,7 @@ async def update_session(
         raise ServiceError("busy", str(e), param="session_id") from None
     if updated is None:
         raise not_found(session_id)
-    return updated
+    return updated.to_dict()
 
 
 @delete("/{session_id:str}", responses=errors(*KEYED, 404, 409, 415))
@@ -137,7 +138,7 @@ async def import_session(
         "settings": {**session_defaults(engine), **(s.settings.given() if s.settings else {})},
         "model": model,
     }
-    return await store.import_session(owner(request.scope), session, data.tree())
+    return (await store.import_session(owner(request.scope), session, data.tree())).to_dict()
 
 
 @post(
@@ -155,7 +156,7 @@ async def select_branch(
 ) -> dict[str, Any]:
     """Choose the branch through a message (any of the session's): the session and its chosen branch."""
     session, messages = await chat.select(session_id, owner(request.scope), message_id)
-    return {**session, "messages": messages}
+    return {**session.to_dict(), "messages": [m.to_dict() for m in messages]}
 
 
 # -- turns over SSE ---------------------------------------------------------------------------
@@ -271,7 +272,7 @@ async def post_tool_result(
     """Store the result of a call of the session's last reply as a `tool` message (docs/api.md#tools-in-chat-
     sessions); the reply continues with `POST .../continue` once every call has one."""
     _, message = await chat.tool_result(session_id, owner(request.scope), data.tool_call_id, data.content)
-    return message
+    return message.to_dict()
 
 
 @post(

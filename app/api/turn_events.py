@@ -53,14 +53,14 @@ async def turn_events(
             raise not_found(session_id)
         replay = chat.replay(session_id, who, message_id)  # it may have started meanwhile
         if replay is None:
-            message = next((m for m in found[1] if m["id"] == message_id and m["role"] == "assistant"), None)
+            message = next((m for m in found[1] if m.id == message_id and m.role == "assistant"), None)
             if message is None:
                 raise ServiceError(
                     "not_found",
                     f"no reply '{message_id}' on the chosen branch of session '{session_id}'",
                     param="message_id",
                 )
-            return _stored(session_id, message)
+            return _stored(session_id, message.to_dict())
     if start > replay.seq:
         raise ServiceError(
             "invalid_parameter",

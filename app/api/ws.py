@@ -28,6 +28,7 @@ from app.domain.errors import ServiceError, not_found
 from app.domain.rate import TokenBucket
 from app.domain.replay import Replay
 from app.domain.turn import Turn
+from app.store.records import MessageRecord
 
 log = logging.getLogger("forge.ws")
 
@@ -205,8 +206,8 @@ class Connection:
         session = await self.svc.store.create_session(
             self.owner, **await new_session(self.svc.chat.models, cmd.fields())
         )
-        self._watch(session["id"], session["title"])
-        self.reply({"type": "session", "session": session}, cmd.client_id)
+        self._watch(session.id, session.title)
+        self.reply({"type": "session", "session": session.to_dict()}, cmd.client_id)
 
     async def session_open(self, cmd: bodies.SessionOpen) -> None:
         self.room_for(cmd.session_id)
@@ -214,17 +215,18 @@ class Connection:
         if found is None:
             raise not_found(cmd.session_id)
         session, messages = found
-        self._watch(cmd.session_id, session["title"])
-        self.reply({"type": "session", "session": session}, cmd.client_id)
+        self._watch(cmd.session_id, session.title)
+        self.reply({"type": "session", "session": session.to_dict()}, cmd.client_id)
         self._history(cmd.session_id, messages, cmd.client_id)
         asking = self.svc.chat.asking(cmd.session_id, self.owner, self.send)
         if asking is not None:  # a call awaits the user's decision: this client gives it and follows the rounds
             self.send(asking)
 
-    def _history(self, session_id: str, messages: list[dict[str, Any]], client_id: str | None) -> None:
+    def _history(self, session_id: str, branch: list[MessageRecord], client_id: str | None) -> None:
         """Answer `history`; a reply being generated in it is shown as far as it got (`seq`: its last event in
         there) and this socket follows it from there. No await in here: nothing happens in between."""
         replay = self.svc.chat.replay(session_id, self.owner)
+        messages = [m.to_dict() for m in branch]
         at = next((i for i, m in enumerate(messages) if replay is not None and m["id"] == replay.message_id), None)
         event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": messages}
         stored_final = at is not None and messages[at]["status"] != "streaming"
@@ -263,7 +265,7 @@ class Connection:
             found = await self.svc.store.get_history(cmd.session_id, self.owner)
             if found is None:
                 raise not_found(cmd.session_id)
-            self._watch(cmd.session_id, found[0]["title"])
+            self._watch(cmd.session_id, found[0].title)
             self._history(cmd.session_id, found[1], cmd.client_id)
             return
         turn = self.svc.chat.running(cmd.session_id, self.owner)
@@ -276,7 +278,10 @@ class Connection:
 
     async def branch_select(self, cmd: bodies.BranchSelect) -> None:
         _, messages = await self.svc.chat.select(cmd.session_id, self.owner, cmd.message_id)
-        self.reply({"type": "history", "session_id": cmd.session_id, "messages": messages}, cmd.client_id)
+        self.reply(
+            {"type": "history", "session_id": cmd.session_id, "messages": [m.to_dict() for m in messages]},
+            cmd.client_id,
+        )
 
     async def ping(self, cmd: bodies.Ping) -> None:
         self.reply({"type": "pong"}, cmd.client_id)

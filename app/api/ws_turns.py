@@ -98,13 +98,13 @@ async def message_send(conn: Connection, cmd: bodies.MessageSend) -> None:
 async def tool_result(conn: Connection, cmd: bodies.ToolResult) -> None:
     conn.room_for(cmd.session_id)
     _, message = await conn.svc.chat.tool_result(cmd.session_id, conn.owner, cmd.tool_call_id, cmd.content)
-    conn.reply({"type": "message.created", "session_id": cmd.session_id, "message": message}, cmd.client_id)
+    conn.reply({"type": "message.created", "session_id": cmd.session_id, "message": message.to_dict()}, cmd.client_id)
 
 
 async def tool_approve(conn: Connection, cmd: bodies.ToolApprove) -> None:
     session = await conn.svc.chat.approve(cmd.session_id, conn.owner, cmd.tool_call_id, cmd.decision)
     if session is not None:  # "always": the tool joined the session's mcp_allowed
-        conn.reply({"type": "session", "session": session}, cmd.client_id)
+        conn.reply({"type": "session", "session": session.to_dict()}, cmd.client_id)
 
 
 async def message_continue(conn: Connection, cmd: bodies.MessageContinue) -> None:

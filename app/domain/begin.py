@@ -29,13 +29,14 @@ from app.domain.tools import plan as plan_tools
 from app.domain.turn import Queued, Sink, Turn
 from app.store import Conflict, Store
 from app.store.leases import Lease
+from app.store.records import MessageRecord, SessionRecord
 from engine.types import EngineOverloaded, GenerationRequest, InvalidRequest, ResponseFormat
 
 if TYPE_CHECKING:
     from engine import Engine
     from engine.engine import RequestStream
 
-Planner = Callable[[dict[str, Any], list[dict[str, Any]]], Plan]  # (session, chosen branch) -> the turn's plan
+Planner = Callable[[SessionRecord, list[MessageRecord]], Plan]  # (session, chosen branch) -> the turn's plan
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class TurnRequest:
 class _Prepared:
     """A planned turn, before admission: what to store, what to generate, and its tools."""
 
-    session: dict[str, Any]  # as it was before the turn
+    session: SessionRecord  # as it was before the turn
     plan: Plan
     prompt: list[int]
     req: GenerationRequest
@@ -141,15 +142,15 @@ class TurnStarter:
         before, messages = found
         plan = r.plan_for(before, messages)
         # loaded first when it is not; one this server no longer serves is the session's setting at fault
-        model = await self.models.acquire(self.models.session_model(before.get("model")))
+        model = await self.models.acquire(self.models.session_model(before.model))
         try:
             engine = model.engine
-            settings = before["settings"]
+            settings = before.settings
             mcp = self.mcp.tools(settings)
             tool_plan = await self._tools(engine, settings, r.tools or {}, r.response_format is not None, mcp)
             # Rendering and tokenizing a long conversation takes a while: not on the event loop.
             prompt = await asyncio.to_thread(
-                render, engine, before, plan.history, tool_plan.render if tool_plan else None
+                render, engine, before, plan.history, tool_plan.render if tool_plan else None, plan.user_content
             )
             params = sampling(engine, settings, len(prompt))
             params.response_format = await compile_response_format(engine, r.response_format)
@@ -165,8 +166,8 @@ class TurnStarter:
         self,
         r: TurnRequest,
         p: _Prepared,
-        session: dict[str, Any],
-        branch: list[dict[str, Any]],
+        session: SessionRecord,
+        branch: list[MessageRecord],
         held: Held,
         lease: Lease | None,
     ) -> Turn:
@@ -175,7 +176,7 @@ class TurnStarter:
         reply = branch[-1]
         # The turn's events go to a numbered log that the sink watches (with `client_id` on them), and so may
         # other clients: the reply goes on while someone watches or reattaches (app/domain/replay.py).
-        replay = Replay(r.session_id, r.owner, reply["id"], self.detached_s)
+        replay = Replay(r.session_id, r.owner, reply.id, self.detached_s)
         if self.relay is not None:
             self.relay.tap(replay)
         replay.attach(self._sink(r, p), 0, r.client_id)
@@ -183,9 +184,9 @@ class TurnStarter:
         turn = Turn(
             session_id=r.session_id,
             owner=r.owner,
-            message_id=reply["id"],
+            message_id=reply.id,
             request_id=p.req.request_id,
-            title=session["title"],
+            title=session.title,
             sink=replay.publish,
             ticket=held,
             replay=replay,
@@ -197,12 +198,12 @@ class TurnStarter:
         replay.on_end = lambda: self.replays.ended(replay)
         self.replays.add(replay)
         if p.plan.branches:
-            turn.emit({"type": "history", "session_id": r.session_id, "messages": branch[:-1]})
+            turn.emit({"type": "history", "session_id": r.session_id, "messages": [m.to_dict() for m in branch[:-1]]})
         elif p.plan.user_content is not None:
-            turn.emit({"type": "message.created", "session_id": r.session_id, "message": branch[-2]})
-        turn.emit({"type": "message.created", "session_id": r.session_id, "message": reply})
+            turn.emit({"type": "message.created", "session_id": r.session_id, "message": branch[-2].to_dict()})
+        turn.emit({"type": "message.created", "session_id": r.session_id, "message": reply.to_dict()})
         if p.plan.title is not None:
-            turn.emit({"type": "session", "session": session})
+            turn.emit({"type": "session", "session": session.to_dict()})
         self.guard.turns[r.session_id] = turn
         return turn
 
@@ -216,7 +217,7 @@ class TurnStarter:
         def go_on(rounds: Rounds) -> Any:
             return self.start(TurnRequest(r.session_id, r.owner, rounds, _continue, client_id=rounds.client_id))
 
-        return self.mcp.wrap(r.session_id, r.owner, r.sink, r.client_id, names, p.session["settings"], go_on)
+        return self.mcp.wrap(r.session_id, r.owner, r.sink, r.client_id, names, p.session.settings, go_on)
 
     async def _tools(
         self,
@@ -257,6 +258,6 @@ class TurnStarter:
             raise ServiceError("invalid_parameter", f"session setting {e}", param=f"settings.{e.param}") from None
 
 
-def _continue(session: dict[str, Any], messages: list[dict[str, Any]]) -> Plan:
+def _continue(session: SessionRecord, messages: list[MessageRecord]) -> Plan:
     """A reply continuing the conversation after its last reply's call results."""
     return plan_continue(messages)

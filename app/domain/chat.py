@@ -2,22 +2,22 @@
 conversation and streams the engine's reply, stored as it grows.
 
 Its pieces, one job each: starting a turn (begin.py, over plan.py: which messages, below which; prompt.py: the
-prompt and its sampling), running it to its end (run.py), one turn per session (guard.py), who is looking
-(presence.py), admission past the engine's capacity (admit.py over admission.py) and the sessions' MCP tool rounds
-(mcp/sessions.py).
+prompt and its sampling), running it to its end (run.py), one turn per session (guard.py), the session's changes
+between turns (between.py: a branch chosen, a tool's result, deletion), who is looking (presence.py), admission
+past the engine's capacity (admit.py over admission.py) and the sessions' MCP tool rounds (mcp/sessions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.domain.admission import Admission
 from app.domain.admit import Admitter
 from app.domain.begin import TurnRequest, TurnStarter
-from app.domain.errors import ServiceError, not_found
+from app.domain.between import BetweenTurns
+from app.domain.errors import not_found
 from app.domain.guard import Guard
 from app.domain.mcp.registry import McpRegistry
 from app.domain.mcp.rounds import Rounds
@@ -29,10 +29,10 @@ from app.domain.prompt import render
 from app.domain.relay import Relay
 from app.domain.replay import Replay, Replays
 from app.domain.run import Runner
-from app.domain.tools import check_result
 from app.domain.turn import Queued, Sink, Turn
 from app.metrics import Metrics
 from app.store import Store
+from app.store.records import MessageRecord, SessionRecord
 from engine.types import ResponseFormat
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class ChatService:
             self.cancel_turn,
             detached_s,
         )
+        self.between = BetweenTurns(store, self.guard, self.cancel_and_wait)  # branch choice, tool results, deletion
 
     @property
     def admission(self) -> Admission:
@@ -176,21 +177,9 @@ class ChatService:
 
     async def tool_result(
         self, session_id: str, owner: str, tool_call_id: str, content: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Store the result of a call of the chosen branch's last reply (a `tool` message below it and the
-        results before); returns the session and the message. Refused while a reply is being generated."""
-        with self.guard.reserve(session_id):
-            found = await self.store.get_history(session_id, owner)
-            if found is None:
-                raise not_found(session_id)
-            _, branch = found
-            check_result(branch, tool_call_id)
-            added = await self.store.add_tool_result(
-                session_id, owner, parent_id=branch[-1]["id"], tool_call_id=tool_call_id, content=content
-            )
-            if added is None:
-                raise not_found(session_id)
-            return added
+    ) -> tuple[SessionRecord, MessageRecord]:
+        """Store a result of the last reply's call (app/domain/between.py); returns the session and the message."""
+        return await self.between.tool_result(session_id, owner, tool_call_id, content)
 
     async def edit(
         self,
@@ -214,25 +203,9 @@ class ChatService:
         plan_for = lambda s, msgs: plan_regenerate(msgs)
         return await self.starter.start(TurnRequest(session_id, owner, sink, plan_for, client_id, queued=queued))
 
-    async def select(self, session_id: str, owner: str, message_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Choose the branch through `message_id` (any message of the session); returns the session and its
-        chosen branch. Refused (busy) while a reply is being generated in the session, on any replica."""
-        busy = ServiceError(
-            "busy",
-            f"a reply is being generated in session '{session_id}'; switch branches when it is done",
-            param="session_id",
-        )
-        if self.guard.running(session_id, owner) is not None or session_id in self.guard.reserved:
-            raise busy
-        async with self._between_turns(session_id, owner, busy):
-            found = await self.store.select(session_id, owner, message_id)
-        if found is not None:
-            return found
-        if await self.store.get_session(session_id, owner) is None:
-            raise not_found(session_id)
-        raise ServiceError(
-            "not_found", f"message '{message_id}' not found in session '{session_id}'", param="message_id"
-        )
+    async def select(self, session_id: str, owner: str, message_id: str) -> tuple[SessionRecord, list[MessageRecord]]:
+        """Choose the branch through `message_id` (app/domain/between.py); returns the session and that branch."""
+        return await self.between.select(session_id, owner, message_id)
 
     async def _answered(self, session_id: str, owner: str, key: str, sink: Sink, client_id: str | None) -> bool:
         if not await self.store.sent_with_key(session_id, key):
@@ -240,7 +213,11 @@ class ChatService:
         found = await self.store.get_history(session_id, owner)
         if found is None:
             raise not_found(session_id)
-        event: dict[str, Any] = {"type": "history", "session_id": session_id, "messages": found[1]}
+        event: dict[str, Any] = {
+            "type": "history",
+            "session_id": session_id,
+            "messages": [m.to_dict() for m in found[1]],
+        }
         if client_id is not None:
             event["client_id"] = client_id
         sink(event)
@@ -252,12 +229,12 @@ class ChatService:
         rounds' events go to `sink` from now on (app/domain/mcp/sessions.py)."""
         return self.mcp_sessions.asking(session_id, owner, sink)
 
-    async def approve(self, session_id: str, owner: str, call_id: str, decision: str) -> dict[str, Any] | None:
+    async def approve(self, session_id: str, owner: str, call_id: str, decision: str) -> SessionRecord | None:
         """The user's decision on the MCP call awaiting approval; "always" also stores the tool in the session's
         `mcp_allowed` and returns the session. ServiceError when no such call waits."""
         return await self.mcp_sessions.approve(session_id, owner, call_id, decision)
 
-    def _render(self, session: dict[str, Any], history: list[dict[str, Any]]) -> list[int]:
+    def _render(self, session: SessionRecord, history: list[MessageRecord]) -> list[int]:
         return render(self.engine, session, history)
 
     # -- watching ---------------------------------------------------------------------------
@@ -308,29 +285,8 @@ class ChatService:
             await asyncio.wait({task}, timeout=timeout)  # an MCP call running or awaiting approval
 
     async def delete_session(self, session_id: str, owner: str) -> bool:
-        """Delete a session (False: not found); a reply running here is stopped first, one running on another
-        replica refuses (busy) as a concurrent turn would."""
-        await self.cancel_and_wait(session_id, owner)
-        busy = ServiceError(
-            "busy", f"a reply is being generated in session '{session_id}' on another replica", param="session_id"
-        )
-        async with self._between_turns(session_id, owner, busy):
-            return await self.store.delete_session(session_id, owner)
-
-    @asynccontextmanager
-    async def _between_turns(self, session_id: str, owner: str, busy: ServiceError) -> AsyncIterator[None]:
-        """Hold the session's lease (with replicas) so no turn starts on any replica meanwhile; `busy` while one
-        runs. Another owner's session is not found, busy or not."""
-        try:
-            lease = await self.guard.take(session_id)
-        except ServiceError:
-            if await self.store.get_session(session_id, owner) is None:
-                raise not_found(session_id) from None
-            raise busy from None
-        try:
-            yield
-        finally:
-            await self.guard.give_back(lease)
+        """Delete a session, its running reply stopped first (app/domain/between.py); False: not found."""
+        return await self.between.delete_session(session_id, owner)
 
     def interrupt_all(self) -> None:
         """Server shutdown: refuse new turns, abort the running ones (stored as "interrupted")."""

@@ -17,6 +17,7 @@ import msgspec
 
 from app.domain.errors import ServiceError
 from app.domain.response_format import SCHEMA_MAX_BYTES, SCHEMA_MAX_DEPTH, schema_depth
+from app.store.records import MessageRecord
 from engine.tool_calls import NO_PARAMETERS, Tool, ToolChoice, ToolFormat, tool_grammar
 from engine.tool_parser import Piece, ToolCallSplitter
 from engine.types import InvalidRequest, ResponseFormat, SamplingParams
@@ -209,27 +210,27 @@ class ToolReply:
 # -- chat sessions ----------------------------------------------------------------------------------
 
 
-def open_calls(branch: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str], set[str]]:
+def open_calls(branch: list[MessageRecord]) -> tuple[MessageRecord | None, list[str], set[str]]:
     """The chosen branch's last reply with calls, if only its results follow it: (that reply, its call ids,
     the ids already answered); (None, [], set()) when the branch does not end there."""
     answered: set[str] = set()
     for m in reversed(branch):
-        if m["role"] == "tool":
-            answered.add(m.get("tool_call_id") or "")
+        if m.role == "tool":
+            answered.add(m.tool_call_id or "")
             continue
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            return m, [c["id"] for c in m["tool_calls"]], answered
+        if m.role == "assistant" and m.tool_calls:
+            return m, [c["id"] for c in m.tool_calls], answered
         break
     return None, [], set()
 
 
-def check_result(branch: list[dict[str, Any]], tool_call_id: str) -> dict[str, Any]:
+def check_result(branch: list[MessageRecord], tool_call_id: str) -> MessageRecord:
     """The reply whose call `tool_call_id` names, when the chosen branch ends with that reply (and results of its
     calls) and the call has no result yet; refused naming `tool_call_id` otherwise."""
     reply, ids, answered = open_calls(branch)
     if reply is None:
         raise invalid("tool_call_id", "answers no call: the session's last reply made no tool calls")
-    if reply.get("status") != "complete":
+    if reply.status != "complete":
         raise invalid("tool_call_id", "answers a reply that did not complete")
     if tool_call_id not in ids:
         raise invalid("tool_call_id", f"{tool_call_id!r} is not a call of the last reply (its calls: {', '.join(ids)})")
@@ -238,7 +239,7 @@ def check_result(branch: list[dict[str, Any]], tool_call_id: str) -> dict[str, A
     return reply
 
 
-def check_continue(branch: list[dict[str, Any]]) -> None:
+def check_continue(branch: list[MessageRecord]) -> None:
     """A reply may continue the conversation after tool results once every call of the last reply has one."""
     reply, ids, answered = open_calls(branch)
     if reply is None or not answered:

@@ -52,17 +52,6 @@ class ChatSession(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     model: Mapped[str | None] = mapped_column(String(MODEL_NAME_CHARS), nullable=True)  # None: the default model
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "system_prompt": self.system_prompt,
-            "model": self.model,
-            "settings": dict(self.settings),
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-        }
-
 
 class Message(Base):
     """One message of a session's tree: regenerating a reply or editing a user message adds a sibling (same
@@ -109,26 +98,6 @@ class Message(Base):
     tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # A tool message (role "tool"): the call it answers.
     tool_call_id: Mapped[str | None] = mapped_column(String(CALL_ID_CHARS), nullable=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "session_id": self.session_id,
-            "parent_id": self.parent_id,
-            "position": self.position,
-            "role": self.role,
-            "content": self.content,
-            "status": self.status,
-            "finish_reason": self.finish_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_ms": self.ttft_ms,
-            "tokens_per_s": self.tokens_per_s,
-            "tool_calls": self.tool_calls,
-            "tool_call_id": self.tool_call_id,
-            "created_at": iso(self.created_at),
-        }
 
 
 class Replica(Base):

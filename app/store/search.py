@@ -17,6 +17,7 @@ from sqlalchemy import and_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.store.models import ChatSession, Message
+from app.store.records import SessionRecord
 
 MAX_WORDS = 16
 SNIPPET_WORDS = 12  # FTS5 snippet length in tokens
@@ -176,7 +177,7 @@ async def _shape(db: AsyncSession, hits: list[tuple[str, str | None, str, list[l
     message_ids = {mid for _, mid, *_ in hits if mid is not None}
     sessions = (
         {
-            s.id: s.to_dict()
+            s.id: SessionRecord.of(s).to_dict()
             for s in (await db.scalars(select(ChatSession).where(ChatSession.id.in_(session_ids)))).all()
         }
         if session_ids

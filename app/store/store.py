@@ -1,6 +1,6 @@
 """Queries over sessions and messages. Every method opens its own short transaction.
 
-Returns plain dicts (the API's JSON shapes) so nothing ORM-bound escapes a session.
+Returns records (app.store.records: typed, frozen, detached) so nothing ORM-bound escapes a session.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from app.store.leases import LEASE_TTL_S, Leases
 from app.store.locks import make_liveness
 from app.store.models import MESSAGE_STATUSES, ChatSession, Message, utcnow
 from app.store.reaper import Reaper
+from app.store.records import MessageRecord, SessionRecord
 from app.store.search import search
 from app.store.tree import choose, chosen_branch
 
@@ -74,15 +75,15 @@ class Store:
 
     async def create_session(
         self, owner: str, title: str, system_prompt: str | None, settings: dict[str, Any], model: str | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionRecord:
         now = utcnow()
         row = ChatSession(id=new_id(), owner=owner, version=0, title=title, system_prompt=system_prompt, model=model)
         row.settings, row.created_at, row.updated_at = dict(settings), now, now
         async with self.sessionmaker.begin() as db:
             await db.execute(insert(ChatSession).values(**_given(row)))
-        return row.to_dict()
+        return SessionRecord.of(row)
 
-    async def list_sessions(self, owner: str, limit: int | None = None) -> list[dict[str, Any]]:
+    async def list_sessions(self, owner: str, limit: int | None = None) -> list[SessionRecord]:
         """Newest first (last activity)."""
         q = (
             select(ChatSession)
@@ -92,24 +93,24 @@ class Store:
         if limit is not None:
             q = q.limit(limit)
         async with self.sessionmaker() as db:
-            return [s.to_dict() for s in (await db.scalars(q)).all()]
+            return [SessionRecord.of(s) for s in (await db.scalars(q)).all()]
 
-    async def get_session(self, session_id: str, owner: str) -> dict[str, Any] | None:
+    async def get_session(self, session_id: str, owner: str) -> SessionRecord | None:
         async with self.sessionmaker() as db:
             row = await _owned(db, session_id, owner)
-            return row.to_dict() if row else None
+            return SessionRecord.of(row) if row else None
 
-    async def get_history(self, session_id: str, owner: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    async def get_history(self, session_id: str, owner: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
         """The session and its chosen branch (app.store.tree), read in one transaction; None when unknown."""
         async with self.sessionmaker() as db:
             row = await _owned(db, session_id, owner)
             if row is None:
                 return None
-            return row.to_dict(), chosen_branch(await _messages(db, session_id))
+            return SessionRecord.of(row), chosen_branch(await _messages(db, session_id))
 
     async def select(
         self, session_id: str, owner: str, message_id: str
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    ) -> tuple[SessionRecord, list[MessageRecord]] | None:
         """Choose the branch through `message_id` (it and its ancestors become the chosen ones of their
         siblings; below it, the choices made before stay). Returns the session and its new chosen branch;
         None when the owner's session holds no such message."""
@@ -118,9 +119,9 @@ class Store:
             rows = await _messages(db, session_id) if row is not None else []
             if row is None or not choose(rows, message_id):
                 return None
-            return row.to_dict(), chosen_branch(rows)
+            return SessionRecord.of(row), chosen_branch(rows)
 
-    async def update_session(self, session_id: str, owner: str, **fields: Any) -> dict[str, Any] | None:
+    async def update_session(self, session_id: str, owner: str, **fields: Any) -> SessionRecord | None:
         """Set title / system_prompt / model (already checked) and merge `settings` (a partial dict) over the stored
         ones; None when unknown. Concurrent updates all land: each write is conditional on the version it
         read (retried on a lost race), so no merge works from a stale copy. Raises Conflict after
@@ -142,7 +143,7 @@ class Store:
                 )
                 if result.rowcount == 1:
                     await db.refresh(row)
-                    return row.to_dict()
+                    return SessionRecord.of(row)
         raise Conflict(f"session {session_id} is being changed by many clients at once")
 
     async def delete_session(self, session_id: str, owner: str) -> bool:
@@ -174,7 +175,7 @@ class Store:
         idempotency_key: str | None = None,
         title: str | None = None,
         replica: str | None = None,
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    ) -> tuple[SessionRecord, list[MessageRecord]] | None:
         """In one transaction: below message `parent_id` (None: a first message), optionally add a user
         message, then an empty assistant reply with status "streaming" generated by `replica` (its name, for
         the sweep of app.store.leases); each new message becomes the
@@ -201,7 +202,7 @@ class Store:
         idempotency_key: str | None,
         title: str | None,
         replica: str | None,
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    ) -> tuple[SessionRecord, list[MessageRecord]] | None:
         now = utcnow()
         async with self.sessionmaker.begin() as db:
             session = await _owned(db, session_id, owner)
@@ -237,11 +238,11 @@ class Store:
             session.updated_at = now
             if title is not None:
                 session.title = title
-            return session.to_dict(), chosen_branch(rows)
+            return SessionRecord.of(session), chosen_branch(rows)
 
     async def add_tool_result(
         self, session_id: str, owner: str, *, parent_id: str, tool_call_id: str, content: str
-    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    ) -> tuple[SessionRecord, MessageRecord] | None:
         """In one transaction: a tool message (role "tool", status "complete") answering `tool_call_id`, below
         message `parent_id` (the chosen branch's last), as the chosen one of its siblings; touch the session.
         Returns the session and the new message; None when the session or `parent_id` is gone."""
@@ -272,7 +273,8 @@ class Store:
             rows.append(msg)
             choose(rows, msg.id)
             session.updated_at = now
-            return session.to_dict(), {**msg.to_dict(), "siblings": [r.id for r in rows if r.parent_id == below.id]}
+            siblings = [r.id for r in rows if r.parent_id == below.id]
+            return SessionRecord.of(session), MessageRecord.of(msg, siblings)
 
     async def save_progress(self, replies: Mapping[str, tuple[str, int]]) -> set[str]:
         """Store streaming replies as they stand, message id -> (text, completion tokens), in one transaction.
@@ -311,7 +313,7 @@ class Store:
         ttft_ms: float | None,
         tokens_per_s: float | None,
         tool_calls: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> MessageRecord | None:
         """Final write of a reply (`tool_calls`: the calls it made); None when it was deleted meanwhile (session
         deleted) or is no longer "streaming" (another replica found this one dead and marked it `interrupted`:
         it keeps what was stored then)."""
@@ -330,7 +332,7 @@ class Store:
             row.tokens_per_s = tokens_per_s
             row.tool_calls = tool_calls
             row.updated_at = utcnow()
-        return row.to_dict()
+        return MessageRecord.of(row)
 
     async def set_status(self, message_id: str, status: str, finish_reason: str | None) -> None:
         """The smallest final write of a reply, for when finish_reply failed."""
@@ -365,12 +367,12 @@ class Store:
             row = await _owned(db, session_id, owner)
             if row is None:
                 return None
-            messages = [{**m.to_dict(), "active": m.active} for m in await _messages(db, session_id)]
-            return {"forge_export": EXPORT_VERSION, "session": row.to_dict(), "messages": messages}
+            messages = [{**MessageRecord.of(m).to_dict(), "active": m.active} for m in await _messages(db, session_id)]
+            return {"forge_export": EXPORT_VERSION, "session": SessionRecord.of(row).to_dict(), "messages": messages}
 
     async def import_session(
         self, owner: str, session: dict[str, Any], messages: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+    ) -> SessionRecord:
         """Create a new session (new ids) from checked fields: `session` has title, system_prompt, settings and
         model (None: the default); each message role, content, status, the reply facts (finish_reason, token counts,
         timings), `parent` (the index of an earlier message, or None) and `active` (the chosen one of
@@ -411,7 +413,7 @@ class Store:
             db.add(row)
             await db.flush()
             db.add_all(rows)
-        return row.to_dict()
+        return SessionRecord.of(row)
 
     # -- search ---------------------------------------------------------------------------
 

@@ -8,9 +8,9 @@ session shows and the next turn continues.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from app.store.models import Message
+from app.store.records import MessageRecord
 
 
 def _children(rows: Sequence[Message]) -> dict[str | None, list[Message]]:
@@ -20,15 +20,15 @@ def _children(rows: Sequence[Message]) -> dict[str | None, list[Message]]:
     return groups
 
 
-def chosen_branch(rows: Sequence[Message]) -> list[dict[str, Any]]:
-    """The chosen messages from the root down, each as its JSON shape plus `siblings` (the ids of every
-    message sharing its parent, itself included, oldest first)."""
+def chosen_branch(rows: Sequence[Message]) -> list[MessageRecord]:
+    """The chosen messages from the root down, each with its `siblings` (the ids of every message sharing its
+    parent, itself included, oldest first)."""
     groups = _children(rows)
-    out: list[dict[str, Any]] = []
+    out: list[MessageRecord] = []
     parent: str | None = None
     while group := groups.get(parent):
         chosen = next((r for r in reversed(group) if r.active), group[-1])
-        out.append({**chosen.to_dict(), "siblings": [r.id for r in group]})
+        out.append(MessageRecord.of(chosen, [r.id for r in group]))
         parent = chosen.id
     return out
 

@@ -33,10 +33,10 @@ async def test_select_and_delete_refuse_while_another_replica_runs_the_turn(stor
     here, there = stores
     engine: Any = SimpleNamespace(max_num_seqs=4)
     chat = ChatService(engine, here, Metrics(), Admission(4), replica="r1")
-    sid = (await here.create_session(ME, "t", None, {}))["id"]
+    sid = (await here.create_session(ME, "t", None, {})).id
     started = await here.start_reply(sid, ME, parent_id=None, user_content="q", replica="r2")
     assert started is not None
-    first = started[1][0]["id"]
+    first = started[1][0].id
     lease = await there.leases.take(sid, "r2")  # a turn of the session runs on r2
     assert lease is not None
     for attempt in (chat.select(sid, ME, first), chat.delete_session(sid, ME)):
@@ -49,7 +49,7 @@ async def test_select_and_delete_refuse_while_another_replica_runs_the_turn(stor
     assert await here.leases.holder(sid) == "r2"  # the refusals took nothing
     await there.leases.release(lease)
     session, branch = await chat.select(sid, ME, first)
-    assert session["id"] == sid and branch[0]["id"] == first
+    assert session.id == sid and branch[0].id == first
     assert await chat.delete_session(sid, ME) is True
     assert await here.get_session(sid, ME) is None
     assert await here.leases.holder(sid) is None

@@ -49,11 +49,11 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(
     tight_engine: Engine, store: Store
 ) -> None:
     chat = ChatService(tight_engine, store, Metrics())
-    sid = (await store.create_session(ME, "New chat", None, GREEDY))["id"]
+    sid = (await store.create_session(ME, "New chat", None, GREEDY)).id
     events = await run_turn(chat, sid, "Hello there")
     assert events[-2]["type"] == "done" and events[-2]["status"] == "complete"
     before = await store.get_history(sid, ME)
-    assert before is not None and before[0]["title"] == "Hello there" and len(before[1]) == 2
+    assert before is not None and before[0].title == "Hello there" and len(before[1]) == 2
 
     prompt = tight_engine.render_chat([{"role": "user", "content": "Write a long story about a cat."}])
     running = tight_engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=300, temperature=0)))
@@ -62,7 +62,7 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(
     try:
         for start in (
             lambda sink: chat.send(sid, ME, "Another question", sink=sink),
-            lambda sink: chat.edit(sid, ME, before[1][0]["id"], "An edited question", sink=sink),
+            lambda sink: chat.edit(sid, ME, before[1][0].id, "An edited question", sink=sink),
             lambda sink: chat.regenerate(sid, ME, sink=sink),
         ):
             events = []
@@ -83,7 +83,7 @@ async def test_turns_the_engine_refuses_are_refused_before_anything_is_stored(
     events = await run_turn(chat, sid, "Another question")
     assert events[-2]["type"] == "done" and events[-2]["status"] == "complete"
     _, messages = await store.get_history(sid, ME)  # type: ignore[misc]
-    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
 
 
 @pytest.mark.parametrize("failures", [1, 99])
@@ -101,27 +101,30 @@ async def test_a_failed_final_save_is_told_and_stored_when_the_store_raises(
 
     monkeypatch.setattr(store, "finish_reply", flaky)
     chat = ChatService(tight_engine, store, Metrics())
-    sid = (await store.create_session(ME, "t", None, GREEDY))["id"]
+    sid = (await store.create_session(ME, "t", None, GREEDY)).id
     events = await run_turn(chat, sid, "Hello")
     done = events[-2]
     stored = (await store.get_history(sid, ME))[1][-1]  # type: ignore[index]
-    assert done["type"] == "done" and stored["id"] == done["message_id"]
+    assert done["type"] == "done" and stored.id == done["message_id"]
     if failures == 1:  # the retry stored it
-        assert done["status"] == stored["status"] == "complete"
+        assert done["status"] == stored.status == "complete"
     else:  # the client hears that the reply is lost, and the database says the same
         assert events[-3]["type"] == "error" and events[-3]["code"] == "internal"
-        assert done["status"] == stored["status"] == "error"
+        assert done["status"] == stored.status == "error"
 
 
 async def test_a_repeated_idempotency_key_stores_the_message_once(tight_engine: Engine, store: Store) -> None:
     chat = ChatService(tight_engine, store, Metrics())
-    sid = (await store.create_session(ME, "t", None, GREEDY))["id"]
+    sid = (await store.create_session(ME, "t", None, GREEDY)).id
     first = await run_turn(chat, sid, "Hello", idempotency_key="k-1", client_id="a")
     again = await run_turn(chat, sid, "Hello", idempotency_key="k-1", client_id="b")
     _, messages = await store.get_history(sid, ME)  # type: ignore[misc]
-    assert [m["role"] for m in messages] == ["user", "assistant"]
-    assert again == [{"type": "history", "session_id": sid, "messages": messages, "client_id": "b"}, None]
-    assert first[-2]["message_id"] == messages[1]["id"]
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert again == [
+        {"type": "history", "session_id": sid, "messages": [m.to_dict() for m in messages], "client_id": "b"},
+        None,
+    ]
+    assert first[-2]["message_id"] == messages[1].id
     other = await run_turn(chat, sid, "Hello", idempotency_key="k-2")
     assert other[-2]["status"] == "complete"
     assert len((await store.get_history(sid, ME))[1]) == 4  # type: ignore[index]
@@ -137,15 +140,15 @@ async def engine4():
 
 async def test_the_per_key_cap_queues_a_keys_extra_turns(engine4: Engine, store: Store) -> None:
     chat = ChatService(engine4, store, Metrics(), Admission(capacity=4, per_owner=1))
-    a = (await store.create_session(ME, "a", None, dict(GREEDY, max_tokens=50)))["id"]
-    b = (await store.create_session(ME, "b", None, GREEDY))["id"]
+    a = (await store.create_session(ME, "a", None, dict(GREEDY, max_tokens=50))).id
+    b = (await store.create_session(ME, "b", None, GREEDY)).id
     turn = await chat.send(a, ME, "Count to fifty.", sink=lambda ev: None)
     queued = asyncio.Event()
     b_events: list = []
     waiting = asyncio.ensure_future(chat.send(b, ME, "Hello", sink=b_events.append, queued=queued.set))
     await asyncio.wait_for(queued.wait(), 120)  # over the key's cap: it waits, nothing stored yet
     assert not waiting.done() and b_events == [] and (await store.get_history(b, ME))[1] == []  # type: ignore[index]
-    other_owner = (await store.create_session("someone-else", "c", None, GREEDY))["id"]
+    other_owner = (await store.create_session("someone-else", "c", None, GREEDY)).id
     events: list = []
     t2 = await chat.send(other_owner, "someone-else", "Hello", sink=events.append)  # another key is not limited
     chat.cancel(a, ME)

@@ -14,6 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from app.config import Settings
 from app.main import create_app
+from app.store.records import MessageRecord, SessionRecord
 from engine import Engine, EngineOverloaded
 
 SECRET = "secret-detail-4711"
@@ -128,16 +129,21 @@ async def test_a_body_cut_short_is_not_logged_as_an_error(
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
 
 
+def _message(role: str, content: str, status: str = "complete") -> MessageRecord:
+    return MessageRecord("m", "s", None, 0, role, content, status, *[None] * 8, "")
+
+
 def test_a_failed_reply_drops_the_question_it_answered(engine: Engine, client: AsyncTestClient) -> None:
     chat = client.app.state.forge.chat
     history = [
-        {"role": "user", "content": "first"},
-        {"role": "assistant", "content": "", "status": "error"},
-        {"role": "user", "content": "second"},
-        {"role": "assistant", "content": "ok", "status": "complete"},
-        {"role": "user", "content": "third"},
+        _message("user", "first"),
+        _message("assistant", "", "error"),
+        _message("user", "second"),
+        _message("assistant", "ok"),
+        _message("user", "third"),
     ]
-    assert chat._render({}, history) == engine.render_chat(
+    session = SessionRecord("s", "t", None, None, {}, "", "")  # no system prompt
+    assert chat._render(session, history) == engine.render_chat(
         [
             {"role": "user", "content": "second"},
             {"role": "assistant", "content": "ok"},

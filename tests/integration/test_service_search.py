@@ -115,12 +115,12 @@ async def test_both_ways_of_searching_find_the_same(database_url: str) -> None:
     store = Store(url)
     try:
         s = await store.create_session("me", "Weekend plans", None, {})
-        _, (u, _) = await store.start_reply(s["id"], "me", parent_id=None, user_content="Hiking near the lake")
+        _, (u, _) = await store.start_reply(s.id, "me", parent_id=None, user_content="Hiking near the lake")
         await store.create_session("other", "Weekend plans", None, {})
         async with store.sessionmaker() as db:
             for query, expected in [
-                ("weekend", [(s["id"], None)]),
-                ("LAKE hiking", [(s["id"], u["id"])]),
+                ("weekend", [(s.id, None)]),
+                ("LAKE hiking", [(s.id, u.id)]),
                 ("lake OR sea", []),
                 ('"', []),
             ]:
@@ -176,16 +176,16 @@ async def test_search_behaves_alike_on_each_database(database_url: str) -> None:
             "them", {"title": f"Their {word}", "system_prompt": None, "settings": {}}, tree(f"{word} too")
         )
         hits = await store.search("me", word, 10)
-        assert hits[0]["session"]["id"] == a["id"] and hits[0]["message"] is None
-        assert len(hits) == 5 and {h["session"]["id"] for h in hits} == {a["id"], b["id"]}
-        assert hits[1]["session"]["id"] == b["id"] and hits[1]["message"]["position"] == 0  # twice in few words
+        assert hits[0]["session"]["id"] == a.id and hits[0]["message"] is None
+        assert len(hits) == 5 and {h["session"]["id"] for h in hits} == {a.id, b.id}
+        assert hits[1]["session"]["id"] == b.id and hits[1]["message"]["position"] == 0  # twice in few words
         for h in hits:
             marked = [h["snippet"][s:e] for s, e in h["highlights"]]
             assert marked and all(m.lower().startswith(word) for m in marked), h
         assert [(h["session"]["id"], h["message"]["position"]) for h in await store.search("me", "CAFE cultu", 10)] == [
-            (b["id"], 1)
+            (b.id, 1)
         ]
-        assert [h["session"]["id"] for h in await store.search("them", word, 10)] == [c["id"], c["id"]]
+        assert [h["session"]["id"] for h in await store.search("them", word, 10)] == [c.id, c.id]
         assert await store.search("me", f"{word} nowhere", 10) == []
         assert len(await store.search("me", word, 2)) == 2
         for q in [

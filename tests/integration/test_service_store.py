@@ -20,6 +20,7 @@ from app.domain.defaults import DEFAULT_SETTINGS
 from app.domain.errors import ServiceError
 from app.store import Store
 from app.store.migrate import head_revision, upgrade
+from app.store.records import MessageRecord
 
 REPO = Path(__file__).resolve().parents[2]
 ME, OTHER = "owner-a", "owner-b"  # what app.api.gate.key_id makes of two API keys
@@ -109,36 +110,36 @@ async def test_sessions_list_newest_first_rename_and_delete_with_messages(store:
     a = await store.create_session(ME, "a", None, DEFAULT_SETTINGS)
     b = await store.create_session(ME, "b", "be brief", DEFAULT_SETTINGS)
     c = await store.create_session(ME, "c", None, DEFAULT_SETTINGS)
-    assert [s["id"] for s in await store.list_sessions(ME)] == [c["id"], b["id"], a["id"]]
-    renamed = await store.update_session(a["id"], ME, title="renamed")
-    assert renamed is not None and renamed["title"] == "renamed"
-    assert [s["id"] for s in await store.list_sessions(ME)] == [a["id"], c["id"], b["id"]]
+    assert [s.id for s in await store.list_sessions(ME)] == [c.id, b.id, a.id]
+    renamed = await store.update_session(a.id, ME, title="renamed")
+    assert renamed is not None and renamed.title == "renamed"
+    assert [s.id for s in await store.list_sessions(ME)] == [a.id, c.id, b.id]
     assert await store.update_session("nope", ME, title="x") is None
 
-    await store.start_reply(b["id"], ME, parent_id=None, user_content="hello")
-    session, messages = await store.get_history(b["id"], ME)  # type: ignore[misc]
-    assert session["system_prompt"] == "be brief" and len(messages) == 2
-    assert await store.delete_session(b["id"], ME) is True
-    assert await store.delete_session(b["id"], ME) is False
-    assert await store.get_history(b["id"], ME) is None
-    assert await scalar(store, "SELECT count(*) FROM messages WHERE session_id = :s", s=b["id"]) == 0
+    await store.start_reply(b.id, ME, parent_id=None, user_content="hello")
+    session, messages = await store.get_history(b.id, ME)  # type: ignore[misc]
+    assert session.system_prompt == "be brief" and len(messages) == 2
+    assert await store.delete_session(b.id, ME) is True
+    assert await store.delete_session(b.id, ME) is False
+    assert await store.get_history(b.id, ME) is None
+    assert await scalar(store, "SELECT count(*) FROM messages WHERE session_id = :s", s=b.id) == 0
 
 
 async def test_reply_lifecycle_and_branches(store: Store) -> None:
     s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
-    started = await store.start_reply(s["id"], ME, parent_id=None, user_content="one")
+    started = await store.start_reply(s.id, ME, parent_id=None, user_content="one")
     assert started is not None
     _, (u1, r1) = started
-    assert (u1["position"], u1["role"], u1["status"], u1["parent_id"]) == (0, "user", "complete", None)
-    assert (r1["position"], r1["role"], r1["status"], r1["content"]) == (1, "assistant", "streaming", "")
-    assert (r1["parent_id"], r1["siblings"]) == (u1["id"], [r1["id"]])
+    assert (u1.position, u1.role, u1.status, u1.parent_id) == (0, "user", "complete", None)
+    assert (r1.position, r1.role, r1.status, r1.content) == (1, "assistant", "streaming", "")
+    assert (r1.parent_id, r1.siblings) == (u1.id, [r1.id])
 
-    await store.save_progress({r1["id"]: ("partial", 3)})
-    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
-    assert (msgs[1]["content"], msgs[1]["completion_tokens"], msgs[1]["status"]) == ("partial", 3, "streaming")
+    await store.save_progress({r1.id: ("partial", 3)})
+    _, msgs = await store.get_history(s.id, ME)  # type: ignore[misc]
+    assert (msgs[1].content, msgs[1].completion_tokens, msgs[1].status) == ("partial", 3, "streaming")
 
     done = await store.finish_reply(
-        r1["id"],
+        r1.id,
         content="partial reply",
         status="complete",
         finish_reason="stop",
@@ -148,30 +149,30 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
         ttft_ms=12.5,
         tokens_per_s=30.0,
     )
-    assert done is not None and (done["status"], done["cached_tokens"], done["ttft_ms"]) == ("complete", 4, 12.5)
-    _, (*_, u2, r2) = await store.start_reply(s["id"], ME, parent_id=r1["id"], user_content="two")  # type: ignore[misc]
-    assert (u2["position"], r2["position"]) == (2, 3)
+    assert done is not None and (done.status, done.cached_tokens, done.ttft_ms) == ("complete", 4, 12.5)
+    _, (*_, u2, r2) = await store.start_reply(s.id, ME, parent_id=r1.id, user_content="two")  # type: ignore[misc]
+    assert (u2.position, r2.position) == (2, 3)
 
     # Regenerate the first reply: a sibling of it, chosen; the branch below the old one is kept, not shown.
-    _, branch = await store.start_reply(s["id"], ME, parent_id=u1["id"])  # type: ignore[misc]
+    _, branch = await store.start_reply(s.id, ME, parent_id=u1.id)  # type: ignore[misc]
     r1b = branch[-1]
-    assert [m["id"] for m in branch] == [u1["id"], r1b["id"]] and branch[-1]["siblings"] == [r1["id"], r1b["id"]]
+    assert [m.id for m in branch] == [u1.id, r1b.id] and branch[-1].siblings == [r1.id, r1b.id]
     # Edit the first user message: a sibling of it, with its own reply.
-    _, branch = await store.start_reply(s["id"], ME, parent_id=None, user_content="one, edited")  # type: ignore[misc]
+    _, branch = await store.start_reply(s.id, ME, parent_id=None, user_content="one, edited")  # type: ignore[misc]
     u1b, r1c = branch
-    assert (u1b["position"], u1b["siblings"], r1c["siblings"]) == (0, [u1["id"], u1b["id"]], [r1c["id"]])
-    assert (await store.get_history(s["id"], ME))[1] == branch  # type: ignore[index]
+    assert (u1b.position, u1b.siblings, r1c.siblings) == (0, [u1.id, u1b.id], [r1c.id])
+    assert (await store.get_history(s.id, ME))[1] == branch  # type: ignore[index]
 
     # Choosing the old first message restores the choices made below it: the second reply, not the first.
-    _, branch = await store.select(s["id"], ME, u1["id"])  # type: ignore[misc]
-    assert [m["id"] for m in branch] == [u1["id"], r1b["id"]]
-    _, branch = await store.select(s["id"], ME, u2["id"])  # type: ignore[misc]  # deep inside another branch
-    assert [m["id"] for m in branch] == [u1["id"], r1["id"], u2["id"], r2["id"]]
-    assert [m["content"] for m in branch[:2]] == ["one", "partial reply"]
-    assert await store.select(s["id"], ME, "missing") is None
-    assert await store.select(s["id"], OTHER, u2["id"]) is None
+    _, branch = await store.select(s.id, ME, u1.id)  # type: ignore[misc]
+    assert [m.id for m in branch] == [u1.id, r1b.id]
+    _, branch = await store.select(s.id, ME, u2.id)  # type: ignore[misc]  # deep inside another branch
+    assert [m.id for m in branch] == [u1.id, r1.id, u2.id, r2.id]
+    assert [m.content for m in branch[:2]] == ["one", "partial reply"]
+    assert await store.select(s.id, ME, "missing") is None
+    assert await store.select(s.id, OTHER, u2.id) is None
     with pytest.raises(ValueError):
-        await store.start_reply(s["id"], ME, parent_id="missing")
+        await store.start_reply(s.id, ME, parent_id="missing")
 
     assert await store.start_reply("missing", ME, parent_id=None, user_content="x") is None
     assert (
@@ -192,12 +193,12 @@ async def test_reply_lifecycle_and_branches(store: Store) -> None:
 
 async def test_mark_interrupted_only_touches_streaming_replies(store: Store) -> None:
     s = await store.create_session(ME, "t", None, DEFAULT_SETTINGS)
-    _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
-    await store.save_progress({r["id"]: ("half a rep", 4)})
+    _, (_, r) = await store.start_reply(s.id, ME, parent_id=None, user_content="q")  # type: ignore[misc]
+    await store.save_progress({r.id: ("half a rep", 4)})
     assert await store.mark_interrupted(older_than_s=3600) == 0  # recent: a live worker may own it
     assert await store.mark_interrupted() == 1
-    _, msgs = await store.get_history(s["id"], ME)  # type: ignore[misc]
-    assert [(m["status"], m["content"]) for m in msgs] == [("complete", "q"), ("interrupted", "half a rep")]
+    _, msgs = await store.get_history(s.id, ME)  # type: ignore[misc]
+    assert [(m.status, m.content) for m in msgs] == [("complete", "q"), ("interrupted", "half a rep")]
     assert await store.mark_interrupted() == 0
 
 
@@ -206,12 +207,12 @@ async def streaming_replies(store: Store, n: int) -> list[tuple[str, str]]:
     out = []
     for i in range(n):
         s = await store.create_session(ME, f"t{i}", None, DEFAULT_SETTINGS)
-        _, (_, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="q")  # type: ignore[misc]
-        out.append((s["id"], r["id"]))
+        _, (_, r) = await store.start_reply(s.id, ME, parent_id=None, user_content="q")  # type: ignore[misc]
+        out.append((s.id, r.id))
     return out
 
 
-async def stored_reply(store: Store, session_id: str) -> dict:
+async def stored_reply(store: Store, session_id: str) -> MessageRecord:
     """The reply below the first message of `session_id`, as stored."""
     _, msgs = await store.get_history(session_id, ME)  # type: ignore[misc]
     return msgs[1]
@@ -223,7 +224,7 @@ async def test_progress_of_many_replies_goes_in_one_batch_that_skips_deleted_one
     await store.save_progress({r: (f"text {i}", i + 1) for i, (_, r) in enumerate(replies)})
     for i in (0, 2):
         got = await stored_reply(store, replies[i][0])
-        assert (got["content"], got["completion_tokens"], got["status"]) == (f"text {i}", i + 1, "streaming")
+        assert (got.content, got.completion_tokens, got.status) == (f"text {i}", i + 1, "streaming")
 
 
 async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(store: Store) -> None:
@@ -276,20 +277,20 @@ async def test_progress_is_batched_and_never_lands_after_a_replys_final_write(st
     progress.note(ids[1][1], "later", 2)
 
     async def later_stored() -> bool:
-        return (await stored_reply(store, ids[1][0]))["content"] == "later"
+        return (await stored_reply(store, ids[1][0])).content == "later"
 
     await until(later_stored)
     await progress.close()
     assert [list(w) for w in writes] == [[r for _, r in ids], [ids[1][1]]]
     final = await stored_reply(store, ids[0][0])
-    assert (final["content"], final["status"]) == ("final", "complete")
+    assert (final.content, final.status) == ("final", "complete")
 
 
 async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: Store) -> None:
     s = await store.create_session(ME, "trip", "sys", {"temperature": 0.0, "top_p": 1.0, "max_tokens": 7})
-    _, (u, r) = await store.start_reply(s["id"], ME, parent_id=None, user_content="hi")  # type: ignore[misc]
+    _, (u, r) = await store.start_reply(s.id, ME, parent_id=None, user_content="hi")  # type: ignore[misc]
     await store.finish_reply(
-        r["id"],
+        r.id,
         content="hello",
         status="complete",
         finish_reason="stop",
@@ -299,9 +300,9 @@ async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: S
         ttft_ms=1.0,
         tokens_per_s=None,
     )
-    await store.start_reply(s["id"], ME, parent_id=u["id"])  # a second reply, left streaming
-    await store.select(s["id"], ME, r["id"])
-    exported = await store.export_session(s["id"], ME)
+    await store.start_reply(s.id, ME, parent_id=u.id)  # a second reply, left streaming
+    await store.select(s.id, ME, r.id)
+    exported = await store.export_session(s.id, ME)
     assert exported is not None and exported["forge_export"] == 2
     assert [(m["role"], m["content"], m["active"]) for m in exported["messages"]] == [
         ("user", "hi", True),
@@ -311,15 +312,15 @@ async def test_export_import_round_trip_keeps_every_branch_with_new_ids(store: S
 
     body = decode(json.dumps(exported), Export)
     imported = await store.import_session(OTHER, exported["session"], body.tree())
-    assert imported["id"] != s["id"]
-    assert (imported["title"], imported["system_prompt"], imported["settings"]) == ("trip", "sys", s["settings"])
-    assert await store.get_history(imported["id"], ME) is None  # it belongs to the importer
-    _, msgs = await store.get_history(imported["id"], OTHER)  # type: ignore[misc]
-    assert [(m["role"], m["content"], len(m["siblings"])) for m in msgs] == [
+    assert imported.id != s.id
+    assert (imported.title, imported.system_prompt, imported.settings) == ("trip", "sys", s.settings)
+    assert await store.get_history(imported.id, ME) is None  # it belongs to the importer
+    _, msgs = await store.get_history(imported.id, OTHER)  # type: ignore[misc]
+    assert [(m.role, m.content, len(m.siblings)) for m in msgs] == [
         ("user", "hi", 1),
         ("assistant", "hello", 2),
     ]
-    copy = await store.export_session(imported["id"], OTHER)
+    copy = await store.export_session(imported.id, OTHER)
     assert [m["status"] for m in copy["messages"]] == ["complete", "complete", "interrupted"]  # type: ignore[index]
     assert {m["id"] for m in copy["messages"]}.isdisjoint({m["id"] for m in exported["messages"]})  # type: ignore[index]
 
@@ -363,20 +364,20 @@ def test_export_files_of_both_versions_become_one_tree() -> None:
 async def test_sessions_of_another_owner_are_invisible(store: Store) -> None:
     mine = await store.create_session(ME, "mine", None, DEFAULT_SETTINGS)
     assert await store.list_sessions(OTHER) == []
-    assert await store.get_session(mine["id"], OTHER) is None
-    assert await store.update_session(mine["id"], OTHER, title="taken") is None
-    assert await store.start_reply(mine["id"], OTHER, parent_id=None, user_content="x") is None
-    assert await store.delete_session(mine["id"], OTHER) is False
-    assert await store.export_session(mine["id"], OTHER) is None
-    assert await store.get_history(mine["id"], ME) == (mine, [])  # untouched
+    assert await store.get_session(mine.id, OTHER) is None
+    assert await store.update_session(mine.id, OTHER, title="taken") is None
+    assert await store.start_reply(mine.id, OTHER, parent_id=None, user_content="x") is None
+    assert await store.delete_session(mine.id, OTHER) is False
+    assert await store.export_session(mine.id, OTHER) is None
+    assert await store.get_history(mine.id, ME) == (mine, [])  # untouched
 
 
 async def test_concurrent_settings_updates_all_land(store: Store) -> None:
     sessions = [await store.create_session(ME, f"s{i}", None, DEFAULT_SETTINGS) for i in range(8)]
     patches = [{"temperature": 1.5}, {"top_p": 0.5}, {"max_tokens": 7}]
-    await asyncio.gather(*(store.update_session(s["id"], ME, settings=p) for s in sessions for p in patches))
+    await asyncio.gather(*(store.update_session(s.id, ME, settings=p) for s in sessions for p in patches))
     for s in sessions:
-        merged = (await store.get_session(s["id"], ME))["settings"]  # type: ignore[index]
+        merged = (await store.get_session(s.id, ME)).settings  # type: ignore[union-attr]
         assert merged == {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7}, "an update was lost"
 
 

@@ -42,24 +42,24 @@ async def replicas(database_url: str) -> AsyncIterator[Callable[..., Store]]:
 async def reply(store: Store, replica: str | None) -> tuple[str, str]:
     """A new session with a reply streaming on `replica`: (session id, reply id)."""
     s = await store.create_session(ME, "t", None, {})
-    started = await store.start_reply(s["id"], ME, parent_id=None, user_content="q", replica=replica)
+    started = await store.start_reply(s.id, ME, parent_id=None, user_content="q", replica=replica)
     assert started is not None
     r = started[1][-1]
-    await store.save_progress({r["id"]: ("half a rep", 3)})
-    return s["id"], r["id"]
+    await store.save_progress({r.id: ("half a rep", 3)})
+    return s.id, r.id
 
 
 async def statuses(store: Store, session_ids: list[str]) -> list[tuple[str, str]]:
     out = []
     for sid in session_ids:
         _, msgs = await store.get_history(sid, ME)  # type: ignore[misc]
-        out.append((msgs[-1]["status"], msgs[-1]["content"]))
+        out.append((msgs[-1].status, msgs[-1].content))
     return out
 
 
 async def test_one_turn_per_session_across_replicas(replicas: Callable[..., Store]) -> None:
     a, b = replicas(), replicas()
-    sid = (await a.create_session(ME, "t", None, {}))["id"]
+    sid = (await a.create_session(ME, "t", None, {})).id
     lease = await a.leases.take(sid, "a")
     assert isinstance(lease, Lease) and (lease.session_id, lease.replica) == (sid, "a")
     assert await b.leases.take(sid, "b") is None  # another replica
@@ -78,7 +78,7 @@ async def test_one_turn_per_session_across_replicas(replicas: Callable[..., Stor
 
 async def test_concurrent_takes_from_many_replicas_give_exactly_one_turn(replicas: Callable[..., Store]) -> None:
     stores = [replicas() for _ in range(6)]
-    sid = (await stores[0].create_session(ME, "t", None, {}))["id"]
+    sid = (await stores[0].create_session(ME, "t", None, {})).id
     for _ in range(3):  # a few rounds: each has one winner, who releases for the next
         won = [
             x
@@ -117,7 +117,7 @@ async def test_a_dead_replicas_leases_lapse_and_only_its_replies_are_swept(repli
 async def test_heartbeat_renews_the_replicas_session_leases(replicas: Callable[..., Store]) -> None:
     store = replicas(LONG_S)
     me = await store.leases.join("r", "")
-    sid = (await store.create_session(ME, "t", None, {}))["id"]
+    sid = (await store.create_session(ME, "t", None, {})).id
     lease = await store.leases.take(sid, "r")
     assert lease is not None
     await asyncio.sleep(0.01)

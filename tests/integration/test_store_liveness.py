@@ -44,10 +44,10 @@ REPLICA = textwrap.dedent(
         member = Membership(store.leases, "doomed", reaper=store.reaper)
         await member.start()
         s = await store.create_session("owner-a", "t", None, {})
-        _, branch = await store.start_reply(s["id"], "owner-a", parent_id=None, user_content="q", replica="doomed")
-        await store.save_progress({branch[-1]["id"]: ("half a rep", 3)})
-        assert await store.leases.take(s["id"], "doomed") is not None
-        print(s["id"], branch[-1]["id"], flush=True)
+        _, branch = await store.start_reply(s.id, "owner-a", parent_id=None, user_content="q", replica="doomed")
+        await store.save_progress({branch[-1].id: ("half a rep", 3)})
+        assert await store.leases.take(s.id, "doomed") is not None
+        print(s.id, branch[-1].id, flush=True)
         await asyncio.sleep(3600)
 
     asyncio.run(main(sys.argv[1]))
@@ -81,14 +81,15 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> float:
 
 async def last_reply(store: Store, sid: str) -> tuple[str, str]:
     _, msgs = await store.get_history(sid, ME)  # type: ignore[misc]
-    return msgs[-1]["status"], msgs[-1]["content"]
+    return msgs[-1].status, msgs[-1].content
 
 
 async def test_a_killed_replica_is_dead_as_soon_as_its_lock_is_free(
     replicas: Callable[[], Store], database_url: str
 ) -> None:
     live = replicas()
-    member = Membership(live.leases, "live", reaper=live.reaper)
+    # No watch of its own during the test: what frees the killed replica's session is the check a turn makes.
+    member = Membership(live.leases, "live", reaper=live.reaper, watch_s=3600)
     await member.start()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
@@ -156,9 +157,9 @@ async def test_start_up_reaps_a_replica_that_died_under_another_name(replicas: C
     old, new = replicas(), replicas()
     gone = Membership(old.leases, "127.0.0.1:1", reaper=old.reaper)
     await gone.start()
-    sid = (await old.create_session(ME, "t", None, {}))["id"]
+    sid = (await old.create_session(ME, "t", None, {})).id
     _, branch = await old.start_reply(sid, ME, parent_id=None, user_content="q", replica="127.0.0.1:1")  # type: ignore[misc]
-    await old.save_progress({branch[-1]["id"]: ("so far", 2)})
+    await old.save_progress({branch[-1].id: ("so far", 2)})
     assert await old.leases.take(sid, "127.0.0.1:1") is not None
     await old.liveness.release()  # the process is gone: its lock with it (its lease an hour ahead)
 
@@ -181,10 +182,10 @@ async def test_a_replica_whose_lock_connection_is_ended_is_fenced(replicas: Call
     first = await victim.start()
     await survivor.start()
     try:
-        sid = (await cut.create_session(ME, "t", None, {}))["id"]
+        sid = (await cut.create_session(ME, "t", None, {})).id
         started = await cut.start_reply(sid, ME, parent_id=None, user_content="q", replica="cut")
         assert started is not None
-        rid = started[1][-1]["id"]
+        rid = started[1][-1].id
         assert await cut.save_progress({rid: ("before", 1)}) == set()
         assert await cut.leases.take(sid, "cut") is not None
 

@@ -70,13 +70,13 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_ur
 
     store = Store(url)
     try:
-        assert [s["title"] for s in await store.list_sessions(ME)] == ["Empty", "Capitals"]
+        assert [s.title for s in await store.list_sessions(ME)] == ["Empty", "Capitals"]
         for sid, owner, title, messages in LEGACY:
             session, branch = await store.get_history(sid, owner)  # type: ignore[misc]
-            assert session["title"] == title
-            assert [(m["role"], m["content"], m["status"]) for m in branch] == [m[:3] for m in messages]
-            assert [m["parent_id"] for m in branch] == [None, *(m["id"] for m in branch)][: len(branch)]
-            assert all(m["siblings"] == [m["id"]] for m in branch)
+            assert session.title == title
+            assert [(m.role, m.content, m.status) for m in branch] == [m[:3] for m in messages]
+            assert [m.parent_id for m in branch] == [None, *(m.id for m in branch)][: len(branch)]
+            assert all(m.siblings == [m.id] for m in branch)
 
         # the search index holds the old rows (accents folded), for their owner only
         hits = await store.search(ME, "cafe", 10)
@@ -87,9 +87,9 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_ur
         # branches grow on the upgraded rows: regenerate the stopped reply
         sid = "s" * 32
         _, branch = await store.start_reply(sid, ME, parent_id=message_id(sid, 2))  # type: ignore[misc]
-        assert branch[-1]["siblings"] == [message_id(sid, 3), branch[-1]["id"]]
+        assert branch[-1].siblings == [message_id(sid, 3), branch[-1].id]
         await store.finish_reply(
-            branch[-1]["id"],
+            branch[-1].id,
             content="Berlin, of course.",
             status="complete",
             finish_reason="stop",
@@ -99,7 +99,7 @@ async def test_upgrade_keeps_every_session_and_message_as_one_branch(database_ur
             ttft_ms=None,
             tokens_per_s=None,
         )
-        assert [h["message"]["id"] for h in await store.search(ME, "course", 10)] == [branch[-1]["id"]]
+        assert [h["message"]["id"] for h in await store.search(ME, "course", 10)] == [branch[-1].id]
     finally:
         await store.close()
 
@@ -121,7 +121,7 @@ async def test_0004_down_and_up_again_keeps_messages_and_search(database_url: st
     store = Store(url)
     try:
         s = await store.create_session(ME, "Round trip", None, {})
-        await store.start_reply(s["id"], ME, parent_id=None, user_content="before the downgrade", replica="r1")
+        await store.start_reply(s.id, ME, parent_id=None, user_content="before the downgrade", replica="r1")
     finally:
         await store.close()
     command.downgrade(alembic_config(url), "0003")
@@ -165,7 +165,7 @@ async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: 
                     ),
                     {
                         "id": mid,
-                        "sid": s["id"],
+                        "sid": s.id,
                         "parent": "m" * 32 if i else None,
                         "i": i,
                         "active": True,
@@ -183,8 +183,8 @@ async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: 
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}
     ]
     try:
-        _, before = await store.get_history(s["id"], ME)  # type: ignore[misc]
-        assert [(m["content"], m["tool_calls"], m["tool_call_id"]) for m in before] == [
+        _, before = await store.get_history(s.id, ME)  # type: ignore[misc]
+        assert [(m.content, m.tool_calls, m.tool_call_id) for m in before] == [
             ("weather in Lisbon?", None, None),
             ("", None, None),
         ]
@@ -201,17 +201,17 @@ async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: 
             tool_calls=calls,
         )
         added = await store.add_tool_result(
-            s["id"], ME, parent_id=branch[-1]["id"], tool_call_id="call_1", content="sunny and breezy"
+            s.id, ME, parent_id=branch[-1]["id"], tool_call_id="call_1", content="sunny and breezy"
         )
-        assert added is not None and added[1]["parent_id"] == branch[-1]["id"]
-        _, after = await store.get_history(s["id"], ME)  # type: ignore[misc]
-        assert [(m["role"], m["tool_calls"], m["tool_call_id"]) for m in after] == [
+        assert added is not None and added[1].parent_id == branch[-1]["id"]
+        _, after = await store.get_history(s.id, ME)  # type: ignore[misc]
+        assert [(m.role, m.tool_calls, m.tool_call_id) for m in after] == [
             ("user", None, None),
             ("assistant", calls, None),
             ("tool", None, "call_1"),
         ]
         assert [h["message"]["role"] for h in await store.search(ME, "breezy", 10)] == ["tool"]
-        exported = await store.export_session(s["id"], ME)
+        exported = await store.export_session(s.id, ME)
         assert [m["tool_call_id"] for m in exported["messages"]] == [None, None, "call_1"]  # type: ignore[index]
     finally:
         await store.close()
@@ -222,7 +222,7 @@ async def test_0005_adds_tool_calls_and_results_in_place_and_back(database_url: 
     upgrade(url)
     store = Store(url)
     try:
-        _, branch = await store.get_history(s["id"], ME)  # type: ignore[misc]
-        assert [m["tool_calls"] for m in branch] == [None, None]
+        _, branch = await store.get_history(s.id, ME)  # type: ignore[misc]
+        assert [m.tool_calls for m in branch] == [None, None]
     finally:
         await store.close()

@@ -15,7 +15,6 @@ LIMITS = {"file": 600, "class": 300, "function": 60}
 EXCEPTIONS: dict[tuple[str, str], tuple[int, str]] = {
     ("function", "app/api/sessions.py::turn_stream"): (70, "the SSE turn's whole life: start, relay, resume, end"),
     ("function", "app/config.py::serve_flags"): (89, "one argparse call per flag of `forge serve`"),
-    ("class", "app/domain/chat.py::ChatService"): (326, "turns, branches and replays share the session's state"),
     ("function", "app/main.py::create_app"): (119, "the composition root: every route, plugin and setting"),
     ("function", "app/main.py::create_app.lifespan"): (74, "start-up and shutdown in their order"),
     ("function", "app/metrics.py::_EngineCollector.collect"): (129, "one table per metric family of a scrape"),

@@ -122,8 +122,8 @@ class Rounds:
                 if added is None:  # the session was deleted meanwhile
                     self.stopped = True
                     break
-                parent = added[1]["id"]
-                self._emit({"type": "message.created", "session_id": self.session_id, "message": added[1]})
+                parent = added[1].id
+                self._emit({"type": "message.created", "session_id": self.session_id, "message": added[1].to_dict()})
             self.guard.reserved.discard(self.session_id)
             answered = all(c["function"]["name"] in self.names for c in calls)
             if self.stopped or self.gone or not answered or self.round >= self.limit or self.guard.shutting_down:

@@ -15,6 +15,7 @@ from app.domain.mcp.registry import McpRegistry
 from app.domain.mcp.rounds import Rounds
 from app.domain.turn import Sink
 from app.store import Store
+from app.store.records import SessionRecord
 
 
 @dataclass(slots=True, eq=False)
@@ -72,7 +73,7 @@ class McpSessions:
         rounds.sink, rounds.client_id, rounds.gone = sink, None, False
         return dict(rounds.asking)
 
-    async def approve(self, session_id: str, owner: str, call_id: str, decision: str) -> dict[str, Any] | None:
+    async def approve(self, session_id: str, owner: str, call_id: str, decision: str) -> SessionRecord | None:
         """The user's decision on the MCP call awaiting approval (rounds.py); "always" also stores the tool in the
         session's `mcp_allowed` and returns the session. ServiceError when no such call waits."""
         rounds = self.rounds.get(session_id)
