@@ -19,12 +19,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.loader import LoadedModel
 from engine.model.llama import LlamaModel
-from kernels import NumpyBackend, RouteCheck, compile_stamp
+from kernels import Backend, NumpyBackend, RouteCheck, compile_stamp
 from kernels.weight import Weight
+
+if TYPE_CHECKING:
+    from kernels.numba_backend import NumbaBackend
 
 log = logging.getLogger("forge.engine")
 
@@ -74,7 +77,12 @@ class BackendSwap:
     between steps) hands it over once ready; `state` says how far the build is."""
 
     def __init__(
-        self, loaded: LoadedModel, backend: Any, key: str, say: Callable[[str], None], quantize: str | None = None
+        self,
+        loaded: LoadedModel,
+        backend: NumbaBackend,
+        key: str,
+        say: Callable[[str], None],
+        quantize: str | None = None,
     ) -> None:
         self.loaded, self.backend, self.key, self.say, self.quantize = loaded, backend, key, say, quantize
         self.state = SwapState()
@@ -85,7 +93,7 @@ class BackendSwap:
 
     @classmethod
     def plan(
-        cls, loaded: LoadedModel, backend: Any, key: str, say: Callable[[str], None], quantize: str | None = None
+        cls, loaded: LoadedModel, backend: Backend, key: str, say: Callable[[str], None], quantize: str | None = None
     ) -> BackendSwap | None:
         """A swap when `backend` is numba with float32 activations (the reference's agreement), its kernels are
         not compiled for `key` here (kernels/compile_stamp.py), and the float32 weights fit MEMORY_SHARE of the
@@ -104,7 +112,7 @@ class BackendSwap:
                 f"{MEMORY_SHARE:.0%} of the available memory"
             )
             return None
-        return cls(loaded, backend, key, say, quantize)
+        return cls(loaded, cast("NumbaBackend", backend), key, say, quantize)
 
     def reference_model(self) -> tuple[LlamaModel, list[RouteCheck]]:
         """The model on the NumPy reference (the loaded weights stay for the numba build) and its gate checks."""

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from engine.model.llama import LlamaModel
+from kernels import Backend
 
 
 class OpProfile:
@@ -24,7 +25,7 @@ class OpProfile:
         "to_numpy",
     )
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.calls: collections.Counter[str] = collections.Counter()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kernels import Backend
 
 
 @dataclass(slots=True)
@@ -64,7 +67,7 @@ def build_attention_metadata(
     context_lens: Sequence[int],
     block_tables: Sequence[Sequence[int]],
     block_size: int,
-    backend: Any = None,
+    backend: Backend | None = None,
 ) -> AttentionMetadata:
     """Build metadata from plain host lists.
 

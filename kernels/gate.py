@@ -21,6 +21,7 @@ from kernels.routes import ROW_CLASSES, Form, Route
 from kernels.weight import Weight, pack_q4
 
 if TYPE_CHECKING:
+    from kernels import Backend
     from kernels.numba_backend import NumbaBackend
 
 log = logging.getLogger("forge.kernels")
@@ -137,7 +138,7 @@ GPU_FORMS = (
 GPU_ROWS = (1, 8, 41)
 
 
-def check_products(backend: Any, bound: float = GPU_BOUND) -> list[RouteCheck]:
+def check_products(backend: Backend, bound: float = GPU_BOUND) -> list[RouteCheck]:
     """A backend's `linear` over GPU_FORMS at GPU_ROWS rows against the exact product (nothing retired: the
     caller decides what a failure means)."""
     rng = np.random.default_rng(0)
