@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from kernels import Backend
+
+class _Device(Protocol):
+    """What the metadata needs of a backend (kernels.Backend has it; the package imports this module)."""
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -67,7 +70,7 @@ def build_attention_metadata(
     context_lens: Sequence[int],
     block_tables: Sequence[Sequence[int]],
     block_size: int,
-    backend: Backend | None = None,
+    backend: _Device | None = None,
 ) -> AttentionMetadata:
     """Build metadata from plain host lists.
 
