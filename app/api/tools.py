@@ -60,9 +60,11 @@ class ToolCallIn(Struct, forbid_unknown_fields=True, kw_only=True):
     function: CallFunction
 
 
-ToolDefs = Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)]
+# Each function name once, as the hosted APIs require (a JSON schema cannot state it; a repeat gets a 400 naming it).
+UNIQUE_NAMES = "The tools, each function name once."
+ToolDefs = Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS, description=UNIQUE_NAMES)]
 # A session's or a message's tools: at least one (null says none), so the schema states what /v1 checks itself.
-SessionToolDefs = Annotated[list[ToolDef], Meta(min_length=1, max_length=MAX_TOOLS)]
+SessionToolDefs = Annotated[list[ToolDef], Meta(min_length=1, max_length=MAX_TOOLS, description=UNIQUE_NAMES)]
 ToolChoiceField = Literal["none", "auto", "required"] | NamedToolChoice
 ToolCalls = Annotated[list[ToolCallIn], Meta(min_length=1, max_length=MAX_CALLS)]
 
