@@ -43,7 +43,7 @@ def test_the_dry_run_writes_the_results_folder_and_its_summary(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert {"summary.md", "results.json", "check.log", "bench.log", "parity.log"} <= set(files)
-    assert len(files) <= 8 and all((out / f).is_file() for f in files)  # what the device tool brings back
+    assert len(files) <= 8 and all((out / f).is_file() for f in files)  # a small folder to copy back
     results = json.loads((out / "results.json").read_text())
     stages = results["stages"]
     assert stages["probe"]["status"] == stages["synth-tiny"]["status"] == stages["bench-tiny"]["status"] == "ok", stages
