@@ -174,3 +174,28 @@ def test_the_engine_samples_on_the_device_what_the_host_path_samples(gpu, tmp_pa
         for (token, lp, top), (d_token, d_lp, d_top) in zip(host_lps, device_lps):
             assert (token, top) == (d_token, d_top) and lp == pytest.approx(d_lp, abs=1e-5)
     assert any(shape[-1:] == (loaded.config.vocab_size,) for shape in copied)
+
+
+def test_a_wrong_tiled_gemv_is_retired_for_the_plain_one_at_start_up(gpu, monkeypatch):
+    """The start-up gate on the GPU's routes: a planted tiled GEMV that writes one output wrong fails its check, the
+    plain kernels replace it (the failed checks say so), and the checks that follow all pass on the plain route."""
+    real = gpu._kernel
+
+    def planted(name):
+        fn = real(name)
+        if not name.startswith("gemv_tiled"):
+            return fn
+
+        def wrong(grid, block, args):
+            fn(grid, block, args)
+            args[0][0, 0] += 1.0  # one value of `out` off
+
+        return wrong
+
+    monkeypatch.setattr(gpu, "_kernel", planted)
+    monkeypatch.setattr(gpu, "gemv", "gemv_tiled")
+    checks = gpu.check_routes()
+    assert gpu.gemv == "gemv"
+    retired = [c for c in checks if c.replaced_by == "gemv"]
+    assert retired and all(not c.ok and c.rows <= 32 for c in retired)
+    assert all(c.ok for c in checks if c.replaced_by is None)
