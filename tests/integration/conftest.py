@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -169,24 +170,30 @@ def wait_idle(server: ServerProcess, timeout: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The shared server: API key and admin token set, SSE keep-alive every 0.05 s, a small default reply cap."""
-    tmp = tmp_path_factory.mktemp("forge-server")
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={
-            "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
-            # what is drafted must not depend on this machine's load (engine/spec_policy.py)
-            "FORGE_SPEC_ROW_COST": "0.5",
-        },
-    )
+@contextmanager
+def serving(tmp: Path, env: dict[str, str], **kw: Any) -> Iterator[ServerProcess]:
+    """A server on a new SQLite file in `tmp` (its log beside it) with `env`, stopped however the block ends."""
+    srv = ServerProcess(db_path=tmp / "forge.db", log_path=tmp / "server.log", env=env, **kw)
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The shared server: API key and admin token set, SSE keep-alive every 0.05 s, a small default reply cap."""
+    tmp = tmp_path_factory.mktemp("forge-server")
+    with serving(
+        tmp,
+        {
+            "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
+            # what is drafted must not depend on this machine's load (engine/spec_policy.py)
+            "FORGE_SPEC_ROW_COST": "0.5",
+        },
+    ) as srv:
+        yield srv
 
 
 MCP_TOOL_SERVER = REPO / "tests" / "mcp_servers" / "tool_server.py"
@@ -197,22 +204,17 @@ def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     """A server running the test MCP server (tests/mcp_servers/tool_server.py) over stdio as `calc`, with a short
     call timeout and a small result cap: one for the MCP tests of every module (test_service_mcp*.py)."""
     tmp = tmp_path_factory.mktemp("forge-mcp")
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={
+    with serving(
+        tmp,
+        {
             "FORGE_MCP": f"calc={sys.executable} {MCP_TOOL_SERVER}",
             "FORGE_MCP_TIMEOUT_S": "2",
             "FORGE_MCP_RESULT_BYTES": "256",
             # what is drafted must not depend on this machine's load (engine/spec_policy.py)
             "FORGE_SPEC_ROW_COST": "0.5",
         },
-    )
-    srv.start()
-    try:
+    ) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")

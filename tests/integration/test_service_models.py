@@ -17,7 +17,7 @@ import pytest
 
 from app.models.catalog import size_on_disk
 from engine.loader.synth import shape_from_hf, write_synthetic
-from tests.integration.conftest import DEFAULT_MAX_TOKENS, ServerProcess
+from tests.integration.conftest import DEFAULT_MAX_TOKENS, ServerProcess, serving
 
 KV = 64 << 20  # each model's KV budget
 TINY = dict(
@@ -39,23 +39,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_synthetic(shape_from_hf(TINY, "tiny"), "q4_0", tiny)
     one = tiny.stat().st_size + KV
     budget = size_on_disk("default") + KV + one + one // 2  # the default and one tiny model, not two
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={
-            "FORGE_MODELS": f"default,tiny={tiny},other={tiny}",
-            "FORGE_MODEL_MEMORY": str(budget),
-            "FORGE_KV_MEMORY": str(KV),
-            "FORGE_QUEUE_TIMEOUT_S": "60",
-            "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
-            "FORGE_SPEC_ROW_COST": "0.5",
-        },
-    )
-    srv.start()
-    try:
+    env = {
+        "FORGE_MODELS": f"default,tiny={tiny},other={tiny}",
+        "FORGE_MODEL_MEMORY": str(budget),
+        "FORGE_KV_MEMORY": str(KV),
+        "FORGE_QUEUE_TIMEOUT_S": "60",
+        "FORGE_DEFAULT_MAX_TOKENS": str(DEFAULT_MAX_TOKENS),
+        "FORGE_SPEC_ROW_COST": "0.5",
+    }
+    with serving(tmp, env) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.integration.conftest import API_KEY, ServerProcess
+from tests.integration.conftest import API_KEY, ServerProcess, serving
 
 COMPILE_DEADLINE_S = 900.0  # generous: a cold compile on a loaded two-core machine
 LOADING = "loading the compiled kernels"  # the stage between the compile and the switch (engine/backend_swap.py)
@@ -27,17 +27,9 @@ SPANNING = (1, 2)  # fixture prompts whose 32 greedy tokens hold no end of turn:
 def cold_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("forge-cold")
     (tmp / "numba").mkdir()
-    srv = ServerProcess(
-        db_path=tmp / "forge.db",
-        log_path=tmp / "server.log",
-        env={"NUMBA_CACHE_DIR": str(tmp / "numba"), "FORGE_SPEC_ROW_COST": "0.5"},
-        wait_compiled=False,  # ready as soon as the reference serves
-    )
-    srv.start()
-    try:
+    env = {"NUMBA_CACHE_DIR": str(tmp / "numba"), "FORGE_SPEC_ROW_COST": "0.5"}
+    with serving(tmp, env, wait_compiled=False) as srv:  # ready as soon as the reference serves
         yield srv
-    finally:
-        srv.stop()
 
 
 def ready(server: ServerProcess) -> dict:
