@@ -347,18 +347,25 @@ async def _resume_fields(engine: Engine, repeats: int) -> dict:
 
 
 async def _single_decode(engine: Engine, tokens: int) -> dict:
-    """One sequence's decode rate; on a CPU also the weight bytes it reads a second beside the machine's read
-    bandwidth with the same threads (a CPU decode step reads every weight byte once: that is its bound)."""
-    from kernels.read_bandwidth import read_bandwidth
-
+    """One sequence's decode rate; on a CPU also the weight bytes it reads a second (a CPU decode step reads every
+    weight byte once: the read bandwidth, `_with_read_bandwidth`, is its bound)."""
     await engine.reset_prefix_cache()
     r = await _run(engine, _raw_prompt(engine, 32, 2), tokens)
     out = {"decode_tokens": tokens, "decode_tok_s": _decode_rate(r["stamps"])}
     info = engine.model_info
     if info["backend"] != "cupy":
         out["weight_read_gb_s"] = info["weight_bytes"] * out["decode_tok_s"] / 1e9
-        out["read_gb_s"] = read_bandwidth(engine.threads) / 1e9  # the engine is idle: its threads are free
     return out
+
+
+def _with_read_bandwidth(result: dict, threads: int) -> dict:
+    """`result` with the read bandwidth of `threads` threads beside decode's weight reads (CPU only), measured once
+    the workload is over: the engine's threads are free then, and the peak RSS is read before its buffer exists."""
+    if "weight_read_gb_s" in result:
+        from kernels.read_bandwidth import read_bandwidth
+
+        result["read_gb_s"] = read_bandwidth(threads) / 1e9
+    return result
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -449,7 +456,7 @@ async def _bench(engine: Engine, quick: bool, profile: bool, report: Callable[[d
 def run_bench(engine: Engine, as_json: bool = False, quick: bool = False, profile: bool = False) -> dict:
     async def main() -> dict:
         try:
-            return await _bench(engine, quick, profile)
+            return _with_read_bandwidth(await _bench(engine, quick, profile), engine.threads)
         finally:
             await engine.shutdown()
 
