@@ -56,7 +56,7 @@ promtool:
 # Fast and integration tests share one process; Playwright (sync) runs in its own: pytest-playwright's sync
 # API and pytest-asyncio cannot share one pytest process.
 test: $(DEVSTAMP) chromium cluster-packages promtool
-	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider --durations=30
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
 
 # Formatting, lint and types (configured in pyproject.toml); CI runs it before the tests.
