@@ -148,7 +148,6 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             await store.close()
             raise
         svc.store, svc.engine, svc.models = store, eng, models
-        svc.metrics.bind_engine(eng)
         svc.chat = ChatService(
             eng,
             store,

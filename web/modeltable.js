@@ -1,5 +1,6 @@
 // The admin page's Models card: each served model's state (on disk, loading with the loader's last line, ready,
-// unloading), the memory it counts against the budget, the requests holding it and when it was last used, from
+// unloading), the memory it counts against the budget, the requests holding it, its engine's decode tokens/s and KV
+// use while loaded, and when it was last used, from
 // /admin/api/stats `models` and `model_memory` (docs/models.md#several-models).
 import { h } from "./dom.js";
 
@@ -15,8 +16,10 @@ export function renderModels(models, memory, body, count) {
       m.progress ? h("span.faint", {}, " " + m.progress) : "", m.error ? h("span.error", {}, " " + m.error) : ""),
     h("td.num", {}, size(m.memory_bytes)),
     h("td.num", { dataset: { testid: "admin-model-requests" } }, m.requests + " (" + m.running + " running, " + m.queued + " queued)"),
+    h("td.num", { dataset: { testid: "admin-model-decode" } }, m.decode_tok_s == null ? "–" : m.decode_tok_s.toFixed(1) + " tok/s"),
+    h("td.num", {}, m.kv_usage == null ? "–" : (m.kv_usage * 100).toFixed(1) + " %"),
     h("td.num", {}, ago(m.idle_s))));
-  if (!rows.length) rows.push(h("tr.empty-row", {}, h("td", { colSpan: 5 }, "No models")));
+  if (!rows.length) rows.push(h("tr.empty-row", {}, h("td", { colSpan: 7 }, "No models")));
   body.replaceChildren(...rows);
   count.textContent = memory ? size(memory.used_bytes) + " of " + size(memory.budget_bytes) : "";
 }

@@ -60,7 +60,6 @@ class Admitter:
         self.slots = slots if admission.per_owner is not None and replica is not None else None
         self.replica = replica or ""
         self._releasing: set[asyncio.Task] = set()
-        metrics.bind_admission(admission)
 
     def enter(self, owner: str, cost: int = 1) -> Held:
         """A place for one generation of `cost` sequences: granted at once, or waiting (then `wait`).

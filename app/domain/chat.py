@@ -325,8 +325,8 @@ class ChatService:
 
 def _admitters(models: ModelRegistry, default: Admitter, store: Store, metrics: Metrics, replica: str | None) -> None:
     """Each model its own admission queue, sized as the default's: one model's queue never holds up another's
-    (each engine schedules its own steps). The metrics' admission figures stay the default's; each model's state
-    and queue are the models' own figures."""
+    (each engine schedules its own steps). The metrics read every model's engine and queue; the admin page's
+    queue figures are the default's."""
     adm = default.admission
     for slot in models.slots:
         if slot is models.default:
@@ -334,8 +334,8 @@ def _admitters(models: ModelRegistry, default: Admitter, store: Store, metrics: 
         elif slot.admitter is None:
             own = Admission(adm.capacity, adm.queue_size, adm.timeout_s, adm.per_owner)
             slot.admitter = Admitter(own, metrics, store.key_slots, replica)
-    metrics.bind_admission(adm)
-    metrics.models = models.snapshot
+    metrics.admission = adm
+    metrics.engines, metrics.admissions, metrics.models = models.engines, models.admissions, models.snapshot
 
 
 def _only(engine: Engine) -> ModelRegistry:

@@ -129,6 +129,10 @@ class ModelLease:
     def alias(self) -> str:
         return self.slot.alias
 
+    @property
+    def id(self) -> str:
+        return self.slot.id
+
     def release(self) -> None:
         if not self.released:
             self.released = True
@@ -318,11 +322,12 @@ class ModelRegistry:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Each model: id, name, source, state, progress, memory, requests (leases; running and queued from its
-        admission), last used (seconds ago)."""
+        admission), last used (seconds ago), and while loaded its engine's decode tokens/s and KV use."""
         now = self.clock()
         out = []
         for s in self.slots:
             adm = s.admitter.admission if s.admitter is not None else None
+            stats = s.engine.stats() if s.engine is not None else {}
             out.append(
                 {
                     "id": s.id,
@@ -338,9 +343,19 @@ class ModelRegistry:
                     "queued": adm.depth if adm is not None else 0,
                     "idle_s": round(now - s.last_used, 3) if s.last_used else None,
                     "backend": s.engine.model_info.get("backend") if s.engine is not None else None,
+                    "decode_tok_s": stats.get("decode_tok_s"),
+                    "kv_usage": stats.get("kv_usage"),
                 }
             )
         return out
+
+    def engines(self) -> list[tuple[str, Engine]]:
+        """(id, engine) of each loaded model (the metrics' engine series)."""
+        return [(s.id, s.engine) for s in self.slots if s.engine is not None]
+
+    def admissions(self) -> list[tuple[str, Any]]:
+        """(id, admission queue) of each model (the metrics' admission series)."""
+        return [(s.id, s.admitter.admission) for s in self.slots if s.admitter is not None]
 
     def budget_info(self) -> dict[str, int]:
         return {"budget_bytes": self.budget, "used_bytes": self.used()}

@@ -60,7 +60,7 @@ class Runner:
         final: GenerationEvent | None = None
         failure: str | None = None
         killed = False
-        tracker = self.metrics.tracker("chat")
+        tracker = self.metrics.tracker("chat", turn.model.id if turn.model is not None else "default")
         last_save = time.monotonic()
         calls = ToolReply(turn.tool_format) if turn.tool_format is not None else None
         if self.guard.shutting_down:  # interrupt_all() ran while this turn was being set up

@@ -68,6 +68,8 @@ def test_the_model_picker_sets_the_sessions_model(browser, models_server: Server
         page.goto(f"/admin?token={ADMIN_TOKEN}")
         page.wait_for_selector('[data-testid="admin-model"][data-name="tiny"]')
         assert page.locator('[data-testid="admin-model"]').count() == 2
+        row = page.locator(f'[data-testid="admin-model"][data-name="{default_id}"]')
+        assert row.get_by_test_id("admin-model-decode").inner_text().endswith("tok/s")  # loaded: its engine's rate
         assert _violations(page) == [], "the admin page with the models card"
         assert not errors, errors
     finally:

@@ -57,8 +57,15 @@ def test_pages_are_served_from_web(http: httpx.Client) -> None:
             assert r.status_code == 404 and f"web/{name}" in r.json()["error"]["message"]
 
 
+def served_id(http: httpx.Client) -> str:
+    """The id /v1/models lists for the server's one model: what the metrics' `model` label carries."""
+    (model,) = http.get("/v1/models").json()["data"]
+    return model["id"]
+
+
 def test_metrics_follow_a_generation(http: httpx.Client, server: ServerProcess) -> None:
     wait_idle(server)
+    m = f'model="{served_id(http)}"'
     before = scrape(http)
     r = http.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": 5}})
     sid = r.json()["id"]
@@ -68,20 +75,26 @@ def test_metrics_follow_a_generation(http: httpx.Client, server: ServerProcess) 
     assert server.stats()["tokens_per_s"] > 0
     after = scrape(http)
     used = done["usage"]
-    assert after["forge_generated_tokens_total"] - before["forge_generated_tokens_total"] == used["completion_tokens"]
-    assert after["forge_prompt_tokens_total"] - before["forge_prompt_tokens_total"] == used["prompt_tokens"]
-    assert after["forge_cached_tokens_total"] - before["forge_cached_tokens_total"] == used["cached_tokens"]
-    assert after["forge_prefix_cache_queries_total"] > before["forge_prefix_cache_queries_total"]
-    assert "forge_prefix_cache_hits_total" in after
-    assert after["forge_time_to_first_token_seconds_count"] == before["forge_time_to_first_token_seconds_count"] + 1
-    assert after["forge_request_latency_seconds_count"] == before["forge_request_latency_seconds_count"] + 1
-    itl = after["forge_inter_token_latency_seconds_count"] - before["forge_inter_token_latency_seconds_count"]
-    assert itl == used["completion_tokens"] - 1  # gaps between the tokens of one reply
-    reason = f'forge_requests_finished_total{{reason="{done["finish_reason"]}"}}'
+
+    def grew(name: str) -> float:
+        return after[f"{name}{{{m}}}"] - before.get(f"{name}{{{m}}}", 0)  # a histogram appears on first use
+
+    assert grew("forge_generated_tokens_total") == used["completion_tokens"]
+    assert grew("forge_prompt_tokens_total") == used["prompt_tokens"]
+    assert grew("forge_cached_tokens_total") == used["cached_tokens"]
+    assert grew("forge_prefix_cache_queries_total") > 0
+    assert f"forge_prefix_cache_hits_total{{{m}}}" in after
+    assert grew("forge_time_to_first_token_seconds_count") == 1
+    assert grew("forge_request_latency_seconds_count") == 1
+    assert grew("forge_inter_token_latency_seconds_count") == used["completion_tokens"] - 1  # gaps in one reply
+    requests = f'forge_generation_requests_total{{api="chat",{m}}}'
+    assert after[requests] == before.get(requests, 0) + 1
+    reason = f'forge_requests_finished_total{{{m},reason="{done["finish_reason"]}"}}'
     assert after[reason] == before.get(reason, 0) + 1
     for gauge in ("forge_waiting_sequences", "forge_running_sequences", "forge_kv_blocks_used"):
-        assert after[gauge] == 0
-    assert after["forge_kv_blocks_capacity"] > 0
+        assert after[f"{gauge}{{{m}}}"] == 0
+    assert after[f"forge_kv_blocks_capacity{{{m}}}"] > 0
+    assert {k.partition("{")[2] for k in after if k.startswith("forge_kv_blocks_capacity")} == {m + "}"}  # one model
 
 
 async def test_stats_feed_and_websocket_counters(http: httpx.Client, server: ServerProcess) -> None:
@@ -117,9 +130,9 @@ def test_the_kernel_routes_and_their_gate_are_on_admin_metrics_and_the_log(
     assert routes and all(r["ok"] and r["error"] <= r["bound"] for r in routes), routes
     forms = {r["form"] for r in routes}
     assert any(f.startswith("q4 g32") for f in forms) and any(f.startswith("q8 g32") for f in forms)  # Q4_1, Q8_0
-    samples = scrape(http)
+    samples, model = scrape(http), served_id(http)
     for r in routes:
-        key = f'forge_kernel_route_ok{{form="{r["form"]}",route="{r["route"]}",rows="{r["rows"]}"}}'
+        key = f'forge_kernel_route_ok{{form="{r["form"]}",model="{model}",route="{r["route"]}",rows="{r["rows"]}"}}'
         assert samples[key] == 1.0, key
     assert f"kernel route {routes[0]['form']}, {routes[0]['rows']} rows: {routes[0]['route']} ok" in server.log_tail(
         400

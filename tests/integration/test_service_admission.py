@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from app.store import Store
@@ -65,11 +65,17 @@ def capped(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-def metric(srv: ServerProcess, name: str) -> float:
+def metric(srv: ServerProcess, name: str, **labels: str) -> float:
+    """The sample `name` with `labels`: the server's one model's (each series carries its `model`)."""
     text = httpx.get(srv.url + "/metrics", headers=srv.admin_headers(), timeout=10).text
-    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-    assert found, name
-    return float(found.group(1))
+    found = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and "model" in s.labels and labels.items() <= s.labels.items()
+    ]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
 
 
 async def until_depth(srv: ServerProcess, depth: int) -> None:
@@ -167,7 +173,7 @@ async def test_past_capacity_requests_wait_and_only_a_full_queue_or_the_deadline
         assert stored == []  # a refused turn stores nothing
         assert json.loads(tail[0].removeprefix("data: "))["error"]["code"] == "queue_timeout"
         assert tail[1:] == ["data: [DONE]"]
-        assert metric(srv, 'forge_admission_refused_total{reason="queue_timeout"}') >= 3
+        assert metric(srv, "forge_admission_refused_total", reason="queue_timeout") >= 3
         await waiter_cms[0].__aexit__(None, None, None)
 
         # The official client waits through keep-alives and gets its answer once the place frees.

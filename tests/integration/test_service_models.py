@@ -6,6 +6,7 @@ default and one of them. /v1 routes by `model`, an unknown one is a 404 naming i
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -88,6 +89,12 @@ def test_models_are_listed_and_model_routes_each_request(served: ServerProcess, 
     assert http.get("/v1/models/nope").status_code == 404
     metrics = httpx.get(served.url + "/metrics", headers=served.admin_headers(), timeout=10).text
     assert 'forge_model_state{model="tiny",state="ready"} 1.0' in metrics
+    # each loaded model's engine has its own series: the tokens each reply generated counted on its model alone
+    for model, reply in ((default_id, on_default), ("tiny", on_tiny)):
+        generated = re.search(rf'^forge_generated_tokens_total\{{model="{re.escape(model)}"\}} (\S+)$', metrics, re.M)
+        assert generated and float(generated.group(1)) >= reply.json()["usage"]["completion_tokens"], model
+        assert f'forge_request_latency_seconds_count{{model="{model}"}}' in metrics
+    assert 'forge_generated_tokens_total{model="other"}' not in metrics  # not loaded: no engine series
 
 
 def test_a_session_keeps_its_model_through_turns_export_and_import(served: ServerProcess, http: httpx.Client) -> None:

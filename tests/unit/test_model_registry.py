@@ -21,6 +21,9 @@ class FakeEngine:
     async def shutdown(self) -> None:
         self.shut = True
 
+    def stats(self) -> dict[str, Any]:
+        return {"decode_tok_s": 0.0, "kv_usage": 0.0}
+
 
 def registry(budget: int, wait_s: float = 5.0, **sizes: int) -> tuple[ModelRegistry, list[str]]:
     loads: list[str] = []

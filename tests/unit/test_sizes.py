@@ -17,7 +17,6 @@ EXCEPTIONS: dict[tuple[str, str], tuple[int, str]] = {
     ("function", "app/config.py::serve_flags"): (89, "one argparse call per flag of `forge serve`"),
     ("function", "app/main.py::create_app"): (119, "the composition root: every route, plugin and setting"),
     ("function", "app/main.py::create_app.lifespan"): (74, "start-up and shutdown in their order"),
-    ("function", "app/metrics.py::_EngineCollector.collect"): (129, "one table per metric family of a scrape"),
     ("class", "app/store/store.py::Store"): (382, "the store's one interface over sessions, messages and leases"),
     ("function", "engine/bench.py::_bench"): (78, "the bench's workload, section by section"),
     ("function", "engine/bench.py::run_bench"): (67, "the bench's report, row by row"),

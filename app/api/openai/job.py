@@ -51,7 +51,7 @@ class Job:
             self.svc.admitter.release(self.ticket)
             self.svc.lease.release()
             raise engine_error(e, self.chat) from None
-        self.tracker = self.svc.metrics.tracker("openai")
+        self.tracker = self.svc.metrics.tracker("openai", self.svc.lease.id)
         self.task = asyncio.create_task(self._pump(gen), name=f"openai-{self.req.request_id}")
 
     async def _pump(self, gen: Any) -> None:
