@@ -25,7 +25,6 @@ from app.domain.mcp.sessions import McpSessions
 from app.domain.models import ModelRegistry, ModelSpec
 from app.domain.plan import plan_continue, plan_edit, plan_regenerate, plan_send
 from app.domain.presence import Presence
-from app.domain.prompt import render
 from app.domain.relay import Relay
 from app.domain.replay import Replay, Replays
 from app.domain.run import Runner
@@ -233,9 +232,6 @@ class ChatService:
         """The user's decision on the MCP call awaiting approval; "always" also stores the tool in the session's
         `mcp_allowed` and returns the session. ServiceError when no such call waits."""
         return await self.mcp_sessions.approve(session_id, owner, call_id, decision)
-
-    def _render(self, session: SessionRecord, history: list[MessageRecord]) -> list[int]:
-        return render(self.engine, session, history)
 
     # -- watching ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from app.config import Settings
+from app.domain.prompt import render
 from app.main import create_app
 from app.store.records import MessageRecord, SessionRecord
 from engine import Engine, EngineOverloaded
@@ -133,8 +134,7 @@ def _message(role: str, content: str, status: str = "complete") -> MessageRecord
     return MessageRecord("m", "s", None, 0, role, content, status, *[None] * 8, "")
 
 
-def test_a_failed_reply_drops_the_question_it_answered(engine: Engine, client: AsyncTestClient) -> None:
-    chat = client.app.state.forge.chat
+def test_a_failed_reply_drops_the_question_it_answered(engine: Engine) -> None:
     history = [
         _message("user", "first"),
         _message("assistant", "", "error"),
@@ -143,7 +143,7 @@ def test_a_failed_reply_drops_the_question_it_answered(engine: Engine, client: A
         _message("user", "third"),
     ]
     session = SessionRecord("s", "t", None, None, {}, "", "")  # no system prompt
-    assert chat._render(session, history) == engine.render_chat(
+    assert render(engine, session, history) == engine.render_chat(
         [
             {"role": "user", "content": "second"},
             {"role": "assistant", "content": "ok"},
