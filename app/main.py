@@ -87,13 +87,13 @@ def _folder(spec: ModelSpec, default: ModelSpec) -> str:
 
 
 async def _open_models(settings: Settings, engine: Engine | None) -> tuple[ModelRegistry, Engine]:
-    """The served models with the default loaded (or `engine`, the caller's, serving it), and the default's
+    """The served models with the default loaded now (or `engine`, the caller's, serving it), and the default's
     engine; the others load on demand."""
     models = _registry(settings)
     if engine is not None:
         models.adopt(models.default, engine, owned=False)
     else:
-        (await models.acquire(None)).release()  # the default loads now, and stays loaded
+        (await models.acquire(None)).release()  # the default loads now (and unloads only to make room)
     assert models.default.engine is not None
     return models, models.default.engine
 
@@ -147,7 +147,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             await membership.stop()
             await store.close()
             raise
-        svc.store, svc.engine, svc.models = store, eng, models
+        svc.store, svc.models = store, models
         svc.chat = ChatService(
             eng,
             store,

@@ -40,8 +40,9 @@ async def health() -> dict[str, str]:
     },
 )
 async def ready(services: NamedDependency[Services]) -> Response:
-    """Ready: the model is loaded, the database answers and this replica is a member of it; 503 otherwise."""
-    facts = services.engine.model_info if services.engine is not None else {}
+    """Ready: the models are served (the default loaded at start), the database answers and this replica is a
+    member of it; 503 otherwise."""
+    facts = _default_facts(services)
     model = facts.get("name")
     db = "not open"
     if services.store is not None:
@@ -79,15 +80,27 @@ async def metrics(metrics: NamedDependency[Metrics]) -> Response:
 @get("/admin/api/stats", responses=errors(401, 503))
 async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
     """One snapshot for the admin page (polled every second): engine, model, latencies, sessions."""
-    if services.engine is None or services.chat is None:
+    if services.chat is None:
         raise ServiceError("unavailable", "the model is still loading; retry shortly")
+    default = services.chat.models.default.engine
     return {
         "time": time.time(),
-        "model": services.engine.model_info,
-        "engine": services.engine.stats(),
+        "model": _default_facts(services),
+        "engine": default.stats() if default is not None else {},
         "mcp": services.chat.mcp.snapshot() if services.chat.mcp is not None else [],  # MCP servers and tools
         "models": services.chat.models.snapshot(),  # every served model: state, memory, requests
         "model_memory": services.chat.models.budget_info(),
         **services.metrics.snapshot(),
         "active_sessions": services.chat.active(),
     }
+
+
+def _default_facts(services: Services) -> dict[str, Any]:
+    """The default model's facts: its engine's while loaded, else its name and state (it loads on its next
+    request); {} before the models are served."""
+    if services.models is None:
+        return {}
+    slot = services.models.default
+    if slot.engine is not None:
+        return slot.engine.model_info
+    return {"name": slot.name or slot.id, "state": slot.state}

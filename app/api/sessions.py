@@ -29,7 +29,6 @@ from app.domain.errors import ServiceError, not_found
 from app.domain.models import ModelRegistry
 from app.domain.turn import Queued, Sink, Turn
 from app.store import Conflict, Store
-from engine import Engine
 
 log = logging.getLogger("forge.sessions")
 
@@ -57,7 +56,7 @@ async def new_session(models: ModelRegistry, data: SessionFields) -> dict[str, A
     """Store.create_session's fields for `data`: its model checked (400 when not served), its settings over the
     model's recommendations."""
     model = models.session_model(data.model if isinstance(data.model, str) else None)
-    engine = models.engine_of(model)
+    engine = await models.engine_of(model)
     await check_settings(engine, data.settings)
     return {**data.new_session(session_defaults(engine)), "model": model}
 
@@ -76,16 +75,15 @@ async def read_session(request: Request, store: NamedDependency[Store], session_
 async def update_session(
     request: Request,
     store: NamedDependency[Store],
-    engine: NamedDependency[Engine],
     chat: NamedDependency[ChatService],
     session_id: FromPath[str],
     data: JSONBody[SessionFields],
 ) -> dict[str, Any]:
     """Change title, system prompt, model (null: the default) or settings (merged over the current ones)."""
-    await check_settings(engine, data.settings)
     changes = data.changes()
     if "model" in changes:
         changes["model"] = chat.models.session_model(changes["model"])
+    await check_settings(await chat.models.engine_of(changes.get("model")), data.settings)
     try:
         updated = await store.update_session(session_id, owner(request.scope), **changes)
     except Conflict as e:
@@ -130,7 +128,7 @@ async def import_session(
         )
     s = data.session
     model = chat.models.session_model(s.model)
-    engine = chat.models.engine_of(model)
+    engine = await chat.models.engine_of(model)
     await check_settings(engine, s.settings)
     session = {
         "title": (s.title or "").strip() or DEFAULT_TITLE,

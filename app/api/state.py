@@ -16,7 +16,6 @@ from app.domain.models import ModelRegistry
 from app.metrics import Metrics
 from app.store import Store
 from app.store.membership import Membership
-from engine import Engine
 
 
 @dataclass(slots=True)
@@ -24,7 +23,6 @@ class Services:
     settings: Settings
     metrics: Metrics
     store: Store | None = None
-    engine: Engine | None = None
     chat: ChatService | None = None
     started_at: float = 0.0  # unix time the model was ready
     connections: set[Any] = field(default_factory=set)  # open WebSocket connections (app.api.ws.Connection)
@@ -34,7 +32,8 @@ class Services:
 
 @runtime_checkable  # Litestar checks a dependency's type with isinstance
 class Ready(Protocol):
-    """`Services` with the model loaded and the database open: what the `svc` dependency gives."""
+    """`Services` with the models served (the default loaded at start) and the database open: what the `svc`
+    dependency gives."""
 
     @property
     def settings(self) -> Settings: ...
@@ -42,8 +41,6 @@ class Ready(Protocol):
     def metrics(self) -> Metrics: ...
     @property
     def store(self) -> Store: ...
-    @property
-    def engine(self) -> Engine: ...
     @property
     def chat(self) -> ChatService: ...
     @property
@@ -56,9 +53,9 @@ def provide_services(state: State) -> Services:
 
 
 def provide_ready(state: State) -> Ready:
-    """The services with the model loaded and the database open, else 503."""
+    """The services with the models served and the database open, else 503 (still starting)."""
     svc: Services = state.forge
-    if svc.chat is None or svc.store is None or svc.engine is None:
+    if svc.chat is None or svc.store is None:
         raise ServiceError("unavailable", "the model is still loading; retry shortly")
     return cast(Ready, svc)  # the check above: none of them is None
 
@@ -75,12 +72,6 @@ def provide_chat(state: State) -> ChatService:
     return chat
 
 
-def provide_engine(state: State) -> Engine:
-    engine = provide_ready(state).engine
-    assert engine is not None
-    return engine
-
-
 def provide_settings(state: State) -> Settings:
     return provide_services(state).settings
 
@@ -94,7 +85,6 @@ DEPENDENCIES = {
     "svc": Provide(provide_ready, sync_to_thread=False),
     "store": Provide(provide_store, sync_to_thread=False),
     "chat": Provide(provide_chat, sync_to_thread=False),
-    "engine": Provide(provide_engine, sync_to_thread=False),
     "settings": Provide(provide_settings, sync_to_thread=False),
     "metrics": Provide(provide_metrics, sync_to_thread=False),
 }

@@ -54,7 +54,6 @@ class ChatService:
         holding: Callable[[], bool] | None = None,
         models: ModelRegistry | None = None,
     ) -> None:
-        self.engine = engine  # the default model's (it stays loaded: app/domain/models.py)
         self.store = store
         self.metrics = metrics
         admission = admission if admission is not None else Admission(engine.max_num_seqs)

@@ -7,9 +7,10 @@ with leases is never unloaded. A model that is not loaded loads on its first lea
 budget, idle models (no lease) are unloaded, least recently used first. When every model that could make room is
 busy, the load waits for one to finish, up to `wait_s`, then refuses (`unavailable`, with `retry_after_s`).
 
-The first model (the default: sessions without a model, requests naming `default`) loads at start and stays
-loaded: it is what the service's own pages and checks read. A model bigger than the whole budget still loads when
-nothing else but the default is loaded.
+The first model (the default: sessions without a model, requests naming `default`) loads at start; like the
+others it is unloaded when idle and another needs its room, and loads again on its next request. An engine handed
+in by a caller (tests, `create_app(engine=...)`) is the caller's and is never unloaded. A model bigger than the
+whole budget still loads when no other model is loaded.
 """
 
 from __future__ import annotations
@@ -95,9 +96,8 @@ class ModelSlot:
     last_used: float = 0.0
     progress: str | None = None  # the loader's last line while loading
     error: str | None = None  # why the last load failed
-    owned: bool = True  # shut down on unload (False: a caller's engine)
+    owned: bool = True  # shut down on unload (False: a caller's engine, never unloaded)
     admitter: Any = None  # its own admission queue (app.domain.admit.Admitter), set by ChatService
-    pinned: bool = False  # the default: never unloaded
 
     @property
     def alias(self) -> str:
@@ -161,10 +161,8 @@ class ModelRegistry:
     def of(
         cls, specs: list[ModelSpec], load: Loader, footprint: Callable[[ModelSpec], int], budget: int, **kw: Any
     ) -> ModelRegistry:
-        """The registry of `specs`, none loaded; the first is the default (never unloaded)."""
-        slots = [ModelSlot(spec, footprint(spec)) for spec in specs]
-        slots[0].pinned = True
-        return cls(slots, load, footprint, budget, **kw)
+        """The registry of `specs`, none loaded; the first is the default."""
+        return cls([ModelSlot(spec, footprint(spec)) for spec in specs], load, footprint, budget, **kw)
 
     @property
     def default(self) -> ModelSlot:
@@ -194,11 +192,16 @@ class ModelRegistry:
         except ServiceError as e:
             raise ServiceError("invalid_parameter", e.message, param="model") from None
 
-    def engine_of(self, name: str | None) -> Engine:
-        """The engine whose recommendations a new session of `name`'s model takes: its own when loaded, else the
-        default's (a session is not worth loading a model for)."""
-        engine = self.find(name).engine or self.default.engine
-        assert engine is not None, "the default model stays loaded"
+    async def engine_of(self, name: str | None) -> Engine:
+        """The engine whose recommendations and tokenizer a session of `name`'s model is checked with: its own when
+        loaded, else the default's, else any loaded one (a session is not worth loading a model for); the default,
+        loaded now, when none is."""
+        loaded = [self.find(name).engine, self.default.engine] + [s.engine for s in self.slots]
+        engine = next((e for e in loaded if e is not None), None)
+        if engine is None:
+            lease = await self.acquire(None)
+            engine = lease.engine
+            lease.release()
         return engine
 
     def used(self) -> int:
@@ -250,12 +253,12 @@ class ModelRegistry:
         deadline = self.clock() + self.wait_s
         while self.used() + slot.memory > self.budget:
             changed = self._changed  # taken before looking: a change after the look sets this one
-            idle = [s for s in self.slots if s.state == "ready" and s.leases == 0 and not s.pinned]
+            idle = [s for s in self.slots if s.state == "ready" and s.leases == 0 and s.owned]
             if idle:
                 await asyncio.shield(asyncio.ensure_future(self._unload(min(idle, key=lambda s: s.last_used))))
                 continue
-            busy = [s for s in self.slots if s.state != "on disk" and not s.pinned]
-            if not busy:  # bigger than what the default leaves: it runs beside the default alone
+            busy = [s for s in self.slots if s.state != "on disk" and s is not slot and s.owned]
+            if not busy:  # bigger than the whole budget (beside a caller's engine): it runs over it
                 log.warning("model %s (%d bytes) is over --model-memory; loading it alone", slot.alias, slot.memory)
                 return
             left = deadline - self.clock()
@@ -333,7 +336,7 @@ class ModelRegistry:
                     "id": s.id,
                     "alias": s.alias,
                     "source": s.spec.source,
-                    "default": s.pinned,
+                    "default": s is self.default,
                     "state": s.state,
                     "progress": s.progress,
                     "error": s.error,

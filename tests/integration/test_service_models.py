@@ -1,7 +1,8 @@
 """Several models in one server (app/domain/models.py), against a real server: the default model and a tiny
-synthetic GGUF (`forge synth`) served under two names, `tiny` and `other`, with a --model-memory that holds the
-default and one of them. /v1 routes by `model`, an unknown one is a 404 naming it, a session stores its model
-(and export/import keep it), and the budget unloads an idle model, but waits for one with a running stream."""
+synthetic GGUF (`forge synth`) served under two names, `tiny` and `other`, with a --model-memory that holds one
+model at a time. /v1 routes by `model`, an unknown one is a 404 naming it, a session stores its model (and
+export/import keep it), and the budget unloads an idle model (the default too), but waits for one with a running
+stream."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.models.catalog import size_on_disk
 from engine.loader.synth import shape_from_hf, write_synthetic
 from tests.integration.conftest import DEFAULT_MAX_TOKENS, ServerProcess, serving
 
@@ -39,7 +39,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tiny = tmp / "tiny.gguf"
     write_synthetic(shape_from_hf(TINY, "tiny"), "q4_0", tiny)
     one = tiny.stat().st_size + KV
-    budget = size_on_disk("default") + KV + one + one // 2  # the default and one tiny model, not two
+    # One model at a time: tiny or other; the default is over the budget alone (it loads when nothing else is).
+    budget = one + one // 2
     env = {
         "FORGE_MODELS": f"default,tiny={tiny},other={tiny}",
         "FORGE_MODEL_MEMORY": str(budget),
@@ -62,6 +63,10 @@ def states(srv: ServerProcess) -> dict[str, dict[str, Any]]:
     return {m["id"]: m for m in srv.stats()["models"]}
 
 
+def scrape(srv: ServerProcess) -> str:
+    return httpx.get(srv.url + "/metrics", headers=srv.admin_headers(), timeout=10).text
+
+
 def chat(http: httpx.Client, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
     return http.post("/v1/chat/completions", json={"temperature": 0, **body, **extra})
@@ -73,13 +78,17 @@ def test_models_are_listed_and_model_routes_each_request(served: ServerProcess, 
     assert [m["id"] for m in listed] == [default_id, "tiny", "other"]
     assert [m["state"] for m in listed] == ["ready", "on disk", "on disk"]  # the others load on demand
 
-    on_default, on_tiny = chat(http, "default"), chat(http, "tiny")
+    on_default = chat(http, "default")
+    metrics = {"default": scrape(served)}
+    on_tiny = chat(http, "tiny")  # the default makes room for it
+    metrics["tiny"] = scrape(served)
     assert on_default.status_code == on_tiny.status_code == 200, on_tiny.text
     assert on_default.json()["model"] == default_id and on_tiny.json()["model"] == "tiny"
     texts = [r.json()["choices"][0]["message"]["content"] for r in (on_default, on_tiny)]
     assert texts[0] != texts[1]  # two engines: a trained model and random weights
     assert http.get("/v1/models/tiny").json()["state"] == "ready"
-    assert states(served)["tiny"]["state"] == "ready" and states(served)["other"]["state"] == "on disk"
+    assert [states(served)[m]["state"] for m in (default_id, "tiny", "other")] == ["on disk", "ready", "on disk"]
+    assert http.get("/ready").status_code == 200  # the default still answers: it loads on its next request
 
     missing = chat(http, "nope")
     assert missing.status_code == 404
@@ -87,14 +96,16 @@ def test_models_are_listed_and_model_routes_each_request(served: ServerProcess, 
     assert err["code"] == "model_not_found" and err["message"].startswith("model 'nope' not found")
     assert err["type"] == "not_found_error" and err["param"] == "model"
     assert http.get("/v1/models/nope").status_code == 404
-    metrics = httpx.get(served.url + "/metrics", headers=served.admin_headers(), timeout=10).text
-    assert 'forge_model_state{model="tiny",state="ready"} 1.0' in metrics
     # each loaded model's engine has its own series: the tokens each reply generated counted on its model alone
-    for model, reply in ((default_id, on_default), ("tiny", on_tiny)):
-        generated = re.search(rf'^forge_generated_tokens_total\{{model="{re.escape(model)}"\}} (\S+)$', metrics, re.M)
+    for model, reply, text in ((default_id, on_default, metrics["default"]), ("tiny", on_tiny, metrics["tiny"])):
+        generated = re.search(rf'^forge_generated_tokens_total\{{model="{re.escape(model)}"\}} (\S+)$', text, re.M)
         assert generated and float(generated.group(1)) >= reply.json()["usage"]["completion_tokens"], model
-        assert f'forge_request_latency_seconds_count{{model="{model}"}}' in metrics
-    assert 'forge_generated_tokens_total{model="other"}' not in metrics  # not loaded: no engine series
+        assert f'forge_request_latency_seconds_count{{model="{model}"}}' in text
+    after = metrics["tiny"]
+    assert 'forge_model_state{model="tiny",state="ready"} 1.0' in after
+    assert f'forge_model_state{{model="{default_id}",state="on disk"}} 1.0' in after
+    for gone in (default_id, "other"):  # not loaded: no engine series
+        assert f'forge_generated_tokens_total{{model="{gone}"}}' not in after
 
 
 def test_a_session_keeps_its_model_through_turns_export_and_import(served: ServerProcess, http: httpx.Client) -> None:

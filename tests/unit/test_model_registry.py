@@ -66,17 +66,23 @@ async def test_loads_on_demand_and_unloads_the_least_recently_used_idle_model() 
     (await models.acquire("a")).release()
     (await models.acquire("b")).release()  # 100: full
     assert loads == ["main", "a", "b"] and models.used() == 100
-    a_engine = models.find("a").engine
-    (await models.acquire("c")).release()  # a is the least recently used idle model (the default never goes)
-    assert [s.state for s in models.slots] == ["ready", "on disk", "ready", "ready"]
-    assert a_engine is not None and a_engine.shut and models.find("a").engine is None
+    (await models.acquire("a")).release()  # a used again: main (the default) is now the least recently used
+    main_engine = models.default.engine
+    (await models.acquire("c")).release()  # c needs 30: main goes, the default like any other
+    assert [s.state for s in models.slots] == ["on disk", "ready", "ready", "ready"] and loads[-1] == "c"
+    assert main_engine is not None and main_engine.shut and models.default.engine is None
+    b_engine = models.find("b").engine
+    (await models.acquire(None)).release()  # the default's next request loads it again, in b's room (LRU now)
+    assert [s.state for s in models.slots] == ["ready", "ready", "on disk", "ready"] and loads[-1] == "main"
+    assert b_engine is not None and b_engine.shut
     snap = {m["id"]: m for m in models.snapshot()}
-    assert snap["a"]["state"] == "on disk" and snap["c"]["memory_bytes"] == 30 and snap["c"]["backend"] == "fake"
+    assert snap["b"]["state"] == "on disk" and snap["c"]["memory_bytes"] == 30 and snap["c"]["backend"] == "fake"
+    assert [m["default"] for m in models.snapshot()] == [True, False, False, False]
 
 
 async def test_a_busy_model_is_waited_for_then_unloaded() -> None:
     models, loads = registry(80, main=40, a=30, b=30)
-    (await models.acquire("main")).release()
+    on_main = await models.acquire("main")  # a turn on the default all along
     running = await models.acquire("a")  # a turn on a
     waiting = asyncio.create_task(models.acquire("b"))
     await asyncio.sleep(0.05)
@@ -85,25 +91,38 @@ async def test_a_busy_model_is_waited_for_then_unloaded() -> None:
     running.release()  # the turn ends: a goes, b loads
     lease = await asyncio.wait_for(waiting, 2)
     assert lease.engine.model_info["name"] == "b-model" and models.find("a").state == "on disk"
-    assert loads == ["main", "a", "b"]
+    assert loads == ["main", "a", "b"] and models.default.state == "ready"
+    on_main.release()
 
 
 async def test_nothing_to_free_within_the_deadline_is_a_503_to_retry() -> None:
     models, _ = registry(80, wait_s=0.1, main=40, a=30, b=30)
-    (await models.acquire("main")).release()
-    held = await models.acquire("a")
+    held = [await models.acquire("main"), await models.acquire("a")]
     with pytest.raises(ServiceError) as e:
         await models.acquire("b")
     assert e.value.code == "unavailable" and e.value.retry_after_s and "'b'" in e.value.message
+    assert "main, a are busy" in e.value.message
     assert models.find("b").leases == 0 and models.find("a").state == "ready"
-    held.release()
+    for lease in held:
+        lease.release()
 
 
-async def test_a_model_over_the_budget_loads_beside_the_default_alone() -> None:
+async def test_a_model_over_the_budget_loads_alone() -> None:
     models, loads = registry(50, main=40, big=500)
     (await models.acquire("main")).release()
     lease = await models.acquire("big")
-    assert lease.slot.state == "ready" and loads == ["main", "big"]
+    assert lease.slot.state == "ready" and loads == ["main", "big"] and models.default.state == "on disk"
+
+
+async def test_a_callers_engine_is_never_unloaded() -> None:
+    """An engine handed in (create_app(engine=...)) is the caller's to shut down: room is made around it."""
+    models, loads = registry(50, main=40, a=30, b=30)
+    mine = FakeEngine("mine")
+    models.adopt(models.default, mine, owned=False)
+    (await models.acquire("a")).release()  # over the budget beside it: nothing else to unload
+    (await models.acquire("b")).release()  # a goes, not the caller's
+    assert loads == ["a", "b"] and models.default.engine is mine and not mine.shut
+    assert models.find("a").state == "on disk"
 
 
 async def test_a_failed_load_is_a_503_and_the_model_stays_on_disk() -> None:

@@ -11,7 +11,7 @@ import msgspec
 
 from app.api import tools
 from app.api.openai.parse import Call
-from app.api.state import Ready
+from app.api.served import OnModel
 from app.domain.models import ModelSlot
 from engine.types import GenerationEvent, TokenLogprob
 
@@ -52,11 +52,11 @@ class Usage:
         }
 
 
-def _token_text(svc: Ready, token_id: int) -> str:
+def _token_text(svc: OnModel, token_id: int) -> str:
     return svc.engine.tokenizer.decode([token_id])
 
 
-def _chat_logprobs(svc: Ready, items: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
+def _chat_logprobs(svc: OnModel, items: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
     out = []
     for lp in items:
         tok = _token_text(svc, lp.token_id)
@@ -67,7 +67,7 @@ def _chat_logprobs(svc: Ready, items: list[TokenLogprob], top: int) -> list[dict
     return out
 
 
-def _completion_logprobs(svc: Ready, items: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def _completion_logprobs(svc: OnModel, items: list[TokenLogprob], offset: int) -> dict[str, Any]:
     tokens, values, tops, offsets = [], [], [], []
     for lp in items:
         tok = _token_text(svc, lp.token_id)
@@ -89,7 +89,7 @@ class Format:
     object: ClassVar[str]
     chunk_object: ClassVar[str]
 
-    def __init__(self, svc: Ready, call: Call) -> None:
+    def __init__(self, svc: OnModel, call: Call) -> None:
         self.svc = svc
         self.call = call
         self.base = {
@@ -125,7 +125,7 @@ class ChatFormat(Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, svc: Ready, call: Call) -> None:
+    def __init__(self, svc: OnModel, call: Call) -> None:
         super().__init__(svc, call)
         plan = call.tools
         self.replies = [tools.ToolReply(plan.fmt) for _ in range(call.params.n)] if plan else None
@@ -180,7 +180,7 @@ class CompletionFormat(Format):
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, svc: Ready, call: Call) -> None:
+    def __init__(self, svc: OnModel, call: Call) -> None:
         super().__init__(svc, call)
         self.want_lp = call.params.logprobs is not None
         self.offsets = [len(call.echo_text)] * call.params.n  # each sample's text so far, for `text_offset`
