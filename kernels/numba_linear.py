@@ -29,7 +29,10 @@ Activation paths:
   dot product is an exact integer sum, scaled by weight scale times activation scale. q4 weights
   take a block's four rows in one zmm on AVX-512 VNNI (`simd_dot.q4_quad_i8`: the activations' 16-byte
   halves broadcast to the four lanes), else two rows to a ymm (`simd_dot.q4_pair_i8`, the activations in
-  `pair_layout`); vpdpbusd where the CPU has VNNI, AVX2 vpmaddubsw/vpmaddwd otherwise. The min term
+  `pair_layout`); vpdpbusd where the CPU has VNNI, AVX2 vpmaddubsw/vpmaddwd otherwise. On AVX2 without
+  AVX-512 a block's four rows' sums are folded into one vector before they are converted (`q4_four_i8`,
+  `q8_four_i8`): one conversion, scale and accumulator a row of activations instead of two or four, which keeps
+  a tile of four rows in the 16 ymm registers (with one vector per weight row, it spilled). The min term
   uses the quantized sums (scale times the sum of a block's int8 values, as llama.cpp's q8_1 blocks
   carry): the product is then the dequantized weight times the quantized activations, whose error
   meets weights centred on zero (q - 8, or scale q + min) rather than the raw 0..15 nibbles; with
@@ -60,11 +63,12 @@ from numba import literal_unroll, njit, prange
 from kernels.numba_activations import group_sums, pair_layout, quantize_rows, split_rows, spread4
 from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
-from kernels.simd import LANES, VNNI512
+from kernels.simd import LANES, VNNI256, VNNI512, target_has
 from kernels.simd_dot import (
     q4_acc32_tile,
     q4_dot32,
     q4_dot32_tile,
+    q4_four_i8_tile,
     q4_pair_i8_tile,
     q4_quad_i8_tile,
     q4_quad_split_tile,
@@ -75,16 +79,19 @@ from kernels.simd_dot import (
     q8_dot32,
     q8_dot32_i8_tile,
     q8_dot32_tile,
+    q8_four_i8_tile,
 )
 from kernels.simd_scales import (
     f32_at,
     f32x4_at,
+    four_scales,
     pair_scales,
     quad_scales,
     quad_scales4_tile,
     scale_acc_tile,
     scale_quad_acc_tile,
     splat_at,
+    twice_scales,
 )
 from kernels.simd_vectors import (
     fold4,
@@ -106,6 +113,13 @@ L1_TILE_BYTES = 24 * 1024  # a wide tile's activations per span of groups
 # Activation rows that share each unpacked weight group on the integer paths (a tile's accumulators stay
 # in registers, AVX2's 16 included); `_i8_chunk` and `_split_chunk` finish with one tile of the 1-3 left.
 I8_TILE = 4
+# Int8 products of several rows take a block's four rows a group in one vector of sums (`q4_four_i8`,
+# `q8_four_i8`) on AVX2 without AVX-512, so that a tile's accumulators and the unpacked group stay in the 16
+# registers. A lone row (decode) keeps two or four accumulators: with one, each group waited on the last one's FMA
+# and a 1B decode token took 3-5% longer. q4 with VNNI (ymm) takes its two pairs of rows on `vpdpbusd`; CPUs with
+# AVX-512 keep the one-vector-a-row form.
+FOUR_I8 = target_has("avx2") and not VNNI256
+FOUR_Q8 = target_has("avx2") and LANES == 8
 
 
 @njit(**JIT)
@@ -272,12 +286,69 @@ def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
 
 
 @njit(**JIT)
+def _four_i8_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N):
+    """`_i8_tile`'s q4 block `blk` on AVX2 without VNNI: its four rows' group sums in one vector a row of
+    activations (`q4_four_i8`), so a tile of four rows keeps its accumulators and the unpacked group in the 16
+    registers."""
+    base = blk * ng * 4
+    a = vzero_tile_of(rows, 8)
+    for g in range(ng):
+        s = base + g * 4
+        prefetch(q, s * 16 + PREFETCH_BYTES)
+        a = scale_acc_tile(q4_four_i8_tile(q, s * 16, xq, g * 64, rows), four_scales(scale, s), xd, xds, g, a)
+    for i in range(len(ts)):
+        y0, y2, y1, y3 = hsum_quarters(a[i])
+        m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+        _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+
+
+@njit(**JIT)
+def _q8_four_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N):
+    """`_i8_tile`'s q8 block `blk` on AVX2: its four rows' group sums in one vector a row of activations
+    (`q8_four_i8`)."""
+    base = blk * ng * 4
+    a = vzero_tile_of(rows, 8)
+    for g in range(ng):
+        s = base + g * 4
+        b = s * 32
+        prefetch(q, b + PREFETCH_BYTES)
+        prefetch(q, b + PREFETCH_BYTES + 64)
+        a = scale_acc_tile(q8_four_i8_tile(q, b, xq, g * 32, rows), twice_scales(scale, s), xd, xds, g, a)
+    for i in range(len(ts)):
+        y0, y1, y2, y3 = fold4(a[i])
+        m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+        _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+
+
+@njit(**JIT)
+def _q8_i8_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N):
+    """`_i8_tile`'s q8 block `blk`: a row's group to a ymm."""
+    base = blk * ng * 4
+    a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)
+    for g in range(ng):
+        s = base + g * 4
+        b = s * 32
+        prefetch(q, b + PREFETCH_BYTES)
+        prefetch(q, b + PREFETCH_BYTES + 64)
+        d0, d1, d2, d3 = f32x4_at(scale, s)
+        a0 = scale_acc_tile(q8_dot32_i8_tile(q, b, xq, g * 32, rows), d0, xd, xds, g, a0)
+        a1 = scale_acc_tile(q8_dot32_i8_tile(q, b + 32, xq, g * 32, rows), d1, xd, xds, g, a1)
+        a2 = scale_acc_tile(q8_dot32_i8_tile(q, b + 64, xq, g * 32, rows), d2, xd, xds, g, a2)
+        a3 = scale_acc_tile(q8_dot32_i8_tile(q, b + 96, xq, g * 32, rows), d3, xd, xds, g, a3)
+    for i in range(len(ts)):
+        m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
+        _store4(out, ts[i], blk * 4, N, hsum(a0[i]) + m0, hsum(a1[i]) + m1, hsum(a2[i]) + m2, hsum(a3[i]) + m3)
+
+
+@njit(**JIT)
 def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
     """Rows ts of the int8 activations (at offsets rows in xq, their scales from xds in xd) times blocks
     b0 .. b1 - 1: each weight group is loaded and unpacked once for all the tile's rows.
 
-    q4 on AVX-512 VNNI: a block's four rows' group in one zmm (`q4_quad_i8`); q4 otherwise: rows 0|1 and
-    2|3 two to a ymm (`q4_pair_i8`, activations in pair layout); q8: a row's group to a ymm."""
+    q4 on AVX-512 VNNI: a block's four rows' group in one zmm (`q4_quad_i8`). Tiles of several rows, q4 on AVX2
+    without VNNI and q8 on AVX2 without AVX-512: the four rows' sums in one ymm (`_four_i8_block`,
+    `_q8_four_block`). Otherwise q4: rows 0|1 and 2|3 two to a ymm (`q4_pair_i8`, activations in pair layout);
+    q8: a row's group to a ymm."""
     for blk in range(b0, b1):
         base = blk * ng * 4
         if packed and VNNI512:
@@ -306,6 +377,8 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 y0, y1, y2, y3 = hsum_quarters(a[i])
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+        elif packed and FOUR_I8 and len(rows) > 1:
+            _four_i8_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N)
         elif packed:
             a01 = a23 = vzero_tile_of(rows, 8)
             for g in range(ng):
@@ -319,21 +392,10 @@ def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng
                 y2, y3 = hsum_halves(a23[i])
                 m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
                 _store4(out, ts[i], blk * 4, N, y0 + m0, y1 + m1, y2 + m2, y3 + m3)
+        elif not packed and FOUR_Q8 and len(rows) > 1:
+            _q8_four_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N)
         else:
-            a0 = a1 = a2 = a3 = vzero_tile_of(rows, 8)
-            for g in range(ng):
-                s = base + g * 4
-                b = s * 32
-                prefetch(q, b + PREFETCH_BYTES)
-                prefetch(q, b + PREFETCH_BYTES + 64)
-                d0, d1, d2, d3 = f32x4_at(scale, s)
-                a0 = scale_acc_tile(q8_dot32_i8_tile(q, b, xq, g * 32, rows), d0, xd, xds, g, a0)
-                a1 = scale_acc_tile(q8_dot32_i8_tile(q, b + 32, xq, g * 32, rows), d1, xd, xds, g, a1)
-                a2 = scale_acc_tile(q8_dot32_i8_tile(q, b + 64, xq, g * 32, rows), d2, xd, xds, g, a2)
-                a3 = scale_acc_tile(q8_dot32_i8_tile(q, b + 96, xq, g * 32, rows), d3, xd, xds, g, a3)
-            for i in range(len(ts)):
-                m0, m1, m2, m3 = _block_mins(minv, xs4, ts[i] * ng * 4, base, ng)
-                _store4(out, ts[i], blk * 4, N, hsum(a0[i]) + m0, hsum(a1[i]) + m1, hsum(a2[i]) + m2, hsum(a3[i]) + m3)
+            _q8_i8_block(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, blk, ng, N)
 
 
 @njit(**JIT)

@@ -181,6 +181,59 @@ def _q4_pair_i8(builder, qp):
     return dot
 
 
+def _q8_four_i8(builder, qp):
+    """A block's four rows' int8 groups (128 bytes, row after row) -> dot(int8 x pointer) of exact int sums as
+    F32x8, lane r and r + 4 row r's: each row's eight int32 partial sums (`vpmaddubsw` with llama.cpp's sign
+    trick, `vpmaddwd`), the four rows folded into one vector by three `vphaddd`, so a row of activations takes one
+    conversion, scale and accumulator for the block, not four."""
+    v32 = ir.VectorType(IR_I8, 32)
+    v8 = ir.VectorType(IR_I32, 8)
+    rows = []
+    for r in range(4):
+        w = load_unaligned(builder, builder.bitcast(builder.gep(qp, [ir.Constant(IR_I32, 32 * r)]), v32.as_pointer()))
+        rows.append((w, call_llvm(builder, "llvm.abs.v32i8", v32, [w, ir.Constant(ir.IntType(1), 0)])))
+
+    def dot(xb):
+        x = _load_x8(builder, xb)
+        s = [_madd_u8s8(builder, aw, call_llvm(builder, "llvm.x86.avx2.psign.b", v32, [x, w])) for w, aw in rows]
+        h01 = call_llvm(builder, "llvm.x86.avx2.phadd.d", v8, [s[0], s[1]])
+        h23 = call_llvm(builder, "llvm.x86.avx2.phadd.d", v8, [s[2], s[3]])
+        return builder.sitofp(call_llvm(builder, "llvm.x86.avx2.phadd.d", v8, [h01, h23]), IR_VF8)
+
+    return dot
+
+
+def _q4_four_i8(builder, qp):
+    """A block's four rows' packed 4-bit groups (64 bytes: rows 0|1, then 2|3, as `_q4_pair_i8` reads them) ->
+    dot(int8 x pointer, pair layout) of exact int sums as F32x8, lanes (0, 1) row 0's, (2, 3) row 2's, (4, 5) row
+    1's, (6, 7) row 3's (AVX2 without VNNI). One conversion, scale and accumulator a row of activations for all
+    four weight rows, not two: `vphaddw` adds the two pairs' int16 sums (each |sum| <= 2 * 4 * 15 * 127 < 2^15)
+    before the one `vpmaddwd`."""
+    v32 = ir.VectorType(IR_I8, 32)
+    v16 = ir.VectorType(IR_I16, 16)
+    halves = []
+    for off in (0, 32):
+        b = load_unaligned(builder, builder.bitcast(builder.gep(qp, [ir.Constant(IR_I32, off)]), v32.as_pointer()))
+        halves.append((builder.and_(b, ir.Constant(v32, [15] * 32)), builder.lshr(b, ir.Constant(v32, [4] * 32))))
+
+    def dot(xb):
+        xa = _load_x8(builder, xb)
+        xh = _load_x8(builder, builder.gep(xb, [ir.Constant(IR_I32, 32)]))
+        pairs = [
+            builder.add(
+                call_llvm(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [lo, xa]),
+                call_llvm(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, [hi, xh]),
+            )
+            for lo, hi in halves
+        ]
+        both = call_llvm(builder, "llvm.x86.avx2.phadd.w", v16, pairs)
+        ones = ir.Constant(v16, [1] * 16)
+        sums = call_llvm(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(IR_I32, 8), [both, ones])
+        return builder.sitofp(sums, IR_VF8)
+
+    return dot
+
+
 def _q4_quad_int(builder, qp):
     """A block's four rows' packed 4-bit groups (64 bytes) -> dot(int8 x pointer, acc) = acc + the exact int
     sums (<16 x i32>, lanes 4r .. 4r + 3 row r's): the low nibbles meet x[0:16] and the high ones x[16:32],
@@ -404,6 +457,21 @@ q4_x16_split, q4_x16_split_tile = _blocks(
     "A 16-row block's packed 4-bit groups (256 bytes at q[qi], STRIPE16 order) times a group's four int8 "
     "activation pieces (128 bytes at x[xi]) -> F32x16, lane r row r's (not yet scaled: times s / 2^7).",
     F32x16,
+)
+q8_four_i8, q8_four_i8_tile = _blocks(
+    "q8_four_i8",
+    _q8_four_i8,
+    "A block's four rows' int8 groups (128 bytes at q[qi], AVX2) times int8 activations (32 bytes at x[xi]) -> "
+    "F32x8 of exact int sums, lanes r and r + 4 row r's (not yet reduced, not yet scaled).",
+    F32x8,
+)
+q4_four_i8, q4_four_i8_tile = _blocks(
+    "q4_four_i8",
+    _q4_four_i8,
+    "A block's four rows' packed 4-bit groups (64 bytes at q[qi], AVX2 without VNNI) times int8 activations in "
+    "pair layout (64 bytes at x[xi]) -> F32x8 of exact int sums, lanes (0, 1) row 0's, (2, 3) row 2's, (4, 5) row "
+    "1's, (6, 7) row 3's (not yet reduced, not yet scaled).",
+    F32x8,
 )
 q4_pair_i8, q4_pair_i8_tile = _blocks(
     "q4_pair_i8",

@@ -115,6 +115,36 @@ def pair_scales(typingctx, scale, si, d):
 
 
 @intrinsic
+def twice_scales(typingctx, scale, si):
+    """scale[si : si + 4] twice as an F32x8 (s0, s1, s2, s3, s0, s1, s2, s3): the per-lane scales of
+    `q8_four_i8`'s result for a block's four rows."""
+    if not reads_as_f32(scale):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sa, si_ = args
+        s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
+        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, 8), [0, 1, 2, 3] * 2))
+
+    return F32x8(scale, si), codegen
+
+
+@intrinsic
+def four_scales(typingctx, scale, si):
+    """scale[si : si + 4] as an F32x8 (s0, s0, s2, s2, s1, s1, s3, s3): the per-lane scales of `q4_four_i8`'s
+    result for a block's four rows."""
+    if not reads_as_f32(scale):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sa, si_ = args
+        s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
+        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, 8), [0, 0, 2, 2, 1, 1, 3, 3]))
+
+    return F32x8(scale, si), codegen
+
+
+@intrinsic
 def quad_scales(typingctx, scale, si):
     """scale[si : si + 4] as an F32x16 (s0 x4, s1 x4, s2 x4, s3 x4): the per-lane scales of
     `q4_quad_i8`'s result for a block's four rows."""

@@ -226,16 +226,17 @@ def hsum_halves(typingctx, v):
 
 @intrinsic
 def hsum_quarters(typingctx, v):
-    """(sum of lanes 0-3, 4-7, 8-11, 12-15) of an F32x16 (float32)."""
-    if v != F32x16:
+    """(sum of lanes 0-3, 4-7, 8-11, 12-15) of an F32x16, or (lanes 0-1, 2-3, 4-5, 6-7) of an F32x8 (float32)."""
+    if v not in (F32x8, F32x16):
         return None
     ret = types.UniTuple(types.float32, 4)
 
     def codegen(context, builder, sig, args):
         (x,) = args
-        even = ir.Constant(ir.VectorType(IR_I32, 8), list(range(0, 16, 2)))
-        odd = ir.Constant(ir.VectorType(IR_I32, 8), list(range(1, 16, 2)))
-        x = builder.fadd(builder.shuffle_vector(x, x, even), builder.shuffle_vector(x, x, odd))
+        if v == F32x16:
+            even = ir.Constant(ir.VectorType(IR_I32, 8), list(range(0, 16, 2)))
+            odd = ir.Constant(ir.VectorType(IR_I32, 8), list(range(1, 16, 2)))
+            x = builder.fadd(builder.shuffle_vector(x, x, even), builder.shuffle_vector(x, x, odd))
         even4 = ir.Constant(ir.VectorType(IR_I32, 4), list(range(0, 8, 2)))
         odd4 = ir.Constant(ir.VectorType(IR_I32, 4), list(range(1, 8, 2)))
         x = builder.fadd(builder.shuffle_vector(x, x, even4), builder.shuffle_vector(x, x, odd4))
