@@ -172,6 +172,7 @@ def test_the_server_reports_its_spill_tier(server):
     engine = server.stats()["engine"]
     assert engine["kv_spill_enabled"] is True and engine["kv_spill_capacity_bytes"] == 2 << 30
     text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10).text
+    model = httpx.get(server.url + "/v1/models", headers=server.auth, timeout=10).json()["data"][0]["id"]
     for name in (
         "forge_kv_spill_files",
         "forge_kv_spill_hit_rate",
@@ -179,4 +180,4 @@ def test_the_server_reports_its_spill_tier(server):
         "forge_kv_restored_bytes_total",
         "forge_kv_spill_restore_seconds_total",
     ):
-        assert f"\n{name} " in text, name
+        assert f'\n{name}{{model="{model}"}} ' in text, name  # the served model's series

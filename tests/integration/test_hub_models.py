@@ -122,6 +122,9 @@ def test_a_pull_stopped_by_the_user_leaves_nothing_half_written(hub, ggufs, tmp_
     before = len(hub.file_gets(*key))
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
     e |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
+    # The stalled connection must outlast the wait for the first chunk on a busy machine: with the client's 10 s
+    # read timeout it resumed by itself and finished before the Ctrl-C came.
+    e["HF_HUB_DOWNLOAD_TIMEOUT"] = "300"
     first = subprocess.Popen([FORGE, "pull", "hf:org/big-GGUF"], env=e, stderr=subprocess.PIPE, text=True)
     deadline, written = time.monotonic() + 60, 0
     while time.monotonic() < deadline and written < CHUNK:
