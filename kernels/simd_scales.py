@@ -6,8 +6,8 @@
   bits (the numba backend's scales where they are float16 values: half the memory; numba has no float16
   type on the CPU), converted to float32 in registers (`fpext`, F16C's vcvtph2ps; uint16 arrays only
   where `target_has("f16c")`).
-- `pair_scales`, `quad_scales`: a block's four scales spread to the lanes of `simd_dot`'s `q4_pair_i8` /
-  `q4_quad_i8` results.
+- `pair_scales`, `quad_scales`, `four_scales`, `twice_scales`: a block's four scales spread to the lanes of
+  `simd_dot`'s `q4_pair_i8` / `q4_quad_i8` / `q4_four_i8` / `q8_four_i8` results.
 - `scale_acc_tile`, `quad_scales4_tile` + `scale_quad_acc_tile`: a tile's exact int sums of a group times
   the weight and activation scales, added to its accumulators (four groups' scales made at once for the
   latter).
@@ -114,49 +114,43 @@ def pair_scales(typingctx, scale, si, d):
     return ret(scale, si, d), codegen
 
 
-@intrinsic
-def twice_scales(typingctx, scale, si):
-    """scale[si : si + 4] twice as an F32x8 (s0, s1, s2, s3, s0, s1, s2, s3): the per-lane scales of
-    `q8_four_i8`'s result for a block's four rows."""
-    if not reads_as_f32(scale):
-        return None
+def _spread4(name, lanes, doc):
+    """An intrinsic (scale, si) -> scale[si : si + 4] spread to the lanes of a vector, lane j taking scale
+    si + lanes[j]: a four-row block's per-lane scales, laid out as its product's sums are."""
+    vec = F32x16 if len(lanes) == 16 else F32x8
 
-    def codegen(context, builder, sig, args):
-        sa, si_ = args
-        s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
-        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, 8), [0, 1, 2, 3] * 2))
+    def spread(typingctx, scale, si):
+        if not reads_as_f32(scale):
+            return None
 
-    return F32x8(scale, si), codegen
+        def codegen(context, builder, sig, args):
+            sa, si_ = args
+            s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
+            return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, len(lanes)), list(lanes)))
 
+        return vec(scale, si), codegen
 
-@intrinsic
-def four_scales(typingctx, scale, si):
-    """scale[si : si + 4] as an F32x8 (s0, s0, s2, s2, s1, s1, s3, s3): the per-lane scales of `q4_four_i8`'s
-    result for a block's four rows."""
-    if not reads_as_f32(scale):
-        return None
-
-    def codegen(context, builder, sig, args):
-        sa, si_ = args
-        s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
-        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, 8), [0, 0, 2, 2, 1, 1, 3, 3]))
-
-    return F32x8(scale, si), codegen
+    spread.__name__ = spread.__qualname__ = name
+    spread.__doc__ = doc
+    return intrinsic(spread)
 
 
-@intrinsic
-def quad_scales(typingctx, scale, si):
-    """scale[si : si + 4] as an F32x16 (s0 x4, s1 x4, s2 x4, s3 x4): the per-lane scales of
-    `q4_quad_i8`'s result for a block's four rows."""
-    if not reads_as_f32(scale):
-        return None
-
-    def codegen(context, builder, sig, args):
-        sa, si_ = args
-        s4 = load_f32(builder, flat_ptr(context, builder, scale, sa, si_), scale.dtype, 4)
-        return builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(IR_I32, 16), [j // 4 for j in range(16)]))
-
-    return F32x16(scale, si), codegen
+quad_scales = _spread4(
+    "quad_scales",
+    [j // 4 for j in range(16)],
+    "scale[si : si + 4] as an F32x16 (s0 x4, s1 x4, s2 x4, s3 x4): the per-lane scales of `q4_quad_i8`'s result.",
+)
+four_scales = _spread4(
+    "four_scales",
+    [0, 0, 2, 2, 1, 1, 3, 3],
+    "scale[si : si + 4] as an F32x8 (s0, s0, s2, s2, s1, s1, s3, s3): the per-lane scales of `q4_four_i8`'s result.",
+)
+twice_scales = _spread4(
+    "twice_scales",
+    [0, 1, 2, 3] * 2,
+    "scale[si : si + 4] twice as an F32x8 (s0, s1, s2, s3, s0, s1, s2, s3): the per-lane scales of `q8_four_i8`'s "
+    "result.",
+)
 
 
 @intrinsic
