@@ -61,6 +61,7 @@ class HubStandIn:
     # (repo, file): send half, then hold the connection open without a byte more, once (a pull a user then stops)
     stall_once: set[tuple[str, str]] = field(default_factory=set)
     released: threading.Event = field(default_factory=threading.Event)  # ends a stall
+    stalled: set[tuple[str, str]] = field(default_factory=set)  # stalled until released: retries wait too
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
     _server: ThreadingHTTPServer | None = None
@@ -130,6 +131,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._file(m.group(1), m.group(3), repo, f, body)
 
     def _file(self, repo_id: str, name: str, repo: HubRepo, f: HubFile, body: bool) -> None:
+        if body and (repo_id, name) in self.state.stalled:
+            # A retry of a stalled download (the client's read timed out) hangs as the first did: the download
+            # stays stuck, whatever the client's timeout, until the user stops it.
+            self.state.released.wait(60)
         data = f.served if f.served is not None else f.data
         etag = f.sha256 if f.lfs else f.git_blob_id
         start = 0
@@ -157,6 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if key in self.state.stall_once and not start:
             self.state.stall_once.discard(key)
+            self.state.stalled.add(key)
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.state.released.wait(60)
