@@ -122,7 +122,9 @@ def test_a_pull_stopped_by_the_user_leaves_nothing_half_written(hub, ggufs, tmp_
     before = len(hub.file_gets(*key))
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
     e |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
-    first = subprocess.Popen([FORGE, "pull", "hf:org/big-GGUF"], env=e, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [FORGE, "pull", "hf:org/big-GGUF"], env=e, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default
+    )
     deadline, written = time.monotonic() + 60, 0
     while time.monotonic() < deadline and written < CHUNK:
         time.sleep(0.1)
@@ -140,6 +142,13 @@ def test_a_pull_stopped_by_the_user_leaves_nothing_half_written(hub, ggufs, tmp_
     assert [g.range for g in hub.file_gets(*key)[len(gets) :]] == [None]  # the second run started over
     path = Path(run.stdout.strip().split("\t")[1])
     assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(ggufs["big"]).digest()
+
+
+def _ctrl_c_default() -> None:
+    """In the child: SIGINT at its default, as in a terminal. A run started in the background of a non-interactive
+    shell (`cmd &`) has SIGINT ignored, and every process under it inherits that: the pull would never see the
+    Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _partial(home: Path) -> list[Path]:
