@@ -318,8 +318,8 @@ def engine_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
         default=None,
         metavar="f32|q8",
         help="f32 (default): float32 activations; q8: int8 activations in the products over weights with groups "
-        "of 32 (numba backend; faster, close to but not equal to the float32 results). Not int8: Q6_K/Q3_K/Q2_K "
-        "weights (groups of 16), and on AMX CPUs products of more than 32 rows over Q4_0/Q4_1/Q8_0 (float tiles)",
+        "of 32, on every CPU (numba backend; faster, close to but not equal to the float32 results). Not int8: "
+        "Q6_K/Q3_K/Q2_K weights (groups of 16)",
     )
     p.add_argument(
         "--speculative",

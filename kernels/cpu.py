@@ -23,10 +23,10 @@ class CpuCaps:
     @classmethod
     def detect(cls) -> CpuCaps:
         """This process's: the CPU numba compiles for (the host unless NUMBA_CPU_NAME says otherwise)."""
-        from kernels import numba_amx  # imports numba: only when a backend is built
+        from kernels import simd_amx  # imports numba: only when a backend is built
         from kernels.simd import VNNI512, target_has
 
-        return cls(f16c=target_has("f16c"), vnni512=VNNI512, amx=numba_amx.available())
+        return cls(f16c=target_has("f16c"), vnni512=VNNI512, amx=simd_amx.available())
 
     def within(self, other: CpuCaps) -> bool:
         """Whether every capability this one has, `other` has too (its kernels run on `other`)."""

@@ -30,18 +30,13 @@ for B): a 16 x 16 transpose of 32-bit pairs, done in registers (`split_block`).
 Inside a parallel kernel no whole-array expression (`a[:] = 0`): numba makes it a parallel loop of its
 own, and with the backend's chunk size of 1 (`numba.set_parallel_chunksize`) an element a work item.
 
-Linux hands a process the tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, process
-wide); `available()` asks once. The tile instructions are inline assembly (numba has no AMX types):
-each work item loads the tile configuration and releases the tiles when done, so a thread holds
-no tile state between items.
+The tile instructions are kernels/simd_amx.py's (`tiles`: None for the CPU's, emulated ones otherwise): each work
+item loads the tile configuration and releases the tiles when done, so a thread holds no tile state between
+items.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
-import llvmlite.binding as llb
 import numba
 import numpy as np
 from llvmlite import ir
@@ -49,11 +44,22 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from kernels.numba_jit import JIT
-from kernels.simd import target_has
+from kernels.simd import LANES
+from kernels.simd_amx import (
+    aligned,
+    amx_bf16,
+    amx_config,
+    amx_load,
+    amx_release,
+    config,
+    elem_ptr,
+    prefetch_group,
+    store_acc,
+    write_out,
+    zero_acc,
+)
 from kernels.simd_scales import f32_at
-from kernels.simd_vectors import prefetch, vfma_s, vload, vstore
-
-llb.initialize_native_asmparser()  # numba compiles inline assembly only with LLVM's parser loaded
+from kernels.simd_vectors import vfma_s, vload, vstore
 
 ROWS = 16  # rows of a tile: weight rows of an A tile, activation rows (a t-block) of a B tile
 GROUP = 32  # weights a group: one tile's depth (32 bf16, 64 bytes a row)
@@ -62,118 +68,7 @@ ACCS = 4  # accumulator tiles, tmm0-3: one per t-block and 16 weight rows of a w
 PARTS = 3  # bf16 parts of a float32 activation
 TILE = ROWS * GROUP  # uint16 values a bf16 tile
 
-# palette 1; tiles 0-7 of 16 rows x 64 bytes
-CONFIG = np.zeros(64, np.uint8)
-CONFIG[0] = 1
-CONFIG[16:32].view(np.uint16)[:8] = 64
-CONFIG[48:56] = ROWS
-
-_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
-
-
-@functools.cache
-def available() -> bool:
-    """Whether this process can run the AMX kernels: the compile target has AMX tiles with bf16, and
-    Linux grants the process the tile state (asked once)."""
-    if not (target_has("amx-tile") and target_has("amx-bf16")):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
-
-
-# ---- tile instructions (inline assembly, AT&T operand order) --------------------------------------
-
-
-def _asm(builder, text, operands=()):
-    fty = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
-    constraint = ",".join(["r"] * len(operands) + ["~{memory}"])
-    builder.call(ir.InlineAsm(fty, text, constraint, side_effect=True), list(operands))
-
-
-def _elem_ptr(context, builder, aty, a, i, ity):
-    """The address of element i (of integer type ity) of a 1-D array a (of type aty)."""
-    return builder.gep(context.make_array(aty)(context, builder, a).data, [context.cast(builder, i, ity, types.intp)])
-
-
-def _byte_ptr(context, builder, aty, a, i, ity):
-    return builder.bitcast(_elem_ptr(context, builder, aty, a, i, ity), ir.IntType(8).as_pointer())
-
-
-def _literal(*regs):
-    return all(isinstance(r, types.IntegerLiteral) for r in regs)
-
-
-@intrinsic
-def tile_config(typingctx, cfg):
-    """Load the tile configuration (`CONFIG`) on this thread."""
-
-    def codegen(context, builder, sig, args):
-        zero = context.get_constant(types.intp, 0)
-        _asm(builder, "ldtilecfg ($0)", [_byte_ptr(context, builder, cfg, args[0], zero, types.intp)])
-        return context.get_dummy_value()
-
-    return types.none(cfg), codegen
-
-
-@intrinsic
-def tile_release(typingctx):
-    """Give the thread's tile state back."""
-
-    def codegen(context, builder, sig, args):
-        _asm(builder, "tilerelease")
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
-@intrinsic
-def tile_zero(typingctx, reg):
-    """tmm[reg] = 0 (reg a constant)."""
-    if not _literal(reg):
-        return None
-
-    def codegen(context, builder, sig, args):
-        _asm(builder, f"tilezero %tmm{reg.literal_value}")
-        return context.get_dummy_value()
-
-    return types.none(reg), codegen
-
-
-def _tile_memory(template: str, doc: str):
-    """An intrinsic (reg, a, i, stride) moving tile `reg` (a constant) from or to 16 rows of `stride`
-    bytes from a[i] on: `template` is the instruction, {reg} its tile."""
-
-    def impl(typingctx, reg, a, i, stride):
-        if not _literal(reg):
-            return None
-
-        def codegen(context, builder, sig, args):
-            p = _byte_ptr(context, builder, a, args[1], args[2], i)
-            s = context.cast(builder, args[3], stride, types.int64)
-            _asm(builder, template.format(reg=reg.literal_value), [p, s])
-            return context.get_dummy_value()
-
-        return types.none(reg, a, i, stride), codegen
-
-    impl.__doc__ = doc
-    return intrinsic(impl)
-
-
-tile_load = _tile_memory("tileloadd ($0,$1,1), %tmm{reg}", "tmm[reg] = 16 rows of `stride` bytes from a[i] on.")
-tile_store = _tile_memory("tilestored %tmm{reg}, ($0,$1,1)", "16 rows of `stride` bytes from a[i] on = tmm[reg].")
-
-
-@intrinsic
-def tile_dot(typingctx, c, a, b):
-    """tmm[c] += tmm[a] times tmm[b] (bf16 pairs, float32 sums; constants)."""
-    if not _literal(c, a, b):
-        return None
-
-    def codegen(context, builder, sig, args):
-        _asm(builder, f"tdpbf16ps %tmm{b.literal_value}, %tmm{a.literal_value}, %tmm{c.literal_value}")
-        return context.get_dummy_value()
-
-    return types.none(c, a, b), codegen
+CONFIG = config(dict.fromkeys(range(8), (ROWS, 64)))  # tiles 0-7 of 16 rows x 64 bytes
 
 
 # ---- conversions ------------------------------------------------------------------------------
@@ -185,7 +80,7 @@ def _q_group(packed):
     def impl(typingctx, q, qi, a, ai):
         def codegen(context, builder, sig, args):
             qa, qi_, aa, ai_ = args
-            qp = _elem_ptr(context, builder, q, qa, qi_, qi)
+            qp = elem_ptr(context, builder, q, qa, qi_, qi)
             n = 16 if packed else 32
             ld = builder.load(builder.bitcast(qp, ir.VectorType(ir.IntType(8), n).as_pointer()))
             ld.align = 1
@@ -202,7 +97,7 @@ def _q_group(packed):
             # an integer of at most 8 significant bits: its float32 bits' top half is its bf16 exactly
             w16 = builder.bitcast(f, ir.VectorType(_I16, 64))
             bits = builder.shuffle_vector(w16, w16, ir.Constant(v32, list(range(1, 64, 2))))
-            dst = builder.bitcast(_elem_ptr(context, builder, a, aa, ai_, ai), ir.VectorType(_I16, 32).as_pointer())
+            dst = builder.bitcast(elem_ptr(context, builder, a, aa, ai_, ai), ir.VectorType(_I16, 32).as_pointer())
             builder.store(bits, dst).align = 2
             return context.get_dummy_value()
 
@@ -247,7 +142,7 @@ def split_block(typingctx, x, xi, stride, xs, oi, part):
                 context.cast(builder, xi_, xi, types.intp),
                 builder.mul(context.cast(builder, st, stride, types.intp), ir.Constant(ir.IntType(64), t)),
             )
-            ld = builder.load(builder.bitcast(_elem_ptr(context, builder, x, xa, i, types.intp), f32v.as_pointer()))
+            ld = builder.load(builder.bitcast(elem_ptr(context, builder, x, xa, i, types.intp), f32v.as_pointer()))
             ld.align = 4
             f = ld
             for k in range(3):  # the top 16 bits of what remains; the third part's low 16 are zero
@@ -264,7 +159,7 @@ def split_block(typingctx, x, xi, stride, xs, oi, part):
                 base, builder.mul(context.cast(builder, pt, part, types.intp), ir.Constant(ir.IntType(64), k))
             )
             for kp, col in enumerate(_transpose16(builder, parts[k])):
-                dst = _elem_ptr(
+                dst = elem_ptr(
                     context, builder, xs, xsa, builder.add(off, ir.Constant(ir.IntType(64), kp * GROUP)), types.intp
                 )
                 builder.store(col, builder.bitcast(dst, v16.as_pointer())).align = 4
@@ -323,75 +218,52 @@ def _q_tile(q, packed, N4, ng, nb, g, a):
 
 
 @njit(**JIT)
-def _prefetch_part(a, start, stop, g, ng):
-    """Prefetch the g-th of ng slices of a[start:stop] (cache lines of it)."""
-    step = max(1, 64 // a.itemsize)
-    lines = (stop - start + step - 1) // step
-    for ln in range(g * lines // ng, (g + 1) * lines // ng):
-        prefetch(a, start + ln * step)
-
-
-@njit(**JIT)
-def _zero(i):
-    if i == 0:
-        tile_zero(0)
-    elif i == 1:
-        tile_zero(1)
-    elif i == 2:
-        tile_zero(2)
-    else:
-        tile_zero(3)
-
-
-@njit(**JIT)
-def _dot(i):
+def _dot(i, tiles, me):
     """C tile i (tmm i) += the A tile in tmm 4 times the B tile in tmm 7."""
     if i == 0:
-        tile_dot(0, 4, 7)
+        amx_bf16(0, 4, 7, tiles, me)
     elif i == 1:
-        tile_dot(1, 4, 7)
+        amx_bf16(1, 4, 7, tiles, me)
     elif i == 2:
-        tile_dot(2, 4, 7)
+        amx_bf16(2, 4, 7, tiles, me)
     else:
-        tile_dot(3, 4, 7)
+        amx_bf16(3, 4, 7, tiles, me)
 
 
 @njit(**JIT)
-def _store(i, p):
-    if i == 0:
-        tile_store(0, p, 0, 64)
-    elif i == 1:
-        tile_store(1, p, ROWS * ROWS, 64)
-    elif i == 2:
-        tile_store(2, p, 2 * ROWS * ROWS, 64)
-    else:
-        tile_store(3, p, 3 * ROWS * ROWS, 64)
-
-
-@njit(**JIT)
-def _aligned(n, dtype):
-    """An empty 1-D array of n elements whose start is a multiple of 64 bytes: a tile's 64-byte rows
-    then sit in one cache line each (numpy's large arrays start 32 bytes into a line)."""
-    itemsize = np.empty(0, dtype).itemsize
-    buf = np.empty(n + 64 // itemsize, dtype)
-    skip = (-buf.ctypes.data) % 64 // itemsize
-    return buf[skip : skip + n]
+def _add_group(acc, sums, scale, minv, mf, xsum, nb0, nbs, tb0, nt, g, ng, N4):
+    """acc[n, t] += d[n, g] sum_k q[n, k] x[t, k] (+ m[n, g] xsum[t, g]): group g's tile sums into a work item's
+    results (16 values of t a vector, 16 rows n a tile)."""
+    has_min = minv.shape[0] > 0
+    for j in range(nbs):
+        for r in range(ROWS):
+            row = (nb0 + j) * ROWS + r
+            if row < N4:
+                si = (row // 4 * ng + g) * 4 + row % 4
+                d = f32_at(scale, si)
+                mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
+                for i in range(nt):
+                    for h in range(0, ROWS, LANES):  # one vector on AVX-512 (AMX CPUs); two emulated on AVX2
+                        o = ((j * nt + i) * ROWS + r) * ROWS + h
+                        v = vfma_s(vload(sums, o), d, vload(acc, o))
+                        if has_min:
+                            v = vfma_s(vload(xsum, ((tb0 + i) * ng + g) * ROWS + h), mn, v)
+                        vstore(acc, o, v)
 
 
 @njit(parallel=True, **JIT)
-def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads):
+def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`cfg`:
-    CONFIG; `threads`: numba's thread count now, for the per-thread scratch); the mins are minv * mf
-    (`Blocked.min_operand`)."""
+    CONFIG; `threads`: numba's thread count now, for the per-thread scratch; `tiles`: None, or emulated tiles
+    (kernels/simd_amx.py)); the mins are minv * mf (`Blocked.min_operand`)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // GROUP
     N4 = (N + 3) // 4 * 4
     TB = (T + ROWS - 1) // ROWS
-    xs = _aligned(PARTS * TB * ng * TILE, np.uint16)
+    xs = aligned(PARTS * TB * ng * TILE, np.uint16)
     xsum = np.empty(TB * ng * ROWS, np.float32)
     split_rows(x, xs, xsum)
-    has_min = minv.shape[0] > 0
     per = GROUP // 2 if packed else GROUP  # weight bytes a row's group
     NB = (N + ROWS - 1) // ROWS
     TC = (TB + T_CHUNK - 1) // T_CHUNK
@@ -399,11 +271,11 @@ def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads):
     # reusing the B tiles the one before just brought into L1 (up to 4 accumulator tiles in all).
     per_item = max(1, ACCS // min(T_CHUNK, TB))
     NI = (NB + per_item - 1) // per_item
-    a_scr = _aligned(threads * TILE, np.uint16).reshape(threads, TILE)
+    a_scr = aligned(threads * TILE, np.uint16).reshape(threads, TILE)
     # a thread's tile sums and results, 64 bytes more than 4 KiB apart: at a multiple of 4 KiB the
     # loads of one after stores to the other would wait on each other (4K aliasing)
     acc_at = ACCS * ROWS * ROWS + 16
-    scr = _aligned(threads * 2 * acc_at, np.float32).reshape(threads, 2 * acc_at)
+    scr = aligned(threads * 2 * acc_at, np.float32).reshape(threads, 2 * acc_at)
     part = TB * ng * TILE
     for item in prange(NI * TC):
         tc, nb0 = item // NI, item % NI * per_item
@@ -414,50 +286,25 @@ def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads):
         nt = min(T_CHUNK, TB - tb0)
         for u in range(nbs * nt * ROWS * ROWS):
             acc[u] = 0
-        tile_config(cfg)
+        amx_config(cfg, tiles, me)
         # An item's weight rows are one contiguous stretch of each array (the layout's row blocks): while
         # it works, it asks for the stretch of the item this thread most likely takes next, a slice a group.
         nxt = (item + threads) % (NI * TC) % NI * per_item
         n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng  # their (row, group) range
         for g in range(ng):
-            _prefetch_part(q, n0 * per, n1 * per, g, ng)
-            _prefetch_part(scale, n0, n1, g, ng)
-            if has_min:
-                _prefetch_part(minv, n0, n1, g, ng)
+            prefetch_group(q, scale, minv, n0, n1, per, g, ng)
             for j in range(nbs):
                 _q_tile(q, packed, N4, ng, nb0 + j, g, a)
-                tile_load(4, a, 0, 64)
+                amx_load(4, a, 0, 64, tiles, me)
                 for i in range(nt):
                     c = j * nt + i
-                    _zero(c)
+                    zero_acc(c, tiles, me)
                     b = ((tb0 + i) * ng + g) * TILE
                     for s in range(PARTS):
-                        tile_load(7, xs, s * part + b, 64)
-                        _dot(c)
+                        amx_load(7, xs, s * part + b, 64, tiles, me)
+                        _dot(c, tiles, me)
             for c in range(nbs * nt):
-                _store(c, sums)
-            # acc[n, t] += d[n, g] sum_k q[n, k] x[t, k] (+ m[n, g] xsum[t, g])
-            for j in range(nbs):
-                for r in range(ROWS):
-                    row = (nb0 + j) * ROWS + r
-                    if row < N4:
-                        si = (row // 4 * ng + g) * 4 + row % 4
-                        d = f32_at(scale, si)
-                        mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
-                        for i in range(nt):
-                            o = ((j * nt + i) * ROWS + r) * ROWS
-                            v = vfma_s(vload(sums, o), d, vload(acc, o))
-                            if has_min:
-                                v = vfma_s(vload(xsum, ((tb0 + i) * ng + g) * ROWS), mn, v)
-                            vstore(acc, o, v)
-        tile_release()
-        for j in range(nbs):
-            for i in range(nt):
-                c = j * nt + i
-                for tt in range(ROWS):
-                    t = (tb0 + i) * ROWS + tt
-                    if t < T:
-                        for r in range(ROWS):
-                            n = (nb0 + j) * ROWS + r
-                            if n < N:
-                                out[t, n] = acc[(c * ROWS + r) * ROWS + tt]
+                store_acc(c, sums, tiles, me)
+            _add_group(acc, sums, scale, minv, mf, xsum, nb0, nbs, tb0, nt, g, ng, N4)
+        amx_release(tiles, me)
+        write_out(acc, out, nb0, nbs, tb0, nt)

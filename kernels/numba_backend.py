@@ -7,10 +7,11 @@ CPU's capabilities as a value, kernels/cpu.py); `linear` only dispatches on it, 
 load, kernels/gate.py) runs each route the model will use against the NumPy reference and retires one that
 fails. Matrix-vector kernels read the quantized weight directly (decode, batched decode, speculative
 verification, short prompts); AMX tiles take products of many rows where the CPU has them
-(kernels/numba_amx.py, exact to float32 rounding); longer prompts otherwise go to panels: each worker thread
-dequantizes one panel of the weight into a float32 scratch that stays in cache and multiplies it with
-single-threaded OpenBLAS, robust where OpenBLAS's own threads collapse (20x slower with other processes on the
-cores). With int8 activations (`activations="q8"`) products take the int8 kernels, prompts included.
+(kernels/numba_amx.py, exact to float32 rounding; kernels/numba_amx_i8.py with int8 activations); longer prompts
+otherwise go to panels: each worker thread dequantizes one panel of the weight into a float32 scratch that stays in
+cache and multiplies it with single-threaded OpenBLAS, robust where OpenBLAS's own threads collapse (20x slower with
+other processes on the cores). With int8 activations (`activations="q8"`) products take the int8 kernels, prompts
+included.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -29,10 +30,12 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from kernels import ACTIVATIONS, gate, host_ops, numba_amx, routes
+from kernels import ACTIVATIONS, gate, host_ops, numba_amx, routes, simd_amx
 from kernels.attention_meta import AttentionMetadata
 from kernels.cpu import CpuCaps
 from kernels.host_ops import Scratch, prefill_operands, prefill_tile
+from kernels.numba_amx_i8 import CONFIG as AMX_I8_CONFIG
+from kernels.numba_amx_i8 import matmul_amx_i8
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import STRIPE16, Blocked, block_rows, block_rows16, dequant_rows, dequant_rows16, half_exact
@@ -124,14 +127,20 @@ class Linear:
         return self.weight
 
 
-def _amx_tiles(b: Blocked, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-    # the real team size, whichever thread calls: it sizes one scratch per kernel thread
-    minv, mf = b.min_operand()
-    numba_amx.matmul_amx(b.data, b.scale, minv, mf, b.kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads())
+def _on_tiles(kernel: Callable[..., None], cfg: np.ndarray, tiles: np.ndarray | None) -> Kernel:
+    """An AMX kernel as a blocked route's kernel, on the CPU's tiles (`tiles` None) or emulated ones."""
+
+    def run(b: Blocked, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+        # the real team size, whichever thread calls: it sizes one scratch per kernel thread
+        minv, mf = b.min_operand()
+        kernel(b.data, b.scale, minv, mf, b.kind == "q4", x, out, cfg, numba.get_num_threads(), tiles)
+
+    return run
 
 
 # The blocked routes' kernels (kernels/routes.py): (weight, contiguous x, out, threads) -> out filled.
-BLOCKED_KERNELS: dict[str, Callable[[Blocked, np.ndarray, np.ndarray, int], None]] = {
+Kernel = Callable[[Blocked, np.ndarray, np.ndarray, int], None]
+BLOCKED_KERNELS: dict[str, Kernel] = {
     "matvec_q4": lambda b, x, out, t: matvec_q4(b.data, b.scale, *b.min_operand(), x, out, t),
     "matvec_q4_split": lambda b, x, out, t: matvec_q4_split(b.data, b.scale, *b.min_operand(), x, out, t),
     "matvec_q8": lambda b, x, out, t: matvec_q8(b.data, b.scale, b.min, b.group, x, out, t),
@@ -139,9 +148,26 @@ BLOCKED_KERNELS: dict[str, Callable[[Blocked, np.ndarray, np.ndarray, int], None
     # b.min: empty for Q4_0, whose factor is -8
     "x16_i8": lambda b, x, out, t: matvec_i8_x16(b.data, b.scale, b.min, b.min_operand()[1], x, out, t),
     "x16_split": lambda b, x, out, t: matvec_q4_split_x16(b.data, b.scale, b.min, b.min_operand()[1], x, out, t),
-    "amx_tiles": _amx_tiles,
 }
-assert set(BLOCKED_KERNELS) == set(routes.BLOCKED_KERNELS)
+AMX_KERNELS = {"amx_tiles": (numba_amx.matmul_amx, numba_amx.CONFIG), "amx_i8": (matmul_amx_i8, AMX_I8_CONFIG)}
+assert set(BLOCKED_KERNELS) | set(AMX_KERNELS) == set(routes.BLOCKED_KERNELS)
+
+
+def split_attention(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
+    """The step's sequences: those with at least BLAS_ATTENTION_ROWS new rows (`long`: tiles of
+    BLAS products in the workers), the others for the compiled kernel (`short`: None when that is
+    every sequence, else their rows and their own query starts, contexts and tables)."""
+    tables, ctx, qs, q_lens = host_ops.attention_inputs(q_shape, cache_shape, meta)
+    dots = int(np.dot(q_lens, ctx)) * q_shape[1]
+    kernel = paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
+    is_long = q_lens >= BLAS_ATTENTION_ROWS
+    long = np.flatnonzero(is_long)
+    if not long.size:
+        return tables, ctx, qs, kernel, long, None
+    keep = np.flatnonzero(~is_long)
+    rows = np.concatenate([np.arange(qs[b], qs[b + 1]) for b in keep]) if keep.size else np.empty(0, np.int64)
+    s_qs = np.concatenate([[0], np.cumsum(q_lens[keep])]).astype(qs.dtype)
+    return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
 
 
 class NumbaBackend(host_ops.CpuHostOps):
@@ -150,8 +176,9 @@ class NumbaBackend(host_ops.CpuHostOps):
     `activations="q8"` quantizes the activations of products over groups of 32 to int8 (kernels/routes.py says
     where; kernels/numba_linear.py how); the default "f32" keeps them float32. `caps`: the CPU capabilities the
     routes are chosen for (detected by default; a narrower value makes the backend take the routes of a CPU with
-    less, which run here too). Build it through kernels.get_backend, which makes the process-wide settings first
-    (`configure_process`)."""
+    less, which run here too). `emulate_amx`: the AMX routes run on emulated tiles (kernels/simd_amx.py), so a CPU
+    without AMX runs their whole logic as an AMX CPU would, slowly (tests; `caps` may then include `amx`). Build it
+    through kernels.get_backend, which makes the process-wide settings first (`configure_process`)."""
 
     name = "numba"
     xp: ModuleType = np
@@ -159,7 +186,13 @@ class NumbaBackend(host_ops.CpuHostOps):
     choice = ""  # get_backend says what it chose and why
     blas_threads = 1  # BLAS runs inside this backend's own workers, one thread each
 
-    def __init__(self, threads: int | None = None, activations: str = "f32", caps: CpuCaps | None = None) -> None:
+    def __init__(
+        self,
+        threads: int | None = None,
+        activations: str = "f32",
+        caps: CpuCaps | None = None,
+        emulate_amx: bool = False,
+    ) -> None:
         self._scratch = Scratch()  # the stepping thread's attention scratch
         assert activations in ACTIVATIONS, activations  # checked for users in kernels.get_backend
         self.activations = activations
@@ -183,6 +216,8 @@ class NumbaBackend(host_ops.CpuHostOps):
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
         here = CpuCaps.detect()
+        if emulate_amx:
+            here = replace(here, amx=True)
         self.caps = here if caps is None else caps
         if not self.caps.within(here):
             raise ValueError(f"this CPU lacks {', '.join(self.caps.missing(here))}: its kernels cannot run here")
@@ -193,6 +228,8 @@ class NumbaBackend(host_ops.CpuHostOps):
         self._routes: dict[tuple[Form, int], Route] = {}  # route() by weight form and rows
         self.route_checks: list[gate.RouteCheck] = []
         self.kernels = dict(BLOCKED_KERNELS)  # per backend: a test plants a wrong kernel in one
+        tiles = simd_amx.soft_tiles(most) if emulate_amx else None
+        self.kernels.update({name: _on_tiles(kernel, cfg, tiles) for name, (kernel, cfg) in AMX_KERNELS.items()})
 
     def begin_step(self, rows: int | None = None) -> None:
         """Bind the calling thread's kernel threads (thread-local in numba) and dynamic chunking. A step
@@ -458,7 +495,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, scale: float
     ) -> np.ndarray:
         if meta.plan is None:  # validate and size once per step; every layer reuses it
-            meta.plan = self._attention_plan(q.shape, k_cache.shape, meta)
+            meta.plan = split_attention(q.shape, k_cache.shape, meta)
         tables, ctx, qs, kernel, long, short = meta.plan
         out = np.empty(q.shape, dtype=np.float32)
         for b in long:
@@ -471,22 +508,6 @@ class NumbaBackend(host_ops.CpuHostOps):
             kernel(q[rows], k_cache, v_cache, s_qs, s_ctx, s_tables, np.float32(scale), part)
             out[rows] = part
         return out
-
-    def _attention_plan(self, q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta: AttentionMetadata) -> tuple:
-        """The step's sequences: those with at least BLAS_ATTENTION_ROWS new rows (`long`: tiles of
-        BLAS products in the workers), the others for the compiled kernel (`short`: None when that is
-        every sequence, else their rows and their own query starts, contexts and tables)."""
-        tables, ctx, qs, q_lens = host_ops.attention_inputs(q_shape, cache_shape, meta)
-        dots = int(np.dot(q_lens, ctx)) * q_shape[1]
-        kernel = paged_attention_serial if dots < SERIAL_ATTENTION_DOTS else paged_attention_kernel
-        is_long = q_lens >= BLAS_ATTENTION_ROWS
-        long = np.flatnonzero(is_long)
-        if not long.size:
-            return tables, ctx, qs, kernel, long, None
-        keep = np.flatnonzero(~is_long)
-        rows = np.concatenate([np.arange(qs[b], qs[b + 1]) for b in keep]) if keep.size else np.empty(0, np.int64)
-        s_qs = np.concatenate([[0], np.cumsum(q_lens[keep])]).astype(qs.dtype)
-        return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
 
     def _blas_prefill(
         self,

@@ -22,6 +22,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # another one imports (tests/unit/test_inlined_stamp.py checks), or its changes would leave cached kernels stale.
 _INLINED = (
     "simd.py",
+    "simd_amx.py",
     "simd_attention.py",
     "simd_dequant.py",
     "simd_dot.py",

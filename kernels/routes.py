@@ -7,9 +7,8 @@ The policy, in order:
 - q4 weights on AVX-512 VNNI without AMX are blocked sixteen rows at a time and every product of theirs runs on
   the sixteen-row kernels (`x16_i8` with int8 activations, else `x16_split`: float32 activations as four int8
   pieces, float32 precision);
-- int8 activations (`--activations q8`) over groups of 32: the int8 kernels (`matvec_i8`), prompts included;
-  only on AMX, products of more than INT8_AMX_MAX_ROWS rows take the float tiles instead (int8 tiles are not
-  written: no AMX CPU was at hand to measure them against the float tiles);
+- int8 activations (`--activations q8`) over groups of 32: the int8 kernels (`matvec_i8`), prompts included; on
+  AMX, products of more than INT8_AMX_MAX_ROWS rows over float16 scales run on its int8 tiles (`amx_i8`);
 - AMX CPUs: products of AMX_MIN_ROWS rows or more over weights with groups of 32 and float16 scales
   (`amx_tiles`, exact to float32 rounding);
 - more than MATVEC_MAX_ROWS rows: `panels`;
@@ -33,7 +32,8 @@ MATVEC_MAX_ROWS = 40
 # rows: with fewer than about 12 the tile's unused rows cost as much as the matvec kernels' work, so
 # those keep the smaller products (`scripts/matvec_bench.py --rows` on an AMX CPU finds the crossing).
 AMX_MIN_ROWS = 12
-# With int8 activations, products of more rows than this keep AMX's float tiles where the CPU has them.
+# With int8 activations on AMX, products of up to this many rows keep the int8 matrix-vector kernels and more run on
+# the int8 tiles (kernels/numba_amx_i8.py): a crossing to measure on an AMX CPU, as AMX_MIN_ROWS is.
 INT8_AMX_MAX_ROWS = 32
 # Row counts where some route changes: one of each class of product a model runs (the start-up gate's probes).
 ROW_CLASSES = (1, AMX_MIN_ROWS, INT8_AMX_MAX_ROWS + 1, MATVEC_MAX_ROWS + 1)
@@ -44,8 +44,18 @@ NEEDS = {
     "x16_i8": CpuCaps(vnni512=True),
     "x16_split": CpuCaps(vnni512=True),
     "amx_tiles": CpuCaps(amx=True),
+    "amx_i8": CpuCaps(amx=True),
 }
-BLOCKED_KERNELS = ("matvec_q4", "matvec_q4_split", "matvec_q8", "matvec_i8", "x16_i8", "x16_split", "amx_tiles")
+BLOCKED_KERNELS = (
+    "matvec_q4",
+    "matvec_q4_split",
+    "matvec_q8",
+    "matvec_i8",
+    "x16_i8",
+    "x16_split",
+    "amx_tiles",
+    "amx_i8",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +116,11 @@ def route(rows: int, form: Form, caps: CpuCaps, activations: str = "f32") -> Rou
     if not form.stripe:
         return Route("panels")
     amx = caps.amx and rows >= AMX_MIN_ROWS and form.group == 32 and form.half
-    int8 = activations == "q8" and form.group == 32 and not (amx and rows > INT8_AMX_MAX_ROWS)
+    int8 = activations == "q8" and form.group == 32
     if form.stripe == 16:
         return Route("x16_i8", "int8", 16) if int8 else Route("x16_split", "pieces", 16)
     if int8:
-        return Route("matvec_i8", "int8", 4)
+        return Route("amx_i8", "int8", 4) if amx and rows > INT8_AMX_MAX_ROWS else Route("matvec_i8", "int8", 4)
     if amx:
         return Route("amx_tiles", "f32", 4)
     if rows > MATVEC_MAX_ROWS:
@@ -121,10 +131,13 @@ def route(rows: int, form: Form, caps: CpuCaps, activations: str = "f32") -> Rou
 
 
 def fallback(r: Route) -> Route | None:
-    """The route that replaces `r` when `r` fails its check: the plain four-row kernel for the pieces one, else
-    the dequantized panels, which read every layout (None: nothing is left below the panels and BLAS)."""
+    """The route that replaces `r` when `r` fails its check: the plain four-row kernel for the pieces one, the
+    float tiles for the int8 ones, else the dequantized panels, which read every layout (None: nothing is left
+    below the panels and BLAS)."""
     if r.kernel == "matvec_q4_split":
         return Route("matvec_q4", "f32", r.stripe)
+    if r.kernel == "amx_i8":
+        return Route("amx_tiles", "f32", r.stripe)
     if r.kernel in ("panels", "blas"):
         return None
     return Route("panels", "f32", r.stripe)

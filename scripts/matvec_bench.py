@@ -88,12 +88,14 @@ def rows_sweep(rng: np.random.Generator, activations: str) -> None:
         if w.kind == "q4" and be.caps.vnni512:  # the sixteen-row order the backend picks there without AMX
             x16 = Route("x16_i8", "int8", 16) if int8 else Route("x16_split", "pieces", 16)
             ways.append(("x16", Linear(w.shape, block_rows16(w, half)), x16))
-        ways += [("amx", four, Route("amx_tiles", "f32", 4))] if be.caps.amx else []
+        if be.caps.amx:  # the float tiles in either mode (int8's fallback), the int8 tiles with int8 activations
+            ways.append(("amx", four, Route("amx_tiles", "f32", 4)))
+            ways += [("amx_i8", four, Route("amx_i8", "int8", 4))] if int8 else []
         for rows in (1, 8, 12, 16, 32, 48, 64, 128, 256, 512):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             took = {}
             for way, lin, r in ways:
-                if r.kernel == "amx_tiles" and rows < AMX_MIN_ROWS:
+                if r.kernel.startswith("amx") and rows < AMX_MIN_ROWS:
                     continue
                 be.linear(x, lin, route=r)
                 best = float("inf")

@@ -3,7 +3,6 @@ on whole-engine runs, its warm-up, and two engines stepping in two threads of on
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
@@ -12,7 +11,6 @@ from engine_helpers import greedy, make_core, run_all
 
 from kernels import numba_activations, numba_attention, numba_layout, numba_linear, numba_linear16, numba_ops
 from kernels.attention_meta import build_attention_metadata
-from kernels.cpu import CpuCaps
 from kernels.numba_backend import NumbaBackend
 from kernels.simd import target_has
 
@@ -175,9 +173,9 @@ def test_q8_activations_stay_close_to_the_reference(loaded_default, reference):
     Prompts run through the int8 products too; decode steps one token at a time."""
     from engine.model.llama import LlamaModel
 
-    # Without AMX's tiles: products of every row count take int8 activations (with them, prompts of more than 32
-    # rows would run on float tiles and this test would measure those).
-    be = NumbaBackend(2, "q8", caps=dataclasses.replace(CpuCaps.detect(), amx=False))
+    # The routes this CPU takes: products of every row count take int8 activations (prompts of more than 32 rows on
+    # AMX's int8 tiles where the CPU has them).
+    be = NumbaBackend(2, "q8")
     model = (loaded_default, LlamaModel(loaded_default.config, loaded_default.weights, be))
     longest = max(len(case["prompt_ids"]) + len(case["greedy32_no_eos_stop_ids"]) for case in reference["prompts"])
     layer = model[1].layers[0]

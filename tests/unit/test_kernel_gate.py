@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from kernels.gate import sample_activations, sample_weight
 from kernels.numba_backend import NumbaBackend
 from kernels.numpy_backend import NumpyBackend
 from kernels.reference import exact_product
-from kernels.routes import ROW_CLASSES, Form, gguf_forms
+from kernels.routes import INT8_AMX_MAX_ROWS, ROW_CLASSES, Form, Route, gguf_forms
 
 HERE = CpuCaps.detect()
 
@@ -28,17 +29,23 @@ def model_forms(caps: CpuCaps) -> list[Form]:
     return [forms["Q4_1"], forms["Q4_0"], forms["Q8_0"]]
 
 
-def prepared(activations: str = "f32") -> tuple[NumbaBackend, list]:
-    be = NumbaBackend(2, activations)
+# This CPU's routes, and an AMX CPU's on the tiles (emulated where this CPU has none: the id says so).
+CPUS = ["this-cpu", "amx-cpu-tiles" if HERE.amx else "amx-emulated-tiles"]
+
+
+def prepared(activations: str = "f32", cpu: str = "this-cpu") -> tuple[NumbaBackend, list]:
+    amx = cpu != "this-cpu"
+    be = NumbaBackend(2, activations, caps=replace(HERE, amx=HERE.amx or amx), emulate_amx=amx and not HERE.amx)
     rng = np.random.default_rng(5)
     lins = [be.prepare_linear(sample_weight(f, rng)) for f in model_forms(be.caps)]
     assert be.forms == set(model_forms(be.caps))
     return be, lins
 
 
+@pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("activations", ["f32", "q8"])
-def test_the_gate_checks_every_route_the_weights_take_and_all_pass(activations):
-    be, lins = prepared(activations)
+def test_the_gate_checks_every_route_the_weights_take_and_all_pass(activations, cpu):
+    be, lins = prepared(activations, cpu)
     checks = be.check_routes()
     taken = {(lin.form.label, str(be.route(rows, lin))) for lin in lins for rows in ROW_CLASSES}
     assert {(c.form, c.route) for c in checks} == taken
@@ -76,6 +83,24 @@ def test_a_planted_wrong_kernel_fails_the_gate_and_its_products_take_the_next_ro
     x = sample_activations(np.random.default_rng(3), 1)
     want = exact_product(x, w)
     assert np.abs(be.linear(x, lin) - want).max() <= 2e-2 * np.abs(want).max()  # int8 or exact: right, not planted
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_a_planted_wrong_tile_kernel_fails_the_gate_on_an_amx_cpu(activations, caplog):
+    # The tiles' kernels on an AMX CPU (emulated tiles where this CPU has none): a wrong int8 tile kernel gives
+    # its prompts to the float tiles; wrong float tiles give theirs to the panels.
+    be, lins = prepared(activations, CPUS[1])
+    many = INT8_AMX_MAX_ROWS + 1
+    tiles = be.route(many, lins[0])
+    assert tiles.kernel == ("amx_i8" if activations == "q8" else "amx_tiles")
+    be.kernels[tiles.kernel] = _planted(be.kernels[tiles.kernel], tiles.kernel)
+    with caplog.at_level(logging.WARNING, logger="forge.kernels"):
+        checks = be.check_routes()
+    assert {c.route for c in checks if not c.ok} == {str(tiles)}
+    replacement = be.route(many, lins[0])
+    assert replacement == (Route("amx_tiles", "f32", 4) if activations == "q8" else Route("panels", "f32", 4))
+    assert any(c.ok and c.route == str(replacement) for c in checks)
+    assert any(tiles.kernel in r.message and str(replacement) in r.message for r in caplog.records)
 
 
 def test_a_kernel_that_raises_is_retired_like_a_wrong_one():

@@ -19,7 +19,7 @@ def table(cpu: str, activations: str) -> dict[str, list[str]]:
 # Each row: the routes at TABLE_ROWS activation rows (1, 11, 12, 32, 33, 40, 41, 512).
 M4, M4S, M8, I8 = "matvec_q4 (f32)", "matvec_q4_split (pieces)", "matvec_q8 (f32)", "matvec_i8 (int8)"
 X16, X16I = "x16_split (pieces)", "x16_i8 (int8)"
-P, B, A = "panels (f32)", "blas (f32)", "amx_tiles (f32)"
+P, B, A, AI8 = "panels (f32)", "blas (f32)", "amx_tiles (f32)", "amx_i8 (int8)"
 FLOATS = {"F16": [P] * 8, "BF16": [P] * 8, "F32": [B] * 8}
 AVX2_F32 = {
     "Q4_0": [M4] * 6 + [P] * 2,
@@ -39,7 +39,7 @@ AMX_F32 = {
     "Q8_0": [M8] * 2 + [A] * 6,
     "Q4_K": [M4S] * 6 + [P] * 2,  # float32 scales: no tiles
 }
-AMX_Q8 = {**AVX2_Q8, "Q4_0": [I8] * 4 + [A] * 4, "Q4_1": [I8] * 4 + [A] * 4, "Q8_0": [I8] * 4 + [A] * 4}
+AMX_Q8 = {**AVX2_Q8, "Q4_0": [I8] * 4 + [AI8] * 4, "Q4_1": [I8] * 4 + [AI8] * 4, "Q8_0": [I8] * 4 + [AI8] * 4}
 EXPECTED = {
     ("avx2", "f32"): AVX2_F32,
     ("avx2", "q8"): AVX2_Q8,
@@ -60,16 +60,14 @@ def test_route_table_on_each_cpu_kind(cpu, activations):
     assert table(cpu, activations) == EXPECTED[cpu, activations]
 
 
-def test_q8_activations_are_int8_everywhere_but_the_amx_tiles():
-    # README and --help say it: with --activations q8 every product over groups of 32 is int8, except products of
-    # more than INT8_AMX_MAX_ROWS rows on AMX CPUs (float tiles); groups of 16 (Q6_K) stay float32.
+def test_q8_activations_are_int8_on_every_cpu():
+    # README and --help say it: with --activations q8 every product over groups of 32 is int8, on every CPU kind and
+    # at every row count (AMX's products of many rows on its int8 tiles); groups of 16 (Q6_K) stay float32.
     for cpu, caps in SIMULATED.items():
         for name, form in routes.gguf_forms(caps).items():
             for rows in TABLE_ROWS:
                 r = routes.route(rows, form, caps, "q8")
-                blocked_g32 = form.stripe and form.group == 32
-                on_tiles = caps.amx and form.half and rows > routes.INT8_AMX_MAX_ROWS
-                assert r.int8 == bool(blocked_g32 and not on_tiles), (cpu, name, rows, r)
+                assert r.int8 == bool(form.stripe and form.group == 32), (cpu, name, rows, r)
 
 
 def test_every_fallback_ends_on_the_panels_which_read_every_layout():
@@ -80,6 +78,7 @@ def test_every_fallback_ends_on_the_panels_which_read_every_layout():
             seen.append(r.kernel)
             r = routes.fallback(r)
         assert seen[-1] == "panels" and len(seen) <= 3, seen
+    assert routes.fallback(Route("amx_i8", "int8", 4)) == Route("amx_tiles", "f32", 4)  # exact, still on the tiles
     assert routes.fallback(Route("blas")) is None
 
 

@@ -1,0 +1,191 @@
+"""Products of many activation rows on Intel AMX's int8 tiles, in the int8 model (`--activations q8`).
+
+The activations are quantized per 32-block as every int8 kernel does it (kernels/numba_activations.py
+`quantize_rows`: x ~ xd * xq), and the tiles add up integer products exactly: TDPBUSD (unsigned times signed
+bytes) for q4 weights, whose integers are 0..15, TDPBSSD (signed times signed) for q8 ones. So the result is
+kernels/reference.py's `int8_product` to float32 rounding of the per-group terms.
+
+A tile is one group deep (32 bytes): per group, t-block and 16 weight rows, one tile product gives
+P[n, t] = sum_k q[n, k] xq[t, k] (int32), which goes to memory and into the float32 result,
+acc[n, t] += d[n, g] xd[t, g] P[n, t] + m[n, g] xsum[t, g] (xsum = xd * sum(xq): the min term of the int8 model).
+The float kernel (kernels/numba_amx.py) takes three bf16 products a group for the same P; here it is one, and
+the B tiles are a quarter of the bytes.
+
+Tiles: the accumulators tmm0-3 (16 rows x 16 int32), the weight's A tile tmm4 (16 rows x 32 bytes), a B tile tmm7
+(8 rows of 16 activation rows x 4 bytes: row k4 holds xq[t, 4 k4 .. 4 k4 + 3] for t = 0..15, AMX's layout for
+B). Work items, their order and the weight prefetch are the float kernel's.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from kernels.numba_activations import quantize_rows
+from kernels.numba_jit import JIT
+from kernels.simd_amx import (
+    aligned,
+    amx_config,
+    amx_load,
+    amx_release,
+    amx_s8s8,
+    amx_u8s8,
+    config,
+    prefetch_group,
+    store_acc,
+    write_out,
+    zero_acc,
+)
+from kernels.simd_scales import f32_at
+
+ROWS = 16  # weight rows of an A tile; activation rows (a t-block) of a B tile
+GROUP = 32  # bytes a group: one tile's depth
+T_CHUNK = 4  # t-blocks a work item
+ACCS = 4  # accumulator tiles
+A_BYTES = ROWS * GROUP
+B_BYTES = GROUP // 4 * 64
+
+CONFIG = config({0: (ROWS, 64), 1: (ROWS, 64), 2: (ROWS, 64), 3: (ROWS, 64), 4: (ROWS, GROUP), 7: (GROUP // 4, 64)})
+
+
+@njit(parallel=True, **JIT)
+def pack_b(xq, xd, xsum, xb, xdt, xst):
+    """xq [T, K] (int8) -> B tiles xb, flat (t-blocks, K / 32 groups, 8 rows, 64 bytes): tile (tb, g), row k4,
+    bytes 4 t .. 4 t + 3 = xq[16 tb + t, 32 g + 4 k4 ..]; xd and xsum [T, K / 32] -> xdt, xst (t-blocks, groups,
+    16). Zero past T."""
+    T, K = xq.shape
+    ng = K // GROUP
+    TB = (T + ROWS - 1) // ROWS
+    words = xq.reshape(T * K).view(np.int32)  # four bytes of a row, K / 4 a row
+    bw = xb.view(np.int32)
+    for tb in prange(TB):
+        for g in range(ng):
+            for k4 in range(GROUP // 4):
+                for tt in range(ROWS):
+                    t = tb * ROWS + tt
+                    bw[((tb * ng + g) * (GROUP // 4) + k4) * ROWS + tt] = (
+                        words[t * (K // 4) + g * (GROUP // 4) + k4] if t < T else 0
+                    )
+            for tt in range(ROWS):
+                t = tb * ROWS + tt
+                xdt[(tb * ng + g) * ROWS + tt] = xd[t, g] if t < T else np.float32(0.0)
+                xst[(tb * ng + g) * ROWS + tt] = xsum[t, g] if t < T else np.float32(0.0)
+
+
+@njit(**JIT)
+def a_tile(q, packed, N4, ng, nb, g, a):
+    """The integers of weight rows nb * 16 .. nb * 16 + 15 in group g, 32 bytes a row, into `a` (int8): q4's
+    nibbles (0..15: low nibbles first, then high) or q8's bytes; rows past N4 zero."""
+    for r in range(ROWS):
+        row = nb * ROWS + r
+        if row < N4:
+            si = (row // 4 * ng + g) * 4 + row % 4
+            if packed:
+                for j in range(GROUP // 2):
+                    v = q[si * (GROUP // 2) + j]
+                    a[r * GROUP + j] = np.int8(v & 15)
+                    a[r * GROUP + GROUP // 2 + j] = np.int8(v >> 4)
+            else:
+                for j in range(GROUP):
+                    a[r * GROUP + j] = q[si * GROUP + j]
+        else:
+            for j in range(GROUP):
+                a[r * GROUP + j] = 0
+
+
+@njit(**JIT)
+def _dot(i, packed, tiles, me):
+    """Accumulator tile i += the A tile (tmm4: q4 nibbles, unsigned, or q8 bytes) times the B tile (tmm7)."""
+    if packed:
+        if i == 0:
+            amx_u8s8(0, 4, 7, tiles, me)
+        elif i == 1:
+            amx_u8s8(1, 4, 7, tiles, me)
+        elif i == 2:
+            amx_u8s8(2, 4, 7, tiles, me)
+        else:
+            amx_u8s8(3, 4, 7, tiles, me)
+    elif i == 0:
+        amx_s8s8(0, 4, 7, tiles, me)
+    elif i == 1:
+        amx_s8s8(1, 4, 7, tiles, me)
+    elif i == 2:
+        amx_s8s8(2, 4, 7, tiles, me)
+    else:
+        amx_s8s8(3, 4, 7, tiles, me)
+
+
+@njit(**JIT)
+def _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N4):
+    """acc[n, t] += d[n, g] xd[t, g] P[n, t] (+ m[n, g] xsum[t, g]): group g's integer tile sums P into a work
+    item's results."""
+    has_min = minv.shape[0] > 0
+    for j in range(nbs):
+        for r in range(ROWS):
+            row = (nb0 + j) * ROWS + r
+            if row < N4:
+                si = (row // 4 * ng + g) * 4 + row % 4
+                d = f32_at(scale, si)
+                mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
+                for i in range(nt):
+                    o = ((j * nt + i) * ROWS + r) * ROWS
+                    xo = ((tb0 + i) * ng + g) * ROWS
+                    for tt in range(ROWS):
+                        acc[o + tt] += d * xdt[xo + tt] * np.float32(sums[o + tt]) + mn * xst[xo + tt]
+
+
+@njit(parallel=True, **JIT)
+def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
+    """out [T, N] = x [T, K], quantized to int8 per 32-block, times a blocked q4 (`packed`) or q8 weight with
+    groups of 32 (`cfg`: CONFIG; `threads`: numba's thread count now; `tiles`: None, or emulated tiles); the mins
+    are minv * mf (`Blocked.min_operand`)."""
+    T, K = x.shape
+    N = out.shape[1]
+    ng = K // GROUP
+    N4 = (N + 3) // 4 * 4
+    TB = (T + ROWS - 1) // ROWS
+    xq = np.empty((T, K), np.int8)
+    xd = np.empty((T, ng), np.float32)
+    xsum = np.empty((T, ng), np.float32)
+    quantize_rows(x, xq, xd, xsum)
+    xb = aligned(TB * ng * B_BYTES, np.int8)
+    xdt = np.empty(TB * ng * ROWS, np.float32)
+    xst = np.empty(TB * ng * ROWS, np.float32)
+    pack_b(xq, xd, xsum, xb, xdt, xst)
+    per = GROUP // 2 if packed else GROUP
+    NB = (N + ROWS - 1) // ROWS
+    TC = (TB + T_CHUNK - 1) // T_CHUNK
+    per_item = max(1, ACCS // min(T_CHUNK, TB))
+    NI = (NB + per_item - 1) // per_item
+    a_scr = aligned(threads * A_BYTES, np.int8).reshape(threads, A_BYTES)
+    acc_at = ACCS * ROWS * ROWS + 16
+    sums_scr = aligned(threads * acc_at, np.int32).reshape(threads, acc_at)
+    acc_scr = aligned(threads * acc_at, np.float32).reshape(threads, acc_at)
+    for item in prange(NI * TC):
+        tc, nb0 = item // NI, item % NI * per_item
+        nbs = min(per_item, NB - nb0)
+        me = numba.get_thread_id()
+        a, sums, acc = a_scr[me], sums_scr[me], acc_scr[me]
+        tb0 = tc * T_CHUNK
+        nt = min(T_CHUNK, TB - tb0)
+        for u in range(nbs * nt * ROWS * ROWS):
+            acc[u] = 0
+        amx_config(cfg, tiles, me)
+        nxt = (item + threads) % (NI * TC) % NI * per_item
+        n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng
+        for g in range(ng):
+            prefetch_group(q, scale, minv, n0, n1, per, g, ng)
+            for j in range(nbs):
+                a_tile(q, packed, N4, ng, nb0 + j, g, a)
+                amx_load(4, a, 0, GROUP, tiles, me)
+                for i in range(nt):
+                    c = j * nt + i
+                    zero_acc(c, tiles, me)
+                    amx_load(7, xb, ((tb0 + i) * ng + g) * B_BYTES, 64, tiles, me)
+                    _dot(c, packed, tiles, me)
+            for c in range(nbs * nt):
+                store_acc(c, sums, tiles, me)
+            _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N4)
+        amx_release(tiles, me)
+        write_out(acc, out, nb0, nbs, tb0, nt)
