@@ -46,6 +46,7 @@ from numba.extending import intrinsic
 from kernels.numba_jit import JIT
 from kernels.simd import LANES
 from kernels.simd_amx import (
+    ACC_AT,
     aligned,
     amx_bf16,
     amx_config,
@@ -55,6 +56,8 @@ from kernels.simd_amx import (
     elem_ptr,
     prefetch_group,
     store_acc,
+    work_item,
+    work_items,
     write_out,
     zero_acc,
 )
@@ -63,8 +66,6 @@ from kernels.simd_vectors import vfma_s, vload, vstore
 
 ROWS = 16  # rows of a tile: weight rows of an A tile, activation rows (a t-block) of a B tile
 GROUP = 32  # weights a group: one tile's depth (32 bf16, 64 bytes a row)
-T_CHUNK = 4  # t-blocks a work item (64 activation rows)
-ACCS = 4  # accumulator tiles, tmm0-3: one per t-block and 16 weight rows of a work item
 PARTS = 3  # bf16 parts of a float32 activation
 TILE = ROWS * GROUP  # uint16 values a bf16 tile
 
@@ -260,37 +261,21 @@ def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     N = out.shape[1]
     ng = K // GROUP
     N4 = (N + 3) // 4 * 4
-    TB = (T + ROWS - 1) // ROWS
+    TB, NB, per_item, NI, TC = work_items(T, N)
     xs = aligned(PARTS * TB * ng * TILE, np.uint16)
     xsum = np.empty(TB * ng * ROWS, np.float32)
     split_rows(x, xs, xsum)
     per = GROUP // 2 if packed else GROUP  # weight bytes a row's group
-    NB = (N + ROWS - 1) // ROWS
-    TC = (TB + T_CHUNK - 1) // T_CHUNK
-    # Few t-blocks leave accumulators free: an item then takes several 16-row blocks of the weight, each
-    # reusing the B tiles the one before just brought into L1 (up to 4 accumulator tiles in all).
-    per_item = max(1, ACCS // min(T_CHUNK, TB))
-    NI = (NB + per_item - 1) // per_item
     a_scr = aligned(threads * TILE, np.uint16).reshape(threads, TILE)
-    # a thread's tile sums and results, 64 bytes more than 4 KiB apart: at a multiple of 4 KiB the
-    # loads of one after stores to the other would wait on each other (4K aliasing)
-    acc_at = ACCS * ROWS * ROWS + 16
-    scr = aligned(threads * 2 * acc_at, np.float32).reshape(threads, 2 * acc_at)
+    scr = aligned(threads * 2 * ACC_AT, np.float32).reshape(threads, 2 * ACC_AT)
     part = TB * ng * TILE
     for item in prange(NI * TC):
-        tc, nb0 = item // NI, item % NI * per_item
-        nbs = min(per_item, NB - nb0)
+        nb0, nbs, tb0, nt, n0, n1 = work_item(item, TB, NB, per_item, NI, TC, threads, ng)
         me = numba.get_thread_id()
-        a, sums, acc = a_scr[me], scr[me, :acc_at], scr[me, acc_at:]  # A tile, a group's tile sums, the results
-        tb0 = tc * T_CHUNK
-        nt = min(T_CHUNK, TB - tb0)
+        a, sums, acc = a_scr[me], scr[me, :ACC_AT], scr[me, ACC_AT:]  # A tile, a group's tile sums, the results
         for u in range(nbs * nt * ROWS * ROWS):
             acc[u] = 0
         amx_config(cfg, tiles, me)
-        # An item's weight rows are one contiguous stretch of each array (the layout's row blocks): while
-        # it works, it asks for the stretch of the item this thread most likely takes next, a slice a group.
-        nxt = (item + threads) % (NI * TC) % NI * per_item
-        n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng  # their (row, group) range
         for g in range(ng):
             prefetch_group(q, scale, minv, n0, n1, per, g, ng)
             for j in range(nbs):

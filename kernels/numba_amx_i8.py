@@ -13,7 +13,7 @@ the B tiles are a quarter of the bytes.
 
 Tiles: the accumulators tmm0-3 (16 rows x 16 int32), the weight's A tile tmm4 (16 rows x 32 bytes), a B tile tmm7
 (8 rows of 16 activation rows x 4 bytes: row k4 holds xq[t, 4 k4 .. 4 k4 + 3] for t = 0..15, AMX's layout for
-B). Work items, their order and the weight prefetch are the float kernel's.
+B). Work items, their order and the weight prefetch are the float kernel's (kernels/simd_amx.py `work_items`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from numba import njit, prange
 from kernels.numba_activations import quantize_rows
 from kernels.numba_jit import JIT
 from kernels.simd_amx import (
+    ACC_AT,
     aligned,
     amx_config,
     amx_load,
@@ -34,6 +35,8 @@ from kernels.simd_amx import (
     config,
     prefetch_group,
     store_acc,
+    work_item,
+    work_items,
     write_out,
     zero_acc,
 )
@@ -41,8 +44,6 @@ from kernels.simd_scales import f32_at
 
 ROWS = 16  # weight rows of an A tile; activation rows (a t-block) of a B tile
 GROUP = 32  # bytes a group: one tile's depth
-T_CHUNK = 4  # t-blocks a work item
-ACCS = 4  # accumulator tiles
 A_BYTES = ROWS * GROUP
 B_BYTES = GROUP // 4 * 64
 
@@ -144,7 +145,7 @@ def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     N = out.shape[1]
     ng = K // GROUP
     N4 = (N + 3) // 4 * 4
-    TB = (T + ROWS - 1) // ROWS
+    TB, NB, per_item, NI, TC = work_items(T, N)
     xq = np.empty((T, K), np.int8)
     xd = np.empty((T, ng), np.float32)
     xsum = np.empty((T, ng), np.float32)
@@ -154,26 +155,15 @@ def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     xst = np.empty(TB * ng * ROWS, np.float32)
     pack_b(xq, xd, xsum, xb, xdt, xst)
     per = GROUP // 2 if packed else GROUP
-    NB = (N + ROWS - 1) // ROWS
-    TC = (TB + T_CHUNK - 1) // T_CHUNK
-    per_item = max(1, ACCS // min(T_CHUNK, TB))
-    NI = (NB + per_item - 1) // per_item
     a_scr = aligned(threads * A_BYTES, np.int8).reshape(threads, A_BYTES)
-    acc_at = ACCS * ROWS * ROWS + 16
-    sums_scr = aligned(threads * acc_at, np.int32).reshape(threads, acc_at)
-    acc_scr = aligned(threads * acc_at, np.float32).reshape(threads, acc_at)
+    scr = aligned(threads * 2 * ACC_AT, np.float32).reshape(threads, 2 * ACC_AT)
     for item in prange(NI * TC):
-        tc, nb0 = item // NI, item % NI * per_item
-        nbs = min(per_item, NB - nb0)
+        nb0, nbs, tb0, nt, n0, n1 = work_item(item, TB, NB, per_item, NI, TC, threads, ng)
         me = numba.get_thread_id()
-        a, sums, acc = a_scr[me], sums_scr[me], acc_scr[me]
-        tb0 = tc * T_CHUNK
-        nt = min(T_CHUNK, TB - tb0)
+        a, sums, acc = a_scr[me], scr[me, :ACC_AT].view(np.int32), scr[me, ACC_AT:]
         for u in range(nbs * nt * ROWS * ROWS):
             acc[u] = 0
         amx_config(cfg, tiles, me)
-        nxt = (item + threads) % (NI * TC) % NI * per_item
-        n0, n1 = nxt * ROWS * ng, min(NB, nxt + per_item) * ROWS * ng
         for g in range(ng):
             prefetch_group(q, scale, minv, n0, n1, per, g, ng)
             for j in range(nbs):

@@ -379,6 +379,37 @@ def _s8s8(c, a, b, tiles, me):
 
 # ---- shared by the tile kernels -------------------------------------------------------------------
 
+T_CHUNK = 4  # t-blocks (16 activation rows each) a work item
+ACCS = 4  # accumulator tiles, tmm0-3
+# A thread's scratch: its tile sums, then its results, 64 bytes more than 4 KiB apart: at a multiple of 4 KiB the
+# loads of one after stores to the other would wait on each other (4K aliasing).
+ACC_AT = ACCS * MAX_ROWS * MAX_ROWS + 16
+
+
+@njit(**JIT)
+def work_items(T, N):
+    """A product's work items: (TB t-blocks, NB 16-row weight blocks, blocks an item, NI items a chunk of t-blocks,
+    TC chunks). Items go chunk by chunk, so that a chunk's B tiles stay in L2 while its items pass. Few t-blocks
+    leave accumulators free: an item then takes several weight blocks, each reusing the B tiles the one before just
+    brought into L1 (ACCS accumulator tiles in all)."""
+    TB = (T + MAX_ROWS - 1) // MAX_ROWS
+    NB = (N + MAX_ROWS - 1) // MAX_ROWS
+    per_item = max(1, ACCS // min(T_CHUNK, TB))
+    return TB, NB, per_item, (NB + per_item - 1) // per_item, (TB + T_CHUNK - 1) // T_CHUNK
+
+
+@njit(**JIT)
+def work_item(item, TB, NB, per_item, NI, TC, threads, ng):
+    """(nb0, nbs, tb0, nt, n0, n1): work item `item`'s first weight block and their count, its first t-block and
+    their count, and the (row, group) stretch n0 .. n1 of the item this thread most likely takes next: an item's
+    weight rows are one contiguous stretch of the blocked layout (kernels/numba_layout.py), which the kernels
+    prefetch a slice a group while they work (weights come from DRAM)."""
+    tc, nb0 = item // NI, item % NI * per_item
+    tb0 = tc * T_CHUNK
+    nxt = (item + threads) % (NI * TC) % NI * per_item
+    n0, n1 = nxt * MAX_ROWS * ng, min(NB, nxt + per_item) * MAX_ROWS * ng
+    return nb0, min(per_item, NB - nb0), tb0, min(T_CHUNK, TB - tb0), n0, n1
+
 
 @njit(**JIT)
 def zero_acc(i, tiles, me):
