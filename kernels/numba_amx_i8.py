@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from kernels.numba_activations import quantize_rows
 from kernels.numba_jit import JIT
+from kernels.simd import LANES
 from kernels.simd_amx import (
     ACC_AT,
     aligned,
@@ -33,6 +36,7 @@ from kernels.simd_amx import (
     amx_s8s8,
     amx_u8s8,
     config,
+    elem_ptr,
     prefetch_group,
     store_acc,
     work_item,
@@ -41,6 +45,7 @@ from kernels.simd_amx import (
     zero_acc,
 )
 from kernels.simd_scales import f32_at
+from kernels.simd_vectors import vfma, vfma_s, vload, vload_i32, vscale, vstore
 
 ROWS = 16  # weight rows of an A tile; activation rows (a t-block) of a B tile
 GROUP = 32  # bytes a group: one tile's depth
@@ -51,16 +56,19 @@ CONFIG = config({0: (ROWS, 64), 1: (ROWS, 64), 2: (ROWS, 64), 3: (ROWS, 64), 4: 
 
 
 @njit(parallel=True, **JIT)
-def pack_b(xq, xd, xsum, xb, xdt, xst):
-    """xq [T, K] (int8) -> B tiles xb, flat (t-blocks, K / 32 groups, 8 rows, 64 bytes): tile (tb, g), row k4,
-    bytes 4 t .. 4 t + 3 = xq[16 tb + t, 32 g + 4 k4 ..]; xd and xsum [T, K / 32] -> xdt, xst (t-blocks, groups,
-    16). Zero past T."""
+def pack_b(x, xq, xd, xsum, xb, xdt, xst):
+    """x [T, K] quantized per 32-block (`quantize_rows`: xq [T, K], xd and xsum [T, K / 32]), t-block by t-block
+    in parallel, then xq -> B tiles xb, flat (t-blocks, K / 32 groups, 8 rows, 64 bytes): tile (tb, g), row k4,
+    bytes 4 t .. 4 t + 3 = xq[16 tb + t, 32 g + 4 k4 ..]; xd and xsum -> xdt, xst (t-blocks, groups, 16). Zero past
+    T."""
     T, K = xq.shape
     ng = K // GROUP
     TB = (T + ROWS - 1) // ROWS
     words = xq.reshape(T * K).view(np.int32)  # four bytes of a row, K / 4 a row
     bw = xb.view(np.int32)
     for tb in prange(TB):
+        t0, t1 = tb * ROWS, min(T, tb * ROWS + ROWS)
+        quantize_rows(x[t0:t1], xq[t0:t1], xd[t0:t1], xsum[t0:t1])
         for g in range(ng):
             for k4 in range(GROUP // 4):
                 for tt in range(ROWS):
@@ -74,6 +82,39 @@ def pack_b(xq, xd, xsum, xb, xdt, xst):
                 xst[(tb * ng + g) * ROWS + tt] = xsum[t, g] if t < T else np.float32(0.0)
 
 
+def _row_impl(packed):
+    def impl(typingctx, q, qi, a, ai):
+        def codegen(context, builder, sig, args):
+            qa, qi_, aa, ai_ = args
+            n = GROUP // 2 if packed else GROUP
+            v8 = ir.VectorType(ir.IntType(8), n)
+            ld = builder.load(builder.bitcast(elem_ptr(context, builder, q, qa, qi_, qi), v8.as_pointer()))
+            ld.align = 1
+            if packed:  # values 0..15: low nibbles; 16..31: high nibbles
+                lo = builder.and_(ld, ir.Constant(v8, [15] * n))
+                hi = builder.lshr(ld, ir.Constant(v8, [4] * n))
+                ld = builder.shuffle_vector(
+                    lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), GROUP), list(range(GROUP)))
+                )
+            dst = elem_ptr(context, builder, a, aa, ai_, ai)
+            builder.store(ld, builder.bitcast(dst, ld.type.as_pointer())).align = 1
+            return context.get_dummy_value()
+
+        return types.none(q, qi, a, ai), codegen
+
+    impl.__name__ = "q4_row" if packed else "q8_row"
+    impl.__doc__ = (
+        "16 bytes of packed nibbles at q[qi] -> their 32 values (0..15) as bytes at a[ai]"
+        if packed
+        else "32 int8 weights at q[qi] -> a[ai]"
+    )
+    return intrinsic(impl)
+
+
+q4_row = _row_impl(True)
+q8_row = _row_impl(False)
+
+
 @njit(**JIT)
 def a_tile(q, packed, N4, ng, nb, g, a):
     """The integers of weight rows nb * 16 .. nb * 16 + 15 in group g, 32 bytes a row, into `a` (int8): q4's
@@ -83,13 +124,9 @@ def a_tile(q, packed, N4, ng, nb, g, a):
         if row < N4:
             si = (row // 4 * ng + g) * 4 + row % 4
             if packed:
-                for j in range(GROUP // 2):
-                    v = q[si * (GROUP // 2) + j]
-                    a[r * GROUP + j] = np.int8(v & 15)
-                    a[r * GROUP + GROUP // 2 + j] = np.int8(v >> 4)
+                q4_row(q, si * (GROUP // 2), a, r * GROUP)
             else:
-                for j in range(GROUP):
-                    a[r * GROUP + j] = q[si * GROUP + j]
+                q8_row(q, si * GROUP, a, r * GROUP)
         else:
             for j in range(GROUP):
                 a[r * GROUP + j] = 0
@@ -130,10 +167,13 @@ def _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N
                 d = f32_at(scale, si)
                 mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
                 for i in range(nt):
-                    o = ((j * nt + i) * ROWS + r) * ROWS
-                    xo = ((tb0 + i) * ng + g) * ROWS
-                    for tt in range(ROWS):
-                        acc[o + tt] += d * xdt[xo + tt] * np.float32(sums[o + tt]) + mn * xst[xo + tt]
+                    for h in range(0, ROWS, LANES):  # one vector on AVX-512 (AMX CPUs); two emulated on AVX2
+                        o = ((j * nt + i) * ROWS + r) * ROWS + h
+                        xo = ((tb0 + i) * ng + g) * ROWS + h
+                        v = vfma(vload_i32(sums, o), vscale(vload(xdt, xo), d), vload(acc, o))
+                        if has_min:
+                            v = vfma_s(vload(xst, xo), mn, v)
+                        vstore(acc, o, v)
 
 
 @njit(parallel=True, **JIT)
@@ -149,11 +189,10 @@ def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     xq = np.empty((T, K), np.int8)
     xd = np.empty((T, ng), np.float32)
     xsum = np.empty((T, ng), np.float32)
-    quantize_rows(x, xq, xd, xsum)
     xb = aligned(TB * ng * B_BYTES, np.int8)
     xdt = np.empty(TB * ng * ROWS, np.float32)
     xst = np.empty(TB * ng * ROWS, np.float32)
-    pack_b(xq, xd, xsum, xb, xdt, xst)
+    pack_b(x, xq, xd, xsum, xb, xdt, xst)
     per = GROUP // 2 if packed else GROUP
     a_scr = aligned(threads * A_BYTES, np.int8).reshape(threads, A_BYTES)
     scr = aligned(threads * 2 * ACC_AT, np.float32).reshape(threads, 2 * ACC_AT)

@@ -5,6 +5,10 @@ emulation itself against the instructions' definitions."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -13,8 +17,7 @@ import pytest
 from kernels import numba_amx, numba_amx_i8, numba_layout, simd_amx
 from kernels.numba_amx import GROUP, PARTS, ROWS, TILE
 from kernels.numba_backend import NumbaBackend
-from kernels.numba_jit import JIT
-from kernels.reference import int8_product
+from kernels.reference import int8_product, quantize_activations
 from kernels.routes import AMX_MIN_ROWS, INT8_AMX_MAX_ROWS, MATVEC_MAX_ROWS
 from kernels.weight import Weight, pack_q4, unpack_q4
 
@@ -151,11 +154,17 @@ def test_int8_b_tiles_hold_four_bytes_of_sixteen_rows_a_row():
     rng = np.random.default_rng(4)
     T, K = 19, 96
     TB, ng = 2, 3
-    xq = rng.integers(-128, 128, (T, K), dtype=np.int8)
-    xd, xsum = rng.random((T, ng), dtype=np.float32), rng.random((T, ng), dtype=np.float32)
+    x = (rng.standard_normal((T, K)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+    x[0, :GROUP] = 0
+    xq, xd = np.empty((T, K), np.int8), np.empty((T, ng), np.float32)
+    xsum = np.empty((T, ng), np.float32)
     xb = np.full(TB * ng * numba_amx_i8.B_BYTES, 99, np.int8)
     xdt, xst = np.full(TB * ng * ROWS, 9, np.float32), np.full(TB * ng * ROWS, 9, np.float32)
-    numba_amx_i8.pack_b(xq, xd, xsum, xb, xdt, xst)
+    numba_amx_i8.pack_b(x, xq, xd, xsum, xb, xdt, xst)
+    want_q, want_d = quantize_activations(x)  # the int8 model's activations
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_allclose(xd, want_d, rtol=2e-7)  # max / 127, as a product with the reciprocal
+    np.testing.assert_allclose(xsum, want_d * want_q.reshape(T, ng, GROUP).sum(axis=2), rtol=1e-6)
     tiles = xb.reshape(TB, ng, GROUP // 4, ROWS, 4)  # tile (tb, g): row k4, bytes 4 t .. 4 t + 3
     padded = np.zeros((TB * ROWS, K), np.int8)
     padded[:T] = xq
@@ -303,28 +312,40 @@ def test_emulated_tiles_raise_where_the_cpu_faults(fault):
             simd_amx._soft_load(st[0], 0, mem, 0, 32)
 
 
-def test_the_cpu_kernels_assemble_to_the_tile_instructions_and_the_emulated_ones_to_none():
-    # The CPU's specialization (tiles None) compiles on any x86 CPU: its machine code holds the tile instructions,
-    # whichever CPU this is (it runs only where the tiles are); the emulated one (tiles an array) holds none.
-    from numba import types
+# Compiled for a Sapphire Rapids target (AVX-512 and AMX: 16-lane vectors, as on an AMX CPU) in a fresh process
+# with its own cache, whatever CPU runs the test: nothing is run, only compiled and read.
+SPR_FEATURES = (
+    "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+popcnt,+sse4.2,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,"
+    "+avx512vnni,+avx512bf16,+amx-tile,+amx-int8,+amx-bf16,+evex512"
+)
+SPR_COMPILE = """
+import json
+from numba import types
+from kernels import numba_amx, numba_amx_i8
+from kernels.simd import LANES
+arr = types.Array
+operands = (arr(types.uint8, 1, "C"), arr(types.uint16, 1, "C"), arr(types.uint16, 1, "C"), types.float32,
+            types.boolean, arr(types.float32, 2, "C"), arr(types.float32, 2, "C"), arr(types.uint8, 1, "C"), types.intp)
+ops = ("ldtilecfg", "tileloadd", "tdpbusd", "tdpbssd", "tdpbf16ps", "tilezero", "tilestored", "tilerelease")
+found = {"lanes": LANES}
+for fn in (numba_amx_i8.matmul_amx_i8, numba_amx.matmul_amx):
+    sig = (*operands, types.none)
+    fn.compile(sig)
+    asm = fn.inspect_asm(sig)
+    found[fn.__name__] = sorted({op for op in ops if op in asm} | ({"zmm"} if "zmm" in asm else set()))
+print(json.dumps(found))
+"""
 
-    arr = types.Array
-    operands = (
-        arr(types.uint8, 1, "C"),
-        arr(types.uint16, 1, "C"),
-        arr(types.uint16, 1, "C"),
-        types.float32,
-        types.boolean,
-        arr(types.float32, 2, "C"),
-        arr(types.float32, 2, "C"),
-        arr(types.uint8, 1, "C"),
-        types.intp,
-    )
-    ops = ("ldtilecfg", "tileloadd", "tdpbusd", "tdpbssd", "tilezero", "tilestored", "tilerelease")
-    # A fresh, uncached compilation: numba keeps no machine code text for a kernel loaded from its cache.
-    kernel = numba.njit(parallel=True, **{**JIT, "cache": False})(numba_amx_i8.matmul_amx_i8.py_func)
-    for tiles, want in ((types.none, set(ops)), (arr(types.uint8, 2, "C"), set())):
-        sig = (*operands, tiles)
-        kernel.compile(sig)
-        asm = kernel.inspect_asm(sig)
-        assert {op for op in ops if op in asm} == want, tiles
+
+def test_the_cpu_kernels_assemble_to_the_tile_instructions_for_an_amx_cpu(tmp_path):
+    # The CPU's specializations (tiles None) of both kernels hold the tile instructions and 16-lane vectors when
+    # compiled for an AMX CPU (what runs on the tiles is checked on one, or emulated everywhere above).
+    env = {**os.environ, "NUMBA_CPU_NAME": "sapphirerapids", "NUMBA_CPU_FEATURES": SPR_FEATURES}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    run = subprocess.run([sys.executable, "-c", SPR_COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["lanes"] == 16
+    common = ["ldtilecfg", "tileloadd", "tilerelease", "tilestored", "tilezero", "zmm"]
+    assert found["matmul_amx_i8"] == sorted([*common, "tdpbssd", "tdpbusd"])
+    assert found["matmul_amx"] == sorted([*common, "tdpbf16ps"])
