@@ -254,9 +254,9 @@ def _add_group(acc, sums, scale, minv, mf, xsum, nb0, nbs, tb0, nt, g, ng, N4):
 
 @njit(parallel=True, **JIT)
 def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
-    """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`cfg`:
-    CONFIG; `threads`: numba's thread count now, for the per-thread scratch; `tiles`: None, or emulated tiles
-    (kernels/simd_amx.py)); the mins are minv * mf (`Blocked.min_operand`)."""
+    """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`q`: its bytes, uint8;
+    `cfg`: CONFIG; `threads`: numba's thread count now, for the per-thread scratch; `tiles`: None, or emulated
+    tiles (kernels/simd_amx.py)); the mins are minv * mf (`Blocked.min_operand`)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // GROUP

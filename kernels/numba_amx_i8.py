@@ -9,7 +9,7 @@ A tile is one group deep (32 bytes): per group, t-block and 16 weight rows, one 
 P[n, t] = sum_k q[n, k] xq[t, k] (int32), which goes to memory and into the float32 result,
 acc[n, t] += d[n, g] xd[t, g] P[n, t] + m[n, g] xsum[t, g] (xsum = xd * sum(xq): the min term of the int8 model).
 The float kernel (kernels/numba_amx.py) takes three bf16 products a group for the same P; here it is one, and
-the B tiles are a quarter of the bytes.
+the B tiles are a sixth of the bytes (one byte a value, not three bf16 parts).
 
 Tiles: the accumulators tmm0-3 (16 rows x 16 int32), the weight's A tile tmm4 (16 rows x 32 bytes), a B tile tmm7
 (8 rows of 16 activation rows x 4 bytes: row k4 holds xq[t, 4 k4 .. 4 k4 + 3] for t = 0..15, AMX's layout for
@@ -179,8 +179,8 @@ def _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N
 @njit(parallel=True, **JIT)
 def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     """out [T, N] = x [T, K], quantized to int8 per 32-block, times a blocked q4 (`packed`) or q8 weight with
-    groups of 32 (`cfg`: CONFIG; `threads`: numba's thread count now; `tiles`: None, or emulated tiles); the mins
-    are minv * mf (`Blocked.min_operand`)."""
+    groups of 32 (`q`: its bytes, uint8; `cfg`: CONFIG; `threads`: numba's thread count now; `tiles`: None, or
+    emulated tiles); the mins are minv * mf (`Blocked.min_operand`)."""
     T, K = x.shape
     N = out.shape[1]
     ng = K // GROUP

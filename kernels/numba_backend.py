@@ -131,9 +131,11 @@ def _on_tiles(kernel: Callable[..., None], cfg: np.ndarray, tiles: np.ndarray | 
     """An AMX kernel as a blocked route's kernel, on the CPU's tiles (`tiles` None) or emulated ones."""
 
     def run(b: Blocked, x: np.ndarray, out: np.ndarray, threads: int) -> None:
-        # the real team size, whichever thread calls: it sizes one scratch per kernel thread
+        # q8's bytes as uint8, as q4's (one compiled kernel for both); the real team size, whichever thread calls:
+        # it sizes one scratch per kernel thread
         minv, mf = b.min_operand()
-        kernel(b.data, b.scale, minv, mf, b.kind == "q4", x, out, cfg, numba.get_num_threads(), tiles)
+        q = b.data.view(np.uint8)
+        kernel(q, b.scale, minv, mf, b.kind == "q4", x, out, cfg, numba.get_num_threads(), tiles)
 
     return run
 

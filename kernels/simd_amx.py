@@ -27,6 +27,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from kernels.numba_jit import JIT
+from kernels.simd import target_has
 from kernels.simd_vectors import prefetch
 
 llb.initialize_native_asmparser()  # numba compiles inline assembly only with LLVM's parser loaded
@@ -44,8 +45,6 @@ _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 def available() -> bool:
     """Whether this process can run the AMX kernels: the compile target has AMX tiles with bf16 and int8, and
     Linux grants the process the tile state (asked once)."""
-    from kernels.simd import target_has
-
     if not all(target_has(f) for f in ("amx-tile", "amx-bf16", "amx-int8")):
         return False
     libc = ctypes.CDLL(None, use_errno=True)

@@ -110,8 +110,9 @@ def test_amx_product_matches_float64(kind, T, n, k, tiles):
     x = rng.standard_normal((T, k)).astype(np.float32)
     out = np.full((T, n), np.nan, np.float32)
     minv, mf = b.min_operand()
+    q = b.data.view(np.uint8)  # q8's bytes too, as the backend passes them
     numba_amx.matmul_amx(
-        b.data, b.scale, minv, mf, kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads(), tiles_for(tiles)
+        q, b.scale, minv, mf, kind == "q4", x, out, numba_amx.CONFIG, numba.get_num_threads(), tiles_for(tiles)
     )
     terms = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T
     err = np.abs(out - x.astype(np.float64) @ w.dequantize().astype(np.float64).T)
@@ -133,7 +134,7 @@ def test_amx_int8_product_is_the_int8_model(kind, T, n, k, tiles):
     out = np.full((T, n), np.nan, np.float32)
     minv, mf = b.min_operand()
     numba_amx_i8.matmul_amx_i8(
-        b.data,
+        b.data.view(np.uint8),
         b.scale,
         minv,
         mf,
