@@ -334,46 +334,68 @@ def _release(tiles, me):
     return lambda tiles, me: _soft_release(tiles[me])
 
 
+def _pick(tiles, regs, hw, soft):
+    """An overload's implementation: the CPU's instruction where the registers are typed as constants (the
+    assembly names them), the emulation where they are plain integers. numba tries constants first and then plain
+    integers (`prefer_literal`), so one compiled emulation serves every register rather than one per number."""
+    if _hardware(tiles):
+        return hw if _literal(*regs) else None
+    return None if _literal(*regs) else soft
+
+
 @overload(amx_zero, prefer_literal=True)
 def _zero(reg, tiles, me):
-    if _hardware(tiles):
-        return (lambda reg, tiles, me: _hw_zero(reg)) if _literal(reg) else None
-    return lambda reg, tiles, me: _soft_zero(tiles[me], reg)
+    return _pick(tiles, (reg,), lambda reg, tiles, me: _hw_zero(reg), lambda reg, tiles, me: _soft_zero(tiles[me], reg))
 
 
 @overload(amx_load, prefer_literal=True)
 def _load(reg, a, i, stride, tiles, me):
-    if _hardware(tiles):
-        return (lambda reg, a, i, stride, tiles, me: _hw_load(reg, a, i, stride)) if _literal(reg) else None
-    return lambda reg, a, i, stride, tiles, me: _soft_load(tiles[me], reg, a, i, stride)
+    return _pick(
+        tiles,
+        (reg,),
+        lambda reg, a, i, stride, tiles, me: _hw_load(reg, a, i, stride),
+        lambda reg, a, i, stride, tiles, me: _soft_load(tiles[me], reg, a, i, stride),
+    )
 
 
 @overload(amx_store, prefer_literal=True)
 def _store(reg, a, i, stride, tiles, me):
-    if _hardware(tiles):
-        return (lambda reg, a, i, stride, tiles, me: _hw_store(reg, a, i, stride)) if _literal(reg) else None
-    return lambda reg, a, i, stride, tiles, me: _soft_store(tiles[me], reg, a, i, stride)
+    return _pick(
+        tiles,
+        (reg,),
+        lambda reg, a, i, stride, tiles, me: _hw_store(reg, a, i, stride),
+        lambda reg, a, i, stride, tiles, me: _soft_store(tiles[me], reg, a, i, stride),
+    )
 
 
 @overload(amx_bf16, prefer_literal=True)
 def _bf16(c, a, b, tiles, me):
-    if _hardware(tiles):
-        return (lambda c, a, b, tiles, me: _hw_bf16(c, a, b)) if _literal(c, a, b) else None
-    return lambda c, a, b, tiles, me: _soft_bf16(tiles[me], c, a, b)
+    return _pick(
+        tiles,
+        (c, a, b),
+        lambda c, a, b, tiles, me: _hw_bf16(c, a, b),
+        lambda c, a, b, tiles, me: _soft_bf16(tiles[me], c, a, b),
+    )
 
 
 @overload(amx_u8s8, prefer_literal=True)
 def _u8s8(c, a, b, tiles, me):
-    if _hardware(tiles):
-        return (lambda c, a, b, tiles, me: _hw_u8s8(c, a, b)) if _literal(c, a, b) else None
-    return lambda c, a, b, tiles, me: _soft_i8(tiles[me], c, a, b, False)
+    return _pick(
+        tiles,
+        (c, a, b),
+        lambda c, a, b, tiles, me: _hw_u8s8(c, a, b),
+        lambda c, a, b, tiles, me: _soft_i8(tiles[me], c, a, b, False),
+    )
 
 
 @overload(amx_s8s8, prefer_literal=True)
 def _s8s8(c, a, b, tiles, me):
-    if _hardware(tiles):
-        return (lambda c, a, b, tiles, me: _hw_s8s8(c, a, b)) if _literal(c, a, b) else None
-    return lambda c, a, b, tiles, me: _soft_i8(tiles[me], c, a, b, True)
+    return _pick(
+        tiles,
+        (c, a, b),
+        lambda c, a, b, tiles, me: _hw_s8s8(c, a, b),
+        lambda c, a, b, tiles, me: _soft_i8(tiles[me], c, a, b, True),
+    )
 
 
 # ---- shared by the tile kernels -------------------------------------------------------------------
