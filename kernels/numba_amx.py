@@ -44,9 +44,9 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from kernels.numba_jit import JIT
-from kernels.simd import LANES
 from kernels.simd_amx import (
     ACC_AT,
+    add_group,
     aligned,
     amx_bf16,
     amx_config,
@@ -61,8 +61,6 @@ from kernels.simd_amx import (
     write_out,
     zero_acc,
 )
-from kernels.simd_scales import f32_at
-from kernels.simd_vectors import vfma_s, vload, vstore
 
 ROWS = 16  # rows of a tile: weight rows of an A tile, activation rows (a t-block) of a B tile
 GROUP = 32  # weights a group: one tile's depth (32 bf16, 64 bytes a row)
@@ -231,27 +229,6 @@ def _dot(i, tiles, me):
         amx_bf16(3, 4, 7, tiles, me)
 
 
-@njit(**JIT)
-def _add_group(acc, sums, scale, minv, mf, xsum, nb0, nbs, tb0, nt, g, ng, N4):
-    """acc[n, t] += d[n, g] sum_k q[n, k] x[t, k] (+ m[n, g] xsum[t, g]): group g's tile sums into a work item's
-    results (16 values of t a vector, 16 rows n a tile)."""
-    has_min = minv.shape[0] > 0
-    for j in range(nbs):
-        for r in range(ROWS):
-            row = (nb0 + j) * ROWS + r
-            if row < N4:
-                si = (row // 4 * ng + g) * 4 + row % 4
-                d = f32_at(scale, si)
-                mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
-                for i in range(nt):
-                    for h in range(0, ROWS, LANES):  # one vector on AVX-512 (AMX CPUs); two emulated on AVX2
-                        o = ((j * nt + i) * ROWS + r) * ROWS + h
-                        v = vfma_s(vload(sums, o), d, vload(acc, o))
-                        if has_min:
-                            v = vfma_s(vload(xsum, ((tb0 + i) * ng + g) * ROWS + h), mn, v)
-                        vstore(acc, o, v)
-
-
 @njit(parallel=True, **JIT)
 def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     """out [T, N] = x [T, K] times a blocked q4 (`packed`) or q8 weight with groups of 32 (`q`: its bytes, uint8;
@@ -290,6 +267,6 @@ def matmul_amx(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
                         _dot(c, tiles, me)
             for c in range(nbs * nt):
                 store_acc(c, sums, tiles, me)
-            _add_group(acc, sums, scale, minv, mf, xsum, nb0, nbs, tb0, nt, g, ng, N4)
+            add_group(acc, sums, scale, minv, mf, None, xsum, nb0, nbs, tb0, nt, g, ng, N4)
         amx_release(tiles, me)
         write_out(acc, out, nb0, nbs, tb0, nt)

@@ -26,9 +26,9 @@ from numba.extending import intrinsic
 
 from kernels.numba_activations import quantize_rows
 from kernels.numba_jit import JIT
-from kernels.simd import LANES
 from kernels.simd_amx import (
     ACC_AT,
+    add_group,
     aligned,
     amx_config,
     amx_load,
@@ -44,8 +44,6 @@ from kernels.simd_amx import (
     write_out,
     zero_acc,
 )
-from kernels.simd_scales import f32_at
-from kernels.simd_vectors import vfma, vfma_s, vload, vload_i32, vscale, vstore
 
 ROWS = 16  # weight rows of an A tile; activation rows (a t-block) of a B tile
 GROUP = 32  # bytes a group: one tile's depth
@@ -154,28 +152,6 @@ def _dot(i, packed, tiles, me):
         amx_s8s8(3, 4, 7, tiles, me)
 
 
-@njit(**JIT)
-def _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N4):
-    """acc[n, t] += d[n, g] xd[t, g] P[n, t] (+ m[n, g] xsum[t, g]): group g's integer tile sums P into a work
-    item's results."""
-    has_min = minv.shape[0] > 0
-    for j in range(nbs):
-        for r in range(ROWS):
-            row = (nb0 + j) * ROWS + r
-            if row < N4:
-                si = (row // 4 * ng + g) * 4 + row % 4
-                d = f32_at(scale, si)
-                mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
-                for i in range(nt):
-                    for h in range(0, ROWS, LANES):  # one vector on AVX-512 (AMX CPUs); two emulated on AVX2
-                        o = ((j * nt + i) * ROWS + r) * ROWS + h
-                        xo = ((tb0 + i) * ng + g) * ROWS + h
-                        v = vfma(vload_i32(sums, o), vscale(vload(xdt, xo), d), vload(acc, o))
-                        if has_min:
-                            v = vfma_s(vload(xst, xo), mn, v)
-                        vstore(acc, o, v)
-
-
 @njit(parallel=True, **JIT)
 def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
     """out [T, N] = x [T, K], quantized to int8 per 32-block, times a blocked q4 (`packed`) or q8 weight with
@@ -215,6 +191,6 @@ def matmul_amx_i8(q, scale, minv, mf, packed, x, out, cfg, threads, tiles):
                     _dot(c, packed, tiles, me)
             for c in range(nbs * nt):
                 store_acc(c, sums, tiles, me)
-            _add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N4)
+            add_group(acc, sums, scale, minv, mf, xdt, xst, nb0, nbs, tb0, nt, g, ng, N4)
         amx_release(tiles, me)
         write_out(acc, out, nb0, nbs, tb0, nt)

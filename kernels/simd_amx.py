@@ -27,8 +27,9 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from kernels.numba_jit import JIT
-from kernels.simd import target_has
-from kernels.simd_vectors import prefetch
+from kernels.simd import LANES, target_has
+from kernels.simd_scales import f32_at
+from kernels.simd_vectors import prefetch, vfma, vfma_s, vload, vscale, vstore
 
 llb.initialize_native_asmparser()  # numba compiles inline assembly only with LLVM's parser loaded
 
@@ -466,6 +467,32 @@ def prefetch_group(q, scale, minv, n0, n1, per, g, ng):
     prefetch_part(scale, n0, n1, g, ng)
     if minv.shape[0] > 0:
         prefetch_part(minv, n0, n1, g, ng)
+
+
+@njit(**JIT)
+def add_group(acc, sums, scale, minv, mf, xscale, xsum, nb0, nbs, tb0, nt, g, ng, N4):
+    """acc[n, t] += d[n, g] P[n, t] (times xscale[t, g] where given) + m[n, g] xsum[t, g]: group g's tile sums P
+    (`sums`: float32, or int32 from the int8 tiles, whose activations carry a scale a group) into a work item's
+    results; xscale and xsum laid out (t-blocks, groups, 16), 16 values of t a tile row."""
+    has_min = minv.shape[0] > 0
+    for j in range(nbs):
+        for r in range(MAX_ROWS):
+            row = (nb0 + j) * MAX_ROWS + r
+            if row < N4:
+                si = (row // 4 * ng + g) * 4 + row % 4
+                d = f32_at(scale, si)
+                mn = f32_at(minv, si) * mf if has_min else np.float32(0.0)
+                for i in range(nt):
+                    for h in range(0, MAX_ROWS, LANES):  # one vector on AVX-512 (AMX CPUs); two emulated on AVX2
+                        o = ((j * nt + i) * MAX_ROWS + r) * MAX_ROWS + h
+                        xo = ((tb0 + i) * ng + g) * MAX_ROWS + h
+                        if xscale is None:
+                            v = vfma_s(vload(sums, o), d, vload(acc, o))
+                        else:
+                            v = vfma(vload(sums, o), vscale(vload(xscale, xo), d), vload(acc, o))
+                        if has_min:
+                            v = vfma_s(vload(xsum, xo), mn, v)
+                        vstore(acc, o, v)
 
 
 @njit(**JIT)

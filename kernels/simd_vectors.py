@@ -3,8 +3,7 @@ types).
 
 - `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vzero_tile_of(rows, lanes)`, `vzero_n(n)`:
   accumulators, one or a tuple of them;
-- `vload(a, i)` (LANES values as F32xN, from float32 or float16 bits), `vload_i32(a, i)` (from int32),
-  `vstore(a, i, v)`;
+- `vload(a, i)` (LANES values as F32xN, from float32, float16 bits or int32), `vstore(a, i, v)`;
 - `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples; s a float32 or, over
   tuples, a splat vector), `vscale(v, s)`;
 - `hsum(v)`, `hsum_halves(v)` (an F32x8's lanes 0-3, 4-7), `hsum_quarters(v)` (an F32x16's four quarters),
@@ -106,28 +105,19 @@ def vzero_n(typingctx, n):
 
 @intrinsic
 def vload(typingctx, a, i):
-    """a[i : i + LANES] as F32xN (a float32 array, or float16 bits in a uint16 array)."""
-    if not reads_as_f32(a):
+    """a[i : i + LANES] as F32xN (a float32 array, float16 bits in a uint16 array, or int32 values converted)."""
+    if a.dtype == types.int32:
+        check_flat(a)
+    elif not reads_as_f32(a):
         return None
 
     def codegen(context, builder, sig, args):
         aa, i_ = args
-        return load_f32(builder, flat_ptr(context, builder, a, aa, i_), a.dtype, LANES)
-
-    return F32xN(a, i), codegen
-
-
-@intrinsic
-def vload_i32(typingctx, a, i):
-    """a[i : i + LANES] (a flat int32 array) converted to float32, as F32xN."""
-    check_flat(a)
-    if a.dtype != types.int32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        aa, i_ = args
-        ptr = builder.bitcast(flat_ptr(context, builder, a, aa, i_), ir.VectorType(IR_I32, LANES).as_pointer())
-        return builder.sitofp(load_unaligned(builder, ptr), IR_VF)
+        ptr = flat_ptr(context, builder, a, aa, i_)
+        if a.dtype == types.int32:
+            ints = load_unaligned(builder, builder.bitcast(ptr, ir.VectorType(IR_I32, LANES).as_pointer()))
+            return builder.sitofp(ints, IR_VF)
+        return load_f32(builder, ptr, a.dtype, LANES)
 
     return F32xN(a, i), codegen
 
