@@ -53,10 +53,12 @@ promtool:
 	  echo "installing Debian's prometheus for promtool"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-# Fast and integration tests share one process; Playwright (sync) runs in its own: pytest-playwright's sync
-# API and pytest-asyncio cannot share one pytest process.
+# Fast and integration tests run in TEST_WORKERS processes (pytest-xdist): most of a cold run is numba compiling
+# one kernel at a time and servers starting, each on one core. Playwright (sync) runs in its own process:
+# pytest-playwright's sync API and pytest-asyncio cannot share one pytest process.
+TEST_WORKERS ?= 2
 test: $(DEVSTAMP) chromium cluster-packages promtool
-	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider --durations=30
+	$(BIN)/python -m pytest tests/unit tests/integration -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=30
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
 
 # Formatting, lint and types (configured in pyproject.toml); CI runs it before the tests.
@@ -66,7 +68,7 @@ lint: $(DEVSTAMP)
 	$(BIN)/mypy app engine kernels
 
 test-fast: $(DEVSTAMP)
-	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 test-e2e: $(DEVSTAMP) chromium
 	$(BIN)/python -m pytest tests/e2e -q -p no:cacheprovider
