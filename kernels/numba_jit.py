@@ -35,18 +35,20 @@ _INLINED = (
 
 
 def _inlined_digest() -> bytes:
+    """The `_INLINED` modules' and this file's bytes: the compile options above shape every kernel's machine code
+    as much as its source does."""
     h = hashlib.sha256()
-    for name in _INLINED:
+    for name in (*_INLINED, os.path.basename(__file__)):
         with open(os.path.join(_HERE, name), "rb") as f:
             h.update(f.read())
     return h.digest()
 
 
 class _InlinedStamp(caching._SourceFileBackedLocatorMixin):
-    """A cache locator for this package's kernels whose stamp also covers the `_INLINED`
-    modules: numba stamps a cache entry with its own source file only, and would load stale
-    machine code after an upgrade that changed only the blocks inlined into it. Its base is the mixin both
-    locators below start with, so `super()` is typed; in their MRO the concrete locator still comes next."""
+    """A cache locator for this package's kernels whose stamp also covers the `_INLINED` modules and the compile
+    options: numba stamps a cache entry with its own source file only, and would load stale machine code after an
+    upgrade that changed only the blocks inlined into it or the options. Its base is the mixin both locators below
+    start with, so `super()` is typed; in their MRO the concrete locator still comes next."""
 
     @classmethod
     def from_function(cls, py_func: Callable[..., object], py_file: str) -> Self | None:

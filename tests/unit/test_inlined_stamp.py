@@ -6,7 +6,10 @@ module of numba code imports must be listed."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
+
+import pytest
 
 from kernels import numba_jit
 
@@ -43,3 +46,21 @@ def test_the_guard_sees_a_planted_module() -> None:
     sources = {"simd_new.py": block, "numba_k.py": kernel}
     assert unstamped(sources, ()) == ["simd_new.py"]
     assert unstamped(sources, ("simd_new.py",)) == []
+
+
+def test_the_stamp_changes_with_an_inlined_module_or_the_compile_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernel's machine code follows its compile options (JIT, JIT_EXACT) as much as its source: an upgrade that
+    # changed only those must not load the old code from the cache.
+    for name in (*numba_jit._INLINED, "numba_jit.py"):
+        shutil.copy(KERNELS / name, tmp_path / name)
+    monkeypatch.setattr(numba_jit, "_HERE", str(tmp_path))
+    before = numba_jit._inlined_digest()
+    for name, old, new in (("numba_jit.py", "nogil=True)", "nogil=False)"), ("simd.py", "", "\n")):
+        path = tmp_path / name
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        path.write_text(text.replace(old, new, 1) if old else text + new, encoding="utf-8")
+        assert numba_jit._inlined_digest() != before, name
+        before = numba_jit._inlined_digest()
