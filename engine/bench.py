@@ -314,14 +314,14 @@ async def _resume(engine: Engine, repeats: int) -> dict:
 
 async def _profile_decode(engine: Engine, tokens: int) -> dict:
     """Single-stream decode (speculation off: one token per step) with every op timed: where one step's
-    time goes, and how much of it is Python between the kernels (forward time minus op time)."""
+    time goes, and how much of it is Python between the kernels (forward time minus op time). The prompt's
+    forward, a prefill, is left out: `rows_per_step` says what the timed steps ran (1.0: decode only)."""
     await engine.reset_prefix_cache()
     prompt = _raw_prompt(engine, 32, 3)
-    await _run(engine, prompt, 2)  # the prompt's blocks are cached: the profiled run is all decode
-    prof = OpProfile(engine.core.backend)
+    prof = OpProfile(engine.core.backend, skip=1)
     await engine.profile_ops(prof)
     try:
-        r = await _run(
+        await _run(
             engine,
             prompt,
             tokens,
@@ -329,11 +329,11 @@ async def _profile_decode(engine: Engine, tokens: int) -> dict:
         )
     finally:
         await engine.profile_ops(None)
-    forward_s = prof.forward_s
-    steps = len(r["stamps"])
+    forward_s, steps = prof.forward_s, prof.forwards
     ops_s = sum(prof.seconds.values())
     return {
         "steps": steps,
+        "rows_per_step": prof.rows / steps,
         "step_ms": forward_s / steps * 1000,
         "ops_ms": {k: v / steps * 1000 for k, v in sorted(prof.seconds.items(), key=lambda kv: -kv[1])},
         "calls_per_step": {k: v / steps for k, v in prof.calls.items()},
