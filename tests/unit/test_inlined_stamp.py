@@ -57,10 +57,10 @@ def test_the_stamp_changes_with_an_inlined_module_or_the_compile_options(
         shutil.copy(KERNELS / name, tmp_path / name)
     monkeypatch.setattr(numba_jit, "_HERE", str(tmp_path))
     before = numba_jit._inlined_digest()
-    for name, old, new in (("numba_jit.py", "nogil=True)", "nogil=False)"), ("simd.py", "", "\n")):
+    for name, old, new in (("numba_jit.py", "nogil=True)", "nogil=False)"), ("simd.py", "\n", "\n\n")):
         path = tmp_path / name
         text = path.read_text(encoding="utf-8")
         assert old in text
-        path.write_text(text.replace(old, new, 1) if old else text + new, encoding="utf-8")
+        path.write_text(text.replace(old, new, 1), encoding="utf-8")
         assert numba_jit._inlined_digest() != before, name
         before = numba_jit._inlined_digest()
