@@ -39,14 +39,9 @@ from kernels.numba_amx_i8 import matmul_amx_i8
 from kernels.numba_attention import paged_attention as paged_attention_kernel
 from kernels.numba_attention import paged_attention_serial
 from kernels.numba_layout import STRIPE16, Blocked, block_rows, block_rows16, dequant_rows, dequant_rows16, half_exact
-from kernels.numba_linear import (
-    half_dequant,
-    matvec_i8,
-    matvec_q4,
-    matvec_q4_split,
-    matvec_q8,
-)
+from kernels.numba_linear import half_dequant, matvec_q4, matvec_q8
 from kernels.numba_linear16 import matvec_i8_x16, matvec_q4_split_x16
+from kernels.numba_linear_i8 import matvec_i8, matvec_q4_split
 from kernels.numba_ops import (
     PARALLEL_ROWS,
     add_rms_norm_parallel,
@@ -176,7 +171,7 @@ class NumbaBackend(host_ops.CpuHostOps):
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
     `activations="q8"` quantizes the activations of products over groups of 32 to int8 (kernels/routes.py says
-    where; kernels/numba_linear.py how); the default "f32" keeps them float32. `caps`: the CPU capabilities the
+    where; kernels/numba_linear_i8.py how); the default "f32" keeps them float32. `caps`: the CPU capabilities the
     routes are chosen for (detected by default; a narrower value makes the backend take the routes of a CPU with
     less, which run here too). `emulate_amx`: the AMX routes run on emulated tiles (kernels/simd_amx.py), so a CPU
     without AMX runs their whole logic as an AMX CPU would, slowly (tests; `caps` may then include `amx`). Build it

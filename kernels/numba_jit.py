@@ -30,6 +30,7 @@ _INLINED = (
     "simd_vectors.py",
     "numba_math.py",
     "numba_activations.py",
+    "numba_block_out.py",
     "numba_tiling.py",
 )
 

@@ -3,7 +3,7 @@ for q4 weights on AVX-512 VNNI without AMX): int8 activations (`matvec_i8_x16`) 
 each (`matvec_q4_split_x16`). A group's sums land one row per lane (`simd_dot.q4_x16_i8`), so its scaling is three
 vector operations per sixteen rows and activation row instead of per four, and a block's results are one vector
 store; activation rows in tiles of X16_TILE, then one tile of the rows left (each row count a kernel of its own, as
-in kernels/numba_linear.py).
+in kernels/numba_linear_i8.py).
 """
 
 from __future__ import annotations

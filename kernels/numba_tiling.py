@@ -1,7 +1,7 @@
-"""How the matvec kernels (kernels/numba_linear.py, kernels/numba_linear16.py) cut a product: work items of row
-blocks for the parallel loop (`chunk_blocks`), a tile of activation rows (`tile_at`), and how far ahead of the group
-they read the kernels ask for the weights (`PREFETCH_BYTES`). Compiled into both files' kernels (kernels/numba_jit.py
-lists it in `_INLINED`)."""
+"""How the matvec kernels (kernels/numba_linear.py, kernels/numba_linear_i8.py, kernels/numba_linear16.py) cut a
+product: work items of row blocks for the parallel loop (`chunk_blocks`), a tile of activation rows (`tile_at`), and
+how far ahead of the group they read the kernels ask for the weights (`PREFETCH_BYTES`). Compiled into those files'
+kernels (kernels/numba_jit.py lists it in `_INLINED`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ types).
 - `vzero()` (F32xN), `vzero8()` (F32x8), `vzero_tile(rows)`, `vzero_tile_of(rows, lanes)`, `vzero_n(n)`:
   accumulators, one or a tuple of them;
 - `vload(a, i)` (LANES values as F32xN, from float32, float16 bits or int32), `vstore(a, i, v)`;
-- `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples; s a float32 or, over
+- `vadd(a, b)`, `vfma(a, b, acc)`, `vfma_s(v, s, acc)` (acc + v * s, also element-wise over tuples; s a float32 or, over
   tuples, a splat vector), `vscale(v, s)`;
 - `hsum(v)`, `hsum_halves(v)` (an F32x8's lanes 0-3, 4-7), `hsum_quarters(v)` (an F32x16's four quarters),
   `fold4(v)` (the sums of lanes k, k + 4, k + 8, ...);
@@ -136,6 +136,18 @@ def vstore(typingctx, a, i, v):
         return context.get_dummy_value()
 
     return types.none(a, i, v), codegen
+
+
+@intrinsic
+def vadd(typingctx, a, b):
+    """a + b, lane by lane (float vectors of one width)."""
+    if not is_vec(a, b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(*args)
+
+    return a(a, b), codegen
 
 
 @intrinsic

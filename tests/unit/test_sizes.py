@@ -30,7 +30,6 @@ EXCEPTIONS: dict[tuple[str, str], tuple[int, str]] = {
     ("class", "kernels/cupy_backend.py::CupyBackend"): (555, "every CuPy op behind the Backend interface"),
     ("function", "kernels/numba_attention.py::_attend_in_place"): (67, "a fused attention kernel body (numba)"),
     ("class", "kernels/numba_backend.py::NumbaBackend"): (368, "every numba op behind the Backend interface"),
-    ("function", "kernels/numba_linear.py::_i8_tile"): (62, "a fused int8 product kernel body (numba)"),
 }
 
 
