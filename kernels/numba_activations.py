@@ -1,15 +1,15 @@
 """Activation rows prepared once per product for the matvec kernels (kernels/numba_linear.py,
 kernels/numba_linear_i8.py, kernels/numba_linear16.py): the sums of their groups, int8 quantization per 32-block
-(`quantize_rows`), float32 as four int8 pieces per value (`split_rows`), the pair layout of the q4 int8 blocks, and
-group sums spread beside a block's mins. Compiled into those files' kernels (kernels/numba_jit.py lists it in
-`_INLINED`)."""
+(`quantize_rows`, `quantize_rows_parallel`), float32 as four int8 pieces per value (`split_rows`), the pair layout
+of the q4 int8 blocks, and group sums spread beside a block's mins. Compiled into those files' kernels
+(kernels/numba_jit.py lists it in `_INLINED`)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from kernels.numba_jit import JIT, JIT_EXACT
 
@@ -48,6 +48,19 @@ def quantize_rows(x, xq, xd, xsum):
                 qs += np.int32(q)
             xd[t, g] = amax / f32(127.0)
             xsum[t, g] = xd[t, g] * f32(qs)
+
+
+# Activation rows from which the int8 products quantize them on all their threads (`quantize_rows_parallel`): a
+# prompt's rows took 2-4% of its prefill on one thread while the others waited; a few rows are not worth a second
+# parallel launch.
+PARALLEL_QUANTIZE_ROWS = 16
+
+
+@njit(parallel=True, **JIT_EXACT)
+def quantize_rows_parallel(x, xq, xd, xsum):
+    """`quantize_rows` a row at a time on all the kernel threads (the same values: rows are independent)."""
+    for t in prange(x.shape[0]):
+        quantize_rows(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xsum[t : t + 1])
 
 
 @njit(**JIT_EXACT)  # no reassociation or contraction: the pieces' remainders must be exact

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit, prange
 
-from kernels.numba_activations import quantize_rows, split_rows
+from kernels.numba_activations import PARALLEL_QUANTIZE_ROWS, quantize_rows, quantize_rows_parallel, split_rows
 from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
 from kernels.simd_dot import q4_x16_i8_tile, q4_x16_split_tile
@@ -95,7 +95,10 @@ def matvec_i8_x16(q, scale, minv, mf, x, out, threads):
     xq = np.empty((T, K), dtype=np.int8)
     xd = np.empty((T, ng), dtype=np.float32)
     xsum = np.empty((T, ng), dtype=np.float32)
-    quantize_rows(x, xq, xd, xsum)
+    if T >= PARALLEL_QUANTIZE_ROWS:
+        quantize_rows_parallel(x, xq, xd, xsum)
+    else:
+        quantize_rows(x, xq, xd, xsum)
     w = (q, scale, minv, minv.shape[0] == 0)
     xa = (xq.reshape(T * K), xd.reshape(T * ng), _times(xsum.reshape(T * ng), mf), False)
     nb = (N + 15) // 16

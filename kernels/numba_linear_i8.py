@@ -34,7 +34,14 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit, prange
 
-from kernels.numba_activations import pair_layout, quantize_rows, split_rows, spread4
+from kernels.numba_activations import (
+    PARALLEL_QUANTIZE_ROWS,
+    pair_layout,
+    quantize_rows,
+    quantize_rows_parallel,
+    split_rows,
+    spread4,
+)
 from kernels.numba_block_out import add_mins, store4
 from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
@@ -77,12 +84,7 @@ I8_TILE = 4
 # AVX-512 keep the one-vector-a-row form.
 FOUR_I8 = target_has("avx2") and not VNNI256
 FOUR_Q8 = target_has("avx2") and LANES == 8
-# Activation rows from which `matvec_i8` quantizes on all its threads: a prompt's rows took 2-4% of its prefill on one
-# thread while the others waited; a few rows are not worth a second parallel launch.
-PARALLEL_QUANTIZE_ROWS = 16
-
-
-I8_REST = tuple(range(1, I8_TILE))
+I8_REST = tuple(range(1, I8_TILE))  # the row counts of a last tile
 
 
 @njit(**JIT)
@@ -280,8 +282,7 @@ def matvec_i8(q, scale, minv, mf, is_q4, x, out, threads):
     xd = np.empty((T, ng), dtype=np.float32)
     xsum = np.empty((T, ng), dtype=np.float32)
     if T >= PARALLEL_QUANTIZE_ROWS:
-        for t in prange(T):
-            quantize_rows(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xsum[t : t + 1])
+        quantize_rows_parallel(x, xq, xd, xsum)
     else:
         quantize_rows(x, xq, xd, xsum)
     xs4, xdf = spread4(xsum, mf), xd.reshape(T * ng)

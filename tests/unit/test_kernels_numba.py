@@ -347,6 +347,18 @@ def test_activation_quantization_matches_its_numpy_model(rng):
     np.testing.assert_array_equal(xsum, want_d * xq.reshape(3, 5, 32).sum(axis=2, dtype=np.int32).astype(np.float32))
 
 
+def test_a_prompt_quantized_on_all_threads_matches_its_numpy_model(rng):
+    # The int8 products quantize PARALLEL_QUANTIZE_ROWS rows or more a row a thread; a row is a row wherever it runs.
+    rows = numba_activations.PARALLEL_QUANTIZE_ROWS + 3
+    x = random_activations(rng, rows, 96)
+    xq, xd, xsum = np.empty(x.shape, np.int8), np.empty((rows, 3), np.float32), np.empty((rows, 3), np.float32)
+    numba_activations.quantize_rows_parallel(x, xq, xd, xsum)
+    want_q, want_d = quantize_activations(x)
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_array_equal(xd, want_d)
+    np.testing.assert_array_equal(xsum, want_d * xq.reshape(rows, 3, 32).sum(axis=2, dtype=np.int32).astype(np.float32))
+
+
 @pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 @pytest.mark.parametrize("case", BLOCKED_CASES)
