@@ -13,7 +13,8 @@ independent FMAs.
 An item of one row (decode) reads K and V rows in place from the cache instead (a copy would cost
 as much as the row's whole attention): LANES keys' scores at once, one accumulator each, reduced
 together by a transposing tree (`simd_attention.vsum_lanes`); then the V rows of each group of LANES keys
-for every head while they are in L1. The softmax's exp is `exp32` (vectorized).
+for every head while they are in L1, each head asking for its share of the rows PREFETCH_KEYS keys ahead
+(`_prefetch_head`). The softmax's exp is `exp32` (vectorized).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kernels.numba_jit import JIT
 from kernels.numba_math import exp32
 from kernels.simd import LANES
 from kernels.simd_attention import vfma_bcast, vfma_rows, vstore_rows, vsum_lanes
-from kernels.simd_vectors import vfma_s, vload, vscale, vstore, vzero_n
+from kernels.simd_vectors import prefetch, vfma_s, vload, vscale, vstore, vzero_n
 
 f32 = np.float32
 ROW_TILE = 16  # query rows per work item of a prefill
@@ -34,6 +35,9 @@ QT = 16  # query vectors per register tile of a prefill's scores and P.V
 # together: a decode row then reads each of its K/V rows whole (all kv heads side by side) instead of
 # a third of it per item. Fewer tiles keep an item per kv head, so that the threads have work.
 TILES_TOGETHER = 16
+# How far ahead of the keys it scores (or weighs) a decode row asks for their K (V) rows: the cache's old rows come
+# from DRAM, and in order they kept one core's reads at ~8 GB/s.
+PREFETCH_KEYS = 2 * LANES
 
 
 @njit(**JIT)
@@ -108,6 +112,18 @@ def _softmax(s, n):
         s[l] *= inv
 
 
+@njit(inline="always", **JIT)
+def _prefetch_head(a, offs, k0, n_keys, h, G, Dh):
+    """Ask the caches for query head h's share of keys k0 .. k0 + LANES - 1's rows of its kv head (keys from n_keys
+    on have none): the 64-byte lines j, j + G, ... of the kv head's Dh floats, j = h mod G, so that the G heads
+    of a kv head take its lines between them. Spread over the heads' loop: all at once, a group's lines overran
+    the core's outstanding misses."""
+    hd = (h // G) * Dh
+    for c in range((h % G) * 16, Dh, G * 16):
+        for key in range(k0, min(k0 + LANES, n_keys)):
+            prefetch(a, offs[key] + hd + c)
+
+
 @njit(error_model="numpy", **JIT)
 def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out):
     """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
@@ -131,6 +147,7 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs,
         for k0 in range(0, n_keys, LANES):
             group = offs[k0 : k0 + LANES]
             for h in range(n):
+                _prefetch_head(kf, offs, k0 + PREFETCH_KEYS, n_keys, h, G, Dh)
                 acc = vzero_n(LANES)
                 for c in range(0, Dh, LANES):
                     acc = vfma_rows(vload(qf, h * Dh + c), kf, group, (h // G) * Dh + c, acc)
@@ -151,6 +168,7 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs,
     for k0 in range(0, n_keys, LANES):  # a group's V rows serve every head while they are in L1
         k1 = min(k0 + LANES, n_keys)
         for h in range(n):
+            _prefetch_head(vf, offs, k0 + PREFETCH_KEYS, n_keys, h, G, Dh)
             hd = (h // G) * Dh
             for c in range(0, wide, 4 * LANES):
                 o = h * Dh + c
