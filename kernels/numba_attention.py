@@ -126,15 +126,12 @@ def _prefetch_head(a, offs, k0, n_keys, h, G, Dh):
 
 @njit(error_model="numpy", **JIT)
 def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out):
-    """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query
-    heads in groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the
-    block table. s [n, W], offs [W] (int64): W = n_keys rounded up to LANES.
-
-    Scores LANES keys at a time: one accumulator per key (independent FMAs, no chain of latencies),
-    the keys' sums reduced together by one transposing tree (`vsum_lanes`) instead of one horizontal
-    sum each. Then each group of LANES keys' V rows serves every head while it is in L1, a head's
-    output added up four vectors at a time (independent chains again). A head dim that is not a
-    multiple of LANES takes the scalar tail loops."""
+    """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query heads in
+    groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the block table. s [n, W],
+    offs [W] (int64): W = n_keys rounded up to LANES. Scores LANES keys at a time: one accumulator per key (no chain
+    of latencies), their sums reduced together by one transposing tree (`vsum_lanes`). Then each group of LANES
+    keys' V rows serves every head while it is in L1, a head's output added up four vectors at a time (independent
+    chains again). A head dim that is not a multiple of LANES takes the scalar tail loops."""
     n, Dh = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)

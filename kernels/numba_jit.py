@@ -14,8 +14,12 @@ from numba.core import caching
 # vectorizable float32 exp). `cache=True` keeps the machine code on disk next to the sources (__pycache__), so
 # only the first start on a machine compiles; `nogil` lets two engines run in two threads.
 JIT = dict(cache=True, fastmath={"nsz", "arcp", "contract", "reassoc"}, nogil=True)
-# For dequantization, which must equal `Weight.dequantize` bit for bit: no FMA contraction.
-JIT_EXACT = dict(cache=True, nogil=True)
+# For dequantization and the activations' quantization, which must equal their NumPy models bit for bit: no FMA
+# contraction, no reciprocals. `fastmath=False` said outright: numba compiles a callee that leaves fastmath unset
+# with its first caller's flags (`inherit_if_not_set`), so called first from a kernel under JIT, these took its
+# "arcp" and "contract" (amax / 127 became amax * (1 / 127), one ulp off in ~5% of blocks) and kept them for every
+# later caller, cache included.
+JIT_EXACT = dict(cache=True, fastmath=False, nogil=True)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Modules compiled into other files' kernels (intrinsics, helpers they call): every module of numba code that
