@@ -1,6 +1,6 @@
 """Activation rows prepared once per product for the matvec kernels (kernels/numba_linear.py,
 kernels/numba_linear_i8.py, kernels/numba_linear16.py): the sums of their groups, int8 quantization per 32-block
-(`quantize_rows`, `quantize_rows_parallel`), float32 as four int8 pieces per value (`split_rows`), the pair layout
+(`quantize_rows`, `quantized`), float32 as four int8 pieces per value (`split_rows`, `split`), the pair layout
 of the q4 int8 blocks, and group sums spread beside a block's mins. Compiled into those files' kernels
 (kernels/numba_jit.py lists it in `_INLINED`)."""
 
@@ -63,6 +63,21 @@ def quantize_rows_parallel(x, xq, xd, xsum):
         quantize_rows(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xsum[t : t + 1])
 
 
+@njit(**JIT_EXACT)
+def quantized(x):
+    """x [T, K] -> `quantize_rows`' (xq, xd, xsum), new arrays, on all the kernel threads from PARALLEL_QUANTIZE_ROWS
+    rows on."""
+    T, K = x.shape
+    xq = np.empty((T, K), dtype=np.int8)
+    xd = np.empty((T, K // 32), dtype=np.float32)
+    xsum = np.empty((T, K // 32), dtype=np.float32)
+    if T >= PARALLEL_QUANTIZE_ROWS:
+        quantize_rows_parallel(x, xq, xd, xsum)
+    else:
+        quantize_rows(x, xq, xd, xsum)
+    return xq, xd, xsum
+
+
 @njit(**JIT_EXACT)  # no reassociation or contraction: the pieces' remainders must be exact
 def split_rows(x, xp, xs, xsum):
     """x [T, K] -> four int8 pieces per value, xp flat [T * 4K] (per 32-block: p0[0:32], p1, p2, p3), and
@@ -118,6 +133,17 @@ def pair_layout(xq):
         dst[4 * h + 2] = a
         dst[4 * h + 3] = b
     return x2
+
+
+@njit(**JIT_EXACT)
+def split(x):
+    """x [T, K] -> `split_rows`' (xp, xs, xsum), new arrays."""
+    T, K = x.shape
+    xp = np.empty(T * 4 * K, dtype=np.int8)
+    xs = np.empty((T, K // 32), dtype=np.float32)
+    xsum = np.empty((T, K // 32), dtype=np.float32)
+    split_rows(x, xp, xs, xsum)
+    return xp, xs, xsum
 
 
 @njit(**JIT)

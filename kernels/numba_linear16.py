@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit, prange
 
-from kernels.numba_activations import PARALLEL_QUANTIZE_ROWS, quantize_rows, quantize_rows_parallel, split_rows
+from kernels.numba_activations import quantized, split
 from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
 from kernels.simd_dot import q4_x16_i8_tile, q4_x16_split_tile
@@ -92,13 +92,7 @@ def matvec_i8_x16(q, scale, minv, mf, x, out, threads):
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
-    xq = np.empty((T, K), dtype=np.int8)
-    xd = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    if T >= PARALLEL_QUANTIZE_ROWS:
-        quantize_rows_parallel(x, xq, xd, xsum)
-    else:
-        quantize_rows(x, xq, xd, xsum)
+    xq, xd, xsum = quantized(x)
     w = (q, scale, minv, minv.shape[0] == 0)
     xa = (xq.reshape(T * K), xd.reshape(T * ng), _times(xsum.reshape(T * ng), mf), False)
     nb = (N + 15) // 16
@@ -114,10 +108,7 @@ def matvec_q4_split_x16(q, scale, minv, mf, x, out, threads):
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
-    xp = np.empty(T * 4 * K, dtype=np.int8)
-    xs = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    split_rows(x, xp, xs, xsum)
+    xp, xs, xsum = split(x)
     w = (q, scale, minv, minv.shape[0] == 0)
     xa = (xp, xs.reshape(T * ng), _times(xsum.reshape(T * ng), mf), True)
     nb = (N + 15) // 16

@@ -34,14 +34,7 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit, prange
 
-from kernels.numba_activations import (
-    PARALLEL_QUANTIZE_ROWS,
-    pair_layout,
-    quantize_rows,
-    quantize_rows_parallel,
-    split_rows,
-    spread4,
-)
+from kernels.numba_activations import pair_layout, quantized, split, spread4
 from kernels.numba_block_out import add_mins, store4
 from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
@@ -260,10 +253,7 @@ def matvec_q4_split(q, scale, minv, mf, x, out, threads):
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
-    xp = np.empty(T * 4 * K, dtype=np.int8)
-    xs = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    split_rows(x, xp, xs, xsum)
+    xp, xs, xsum = split(x)
     xs4, xsf = spread4(xsum, mf), xs.reshape(T * ng)
     nb = (N + 3) // 4
     cb = chunk_blocks(ng, nb, threads)
@@ -278,13 +268,7 @@ def matvec_i8(q, scale, minv, mf, is_q4, x, out, threads):
     T, K = x.shape
     N = out.shape[1]
     ng = K // 32
-    xq = np.empty((T, K), dtype=np.int8)
-    xd = np.empty((T, ng), dtype=np.float32)
-    xsum = np.empty((T, ng), dtype=np.float32)
-    if T >= PARALLEL_QUANTIZE_ROWS:
-        quantize_rows_parallel(x, xq, xd, xsum)
-    else:
-        quantize_rows(x, xq, xd, xsum)
+    xq, xd, xsum = quantized(x)
     xs4, xdf = spread4(xsum, mf), xd.reshape(T * ng)
     pairs = is_q4 and not VNNI512
     xqf = pair_layout(xq) if pairs else xq.reshape(T * K)
