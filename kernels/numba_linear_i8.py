@@ -81,7 +81,7 @@ I8_REST = tuple(range(1, I8_TILE))  # the row counts of a last tile
 
 
 @njit(**JIT)
-def _quad_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+def _quad_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
     """q4 on AVX-512 VNNI: a block's four rows' group in one zmm a row of activations (`q4_quad_i8`)."""
     for blk in range(b0, b1):
         base = blk * ng * 4
@@ -112,7 +112,7 @@ def _quad_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng,
 
 
 @njit(**JIT)
-def _four_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+def _four_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
     """q4 on AVX2 without VNNI, several rows: a block's four rows' group sums in one vector a row of activations
     (`q4_four_i8`), so a tile of four rows keeps its accumulators and the unpacked group in the 16 registers."""
     for blk in range(b0, b1):
@@ -128,7 +128,7 @@ def _four_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng,
 
 
 @njit(**JIT)
-def _pair_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+def _pair_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
     """q4 otherwise: rows 0|1 and 2|3 two to a ymm (`q4_pair_i8`, activations in pair layout)."""
     for blk in range(b0, b1):
         base = blk * ng * 4
@@ -146,7 +146,7 @@ def _pair_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng,
 
 
 @njit(**JIT)
-def _q8_four_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+def _q8_four_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
     """q8 on AVX2 without AVX-512, several rows: a block's four rows' group sums in one vector a row of
     activations (`q8_four_i8`)."""
     for blk in range(b0, b1):
@@ -164,7 +164,7 @@ def _q8_four_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng,
 
 
 @njit(**JIT)
-def _q8_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
+def _q8_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
     """q8 otherwise: a row's group to a ymm."""
     for blk in range(b0, b1):
         base = blk * ng * 4
@@ -187,17 +187,18 @@ def _q8_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N
 def _i8_tile(q, scale, minv, packed, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N):
     """Rows ts of the int8 activations (at offsets rows in xq, their scales from xds in xd) times blocks
     b0 .. b1 - 1: each weight group is loaded and unpacked once for all the tile's rows. The path depends on
-    the weight kind, the CPU and whether the tile has several rows (a lone row keeps two or four accumulators)."""
+    the weight kind, the CPU and whether the tile has several rows (a lone row keeps two or four accumulators);
+    the min terms follow for them all."""
     if packed and VNNI512:
-        _quad_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
+        _quad_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N)
     elif packed and FOUR_I8 and len(rows) > 1:
-        _four_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
+        _four_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N)
     elif packed:
-        _pair_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
+        _pair_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N)
     elif FOUR_Q8 and len(rows) > 1:
-        _q8_four_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
+        _q8_four_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N)
     else:
-        _q8_i8_blocks(q, scale, minv, xq, xd, xs4, out, ts, rows, xds, b0, b1, ng, N)
+        _q8_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N)
     add_mins(out, minv, xs4, ts, xds, b0, b1, ng, N)
 
 
