@@ -34,6 +34,7 @@ from kernels import ACTIVATIONS, gate, host_ops, numba_amx, routes, simd_amx
 from kernels.attention_meta import AttentionMetadata
 from kernels.cpu import CpuCaps
 from kernels.host_ops import Scratch, prefill_operands, prefill_tile
+from kernels.huge_pages import HugePageArena
 from kernels.numba_amx_i8 import CONFIG as AMX_I8_CONFIG
 from kernels.numba_amx_i8 import matmul_amx_i8
 from kernels.numba_attention import paged_attention as paged_attention_kernel
@@ -212,6 +213,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         # The weight most recently prepared and its result, both weakly held: a tied embedding and
         # LM head (prepare_embedding then prepare_linear of one Weight) share one repacked copy.
         self._recent: tuple[weakref.ref, weakref.ref] | None = None
+        self._arena = HugePageArena()  # the blocked weights, which decode streams from memory every step
         here = CpuCaps.detect()
         if emulate_amx:
             here = replace(here, amx=True)
@@ -316,8 +318,10 @@ class NumbaBackend(host_ops.CpuHostOps):
 
     def _block(self, w: Weight, half: bool) -> Blocked:
         """A q4/q8 weight in the row blocks its routes read (routes.stripe_for: sixteen rows for q4 on AVX-512 VNNI
-        without AMX, where the sixteen-row kernels take every product; four elsewhere)."""
-        return (block_rows16 if routes.stripe_for(w.kind, self.caps) == STRIPE16 else block_rows)(w, half)
+        without AMX, where the sixteen-row kernels take every product; four elsewhere), in huge pages."""
+        b = (block_rows16 if routes.stripe_for(w.kind, self.caps) == STRIPE16 else block_rows)(w, half)
+        b.data, b.scale, b.min = (self._arena.copy(a) for a in (b.data, b.scale, b.min))
+        return b
 
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)

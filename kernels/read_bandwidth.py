@@ -24,6 +24,8 @@ def read_bandwidth(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> f
     previous = numba.get_num_threads()
     most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it at import
     numba.set_num_threads(max(1, min(threads, most)))
+    # A step's dynamic chunking (`begin_step`) would hand out the sum one element at a time.
+    chunksize = numba.set_parallel_chunksize(0)
     try:
         _sum(a)
         best = float("inf")
@@ -32,5 +34,6 @@ def read_bandwidth(threads: int, nbytes: int = 512 << 20, repeats: int = 5) -> f
             _sum(a)
             best = min(best, time.perf_counter() - start)
     finally:
+        numba.set_parallel_chunksize(chunksize)
         numba.set_num_threads(previous)
     return a.nbytes / best

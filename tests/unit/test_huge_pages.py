@@ -1,0 +1,70 @@
+"""The arena that holds the numba backend's blocked weights (kernels/huge_pages.py): exact copies, aligned and apart,
+in mappings the kernel may back with huge pages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.huge_pages import ALIGN, ARENA_CHUNK, HUGE_PAGE, HugePageArena
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _vma_fields(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if m := re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line):
+            inside = int(m.group(1), 16) <= address < int(m.group(2), 16)
+        elif inside and ":" in line:
+            key, value = line.split(":", 1)
+            fields[key] = value.strip()
+    return fields
+
+
+def test_copies_are_exact_aligned_and_do_not_overlap() -> None:
+    arena = HugePageArena()
+    rng = np.random.default_rng(0)
+    sources = [
+        rng.integers(0, 255, 1000, dtype=np.uint8),
+        rng.standard_normal(333).astype(np.float32),
+        rng.integers(0, 1 << 16, (7, 5), dtype=np.uint16),
+        rng.integers(0, 255, ARENA_CHUNK + 10, dtype=np.uint8),  # larger than a chunk: a mapping of its own
+        np.empty(0, np.uint16),
+    ]
+    copies = [arena.copy(a) for a in sources]
+    spans = []
+    for a, c in zip(sources, copies):
+        assert c.dtype == a.dtype and c.shape == a.shape and c.flags.c_contiguous
+        assert np.array_equal(c, a)
+        if a.size:
+            assert c.ctypes.data % ALIGN == 0
+            spans.append((c.ctypes.data, c.ctypes.data + c.nbytes))
+    spans.sort()
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    copies[0][:] = 0  # each copy is its own memory: writing one leaves the others and the sources alone
+    assert np.array_equal(copies[1], sources[1]) and sources[0].any()
+
+
+def test_a_new_chunk_starts_when_the_current_one_is_full() -> None:
+    arena = HugePageArena()
+    first = arena.copy(np.ones(ARENA_CHUNK - 100, np.uint8))
+    second = arena.copy(np.ones(1000, np.uint8))
+    assert second.ctypes.data % HUGE_PAGE == 0  # the start of a fresh mapping
+    assert not (first.ctypes.data <= second.ctypes.data < first.ctypes.data + first.nbytes)
+
+
+@pytest.mark.skipif(
+    not THP.exists() or "[never]" in THP.read_text(), reason="this kernel has transparent huge pages off or none"
+)
+def test_the_arena_is_eligible_for_huge_pages() -> None:
+    """The mapping is marked for huge pages (THPeligible); whether the kernel finds free 2 MiB pages at that moment
+    is the machine's state, not the arena's."""
+    copy = HugePageArena().copy(np.ones(3 * HUGE_PAGE, np.uint8))
+    fields = _vma_fields(copy.ctypes.data)
+    assert fields.get("THPeligible") == "1", fields
