@@ -22,9 +22,10 @@ CHUNK_GROUPS = 768
 ITEMS_PER_THREAD = 8
 # Weight bytes ahead of the group being read that a kernel asks the caches for (a software prefetch
 # per 64 bytes of weights): the hardware prefetchers alone do not keep enough lines in flight for a
-# one-row product over weights from DRAM, which then runs well below its speed from cache; a couple
-# of KB ahead covers the memory latency at that speed (`scripts/matvec_bench.py --copies N` compares).
-PREFETCH_BYTES = 2048
+# one-row product over weights from DRAM, which then runs well below its speed from cache. About the
+# memory latency times one thread's read rate; further is not better (2 KB read 4-6% slower than 1.5 KB
+# on Zen 2: docs/performance.md; `scripts/matvec_bench.py --copies N` compares).
+PREFETCH_BYTES = 1536
 
 
 @njit(**JIT)
