@@ -9,13 +9,13 @@ than inherit one another's ops.
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kernels.attention_meta import AttentionMetadata
+from kernels.huge_pages import zeroed_huge
 from kernels.row_sampling import logprob_rows as _logprob_rows
 from kernels.row_sampling import sample_rows as _sample_rows
 
@@ -52,18 +52,6 @@ def empty_kv_cache(
     if np.dtype(dtype) != np.float32:
         raise ValueError(f"the CPU backends keep the KV cache in float32, got dtype {np.dtype(dtype)}")
     return zeroed_huge((num_blocks, block_size, num_kv_heads, head_dim))
-
-
-def zeroed_huge(shape: tuple[int, ...]) -> np.ndarray:
-    """A zero float32 array in anonymous memory that the OS backs with transparent huge pages where it
-    can (`MADV_HUGEPAGE`; only 2 MiB stretches that get written take memory, as with `np.zeros`). A KV
-    cache grows into fresh memory a few slots at a time: in 4 KiB pages every few tokens of every
-    sequence took a page fault."""
-    size = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, size)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(buf, dtype=np.float32).reshape(shape)
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:

@@ -62,7 +62,8 @@ from kernels.simd_scales import (
 )
 from kernels.simd_vectors import (
     hsum,
-    prefetch,
+    prefetch_once,
+    prefetch_weights,
     tile_offsets,
     vfma_s,
     vzero,
@@ -89,7 +90,7 @@ def _f32_tile(q, scale, minv, G, packed, xf, xs4, out, ts, rows, xds, b0, b1, ng
             for g in range(ng):
                 s = (blk * ng + g) * 4 + j
                 if j == 0:
-                    prefetch(q, s * G // (2 if packed else 1) + PREFETCH_BYTES)
+                    prefetch_weights(q, s * G // (2 if packed else 1) + PREFETCH_BYTES, rows, F32_TILE)
                 if packed:
                     d = q4_dot32_tile(q, s * 16, xf, g * 32, rows)
                 elif G == 32:
@@ -116,7 +117,7 @@ def _f32_wide_tile(q, scale, minv, mf, G, packed, xf, out, t0, rows, b0, b1, ng,
                 for g in range(g0, min(ng, g0 + span)):
                     s = (blk * ng + g) * 4 + j
                     if j == 0:
-                        prefetch(q, s * G // (2 if packed else 1) + PREFETCH_BYTES)
+                        prefetch_weights(q, s * G // (2 if packed else 1) + PREFETCH_BYTES, rows, F32_TILE)
                     m = f32_at(minv, s) * mf if has_min else f32(0.0)
                     if packed:
                         a = q4_acc32_tile(q, s * 16, f32_at(scale, s), m, xf, g * 32, rows, a)
@@ -143,7 +144,7 @@ def _q4_rows(q, scale, minv, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * 32
             s = (blk * ng + g) * 4
             b = s * 16
-            prefetch(q, b + PREFETCH_BYTES)
+            prefetch_once(q, b + PREFETCH_BYTES)
             d0, d1, d2, d3 = f32x4_at(scale, s)
             a0 = vfma_s(q4_dot32(q, b, x, xi), d0, a0)
             a1 = vfma_s(q4_dot32(q, b + 16, x, xi), d1, a1)
@@ -161,10 +162,10 @@ def _q8_rows(q, scale, minv, G, x, xs4, out, t, b0, b1, ng, N):
             xi = (t * ng + g) * G
             s = (blk * ng + g) * 4
             b = s * G
-            prefetch(q, b + PREFETCH_BYTES)
+            prefetch_once(q, b + PREFETCH_BYTES)
             d0, d1, d2, d3 = f32x4_at(scale, s)
             if G == 32:
-                prefetch(q, b + PREFETCH_BYTES + 64)
+                prefetch_once(q, b + PREFETCH_BYTES + 64)
                 a0 = vfma_s(q8_dot32(q, b, x, xi), d0, a0)
                 a1 = vfma_s(q8_dot32(q, b + 32, x, xi), d1, a1)
                 a2 = vfma_s(q8_dot32(q, b + 64, x, xi), d2, a2)

@@ -62,7 +62,7 @@ from kernels.simd_vectors import (
     hsum,
     hsum_halves,
     hsum_quarters,
-    prefetch,
+    prefetch_weights,
     vzero_tile_of,
 )
 
@@ -92,18 +92,18 @@ def _quad_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
         while len(rows) < I8_TILE and g + 4 <= ng:
             s = base + g * 4
             sc = quad_scales4_tile(scale, s, xd, xds, g)
-            prefetch(q, s * 16 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16, xq, g * 32, rows), sc, 0, a)
-            prefetch(q, s * 16 + 64 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + 64 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 64, xq, g * 32 + 32, rows), sc, 1, a)
-            prefetch(q, s * 16 + 128 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + 128 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 128, xq, g * 32 + 64, rows), sc, 2, a)
-            prefetch(q, s * 16 + 192 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + 192 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_quad_acc_tile(q4_quad_i8_tile(q, s * 16 + 192, xq, g * 32 + 96, rows), sc, 3, a)
             g += 4
         while g < ng:
             s = base + g * 4
-            prefetch(q, s * 16 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_acc_tile(q4_quad_i8_tile(q, s * 16, xq, g * 32, rows), quad_scales(scale, s), xd, xds, g, a)
             g += 1
         for i in range(len(ts)):
@@ -120,7 +120,7 @@ def _four_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
         a = vzero_tile_of(rows, 8)
         for g in range(ng):
             s = base + g * 4
-            prefetch(q, s * 16 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_acc_tile(q4_four_i8_tile(q, s * 16, xq, g * 64, rows), four_scales(scale, s), xd, xds, g, a)
         for i in range(len(ts)):
             y0, y2, y1, y3 = hsum_quarters(a[i])
@@ -135,7 +135,7 @@ def _pair_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
         a01 = a23 = vzero_tile_of(rows, 8)
         for g in range(ng):
             s = base + g * 4
-            prefetch(q, s * 16 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + PREFETCH_BYTES, rows, I8_TILE)
             s01, s23 = pair_scales(scale, s, f32(1.0))
             a01 = scale_acc_tile(q4_pair_i8_tile(q, s * 16, xq, g * 64, rows), s01, xd, xds, g, a01)
             a23 = scale_acc_tile(q4_pair_i8_tile(q, s * 16 + 32, xq, g * 64, rows), s23, xd, xds, g, a23)
@@ -155,8 +155,8 @@ def _q8_four_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
         for g in range(ng):
             s = base + g * 4
             b = s * 32
-            prefetch(q, b + PREFETCH_BYTES)
-            prefetch(q, b + PREFETCH_BYTES + 64)
+            prefetch_weights(q, b + PREFETCH_BYTES, rows, I8_TILE)
+            prefetch_weights(q, b + PREFETCH_BYTES + 64, rows, I8_TILE)
             a = scale_acc_tile(q8_four_i8_tile(q, b, xq, g * 32, rows), twice_scales(scale, s), xd, xds, g, a)
         for i in range(len(ts)):
             y0, y1, y2, y3 = fold4(a[i])
@@ -172,8 +172,8 @@ def _q8_i8_blocks(q, scale, xq, xd, out, ts, rows, xds, b0, b1, ng, N):
         for g in range(ng):
             s = base + g * 4
             b = s * 32
-            prefetch(q, b + PREFETCH_BYTES)
-            prefetch(q, b + PREFETCH_BYTES + 64)
+            prefetch_weights(q, b + PREFETCH_BYTES, rows, I8_TILE)
+            prefetch_weights(q, b + PREFETCH_BYTES + 64, rows, I8_TILE)
             d0, d1, d2, d3 = f32x4_at(scale, s)
             a0 = scale_acc_tile(q8_dot32_i8_tile(q, b, xq, g * 32, rows), d0, xd, xds, g, a0)
             a1 = scale_acc_tile(q8_dot32_i8_tile(q, b + 32, xq, g * 32, rows), d1, xd, xds, g, a1)
@@ -211,7 +211,7 @@ def _split_tile(q, scale, minv, xp, xs, xs4, out, ts, rows, xds, b0, b1, ng, N):
         a = vzero_tile_of(rows, 16)
         for g in range(ng):
             s = base + g * 4
-            prefetch(q, s * 16 + PREFETCH_BYTES)
+            prefetch_weights(q, s * 16 + PREFETCH_BYTES, rows, I8_TILE)
             a = scale_acc_tile(q4_quad_split_tile(q, s * 16, xp, g * 128, rows), quad_scales(scale, s), xs, xds, g, a)
         for i in range(len(ts)):
             y0, y1, y2, y3 = hsum_quarters(a[i])

@@ -282,21 +282,46 @@ def fold4(typingctx, v):
     return ret(v), codegen
 
 
-@intrinsic
-def prefetch(typingctx, a, i):
-    """Ask the caches for the line holding a[i] (a software prefetch; no fault past the array's end)."""
-    check_flat(a)
+def _prefetch_codegen(a, locality):
+    """Codegen of a software prefetch of the line holding a[i]: locality 3 keeps it in every cache level (prefetcht0),
+    0 in the nearest only (prefetchnta)."""
 
     def codegen(context, builder, sig, args):
-        aa, i_ = args
+        aa, i_ = args[:2]
         ptr = builder.bitcast(flat_ptr(context, builder, a, aa, i_), ir.IntType(8).as_pointer())
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, IR_I32, IR_I32, IR_I32]), "llvm.prefetch.p0"
         )
-        builder.call(fn, [ptr, ir.Constant(IR_I32, 0), ir.Constant(IR_I32, 3), ir.Constant(IR_I32, 1)])
+        builder.call(fn, [ptr, ir.Constant(IR_I32, 0), ir.Constant(IR_I32, locality), ir.Constant(IR_I32, 1)])
         return context.get_dummy_value()
 
-    return types.none(a, i), codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, a, i):
+    """Ask the caches for the line holding a[i] (a software prefetch; no fault past the array's end)."""
+    check_flat(a)
+    return types.none(a, i), _prefetch_codegen(a, 3)
+
+
+@intrinsic
+def prefetch_once(typingctx, a, i):
+    """`prefetch` of a line read once (a lone activation row's weights): to the nearest cache only (prefetchnta), so
+    that a decode step's stream of weights does not push the step's other data and code out of the outer caches."""
+    check_flat(a)
+    return types.none(a, i), _prefetch_codegen(a, 0)
+
+
+@intrinsic
+def prefetch_weights(typingctx, a, i, rows, full):
+    """A weight line's prefetch for a tile of `rows` (a tuple) activation rows in a kernel whose tiles hold `full`
+    (a constant). A tile of fewer rows makes the product's only or last pass over these weights: `prefetch_once`.
+    A full tile's weights are read again by the next tile: `prefetch`, every level keeps them."""
+    check_flat(a)
+    if not isinstance(rows, types.BaseTuple) or not isinstance(full, types.IntegerLiteral):
+        return None
+    return types.none(a, i, rows, full), _prefetch_codegen(a, 0 if len(rows) < full.literal_value else 3)
 
 
 @intrinsic

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.huge_pages import ALIGN, ARENA_CHUNK, HUGE_PAGE, HugePageArena
+from kernels.huge_pages import ALIGN, ARENA_CHUNK, HUGE_PAGE, HugePageArena, zeroed_huge
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -62,9 +62,13 @@ def test_a_new_chunk_starts_when_the_current_one_is_full() -> None:
 @pytest.mark.skipif(
     not THP.exists() or "[never]" in THP.read_text(), reason="this kernel has transparent huge pages off or none"
 )
-def test_the_arena_is_eligible_for_huge_pages() -> None:
-    """The mapping is marked for huge pages (THPeligible); whether the kernel finds free 2 MiB pages at that moment
-    is the machine's state, not the arena's."""
+def test_the_arena_and_a_kv_cache_are_private_memory_eligible_for_huge_pages() -> None:
+    """The mappings are private (a shared anonymous mapping is shared memory, which stays in 4 KiB pages) and marked
+    for huge pages (THPeligible); whether the kernel finds free 2 MiB pages at that moment is the machine's state."""
     copy = HugePageArena().copy(np.ones(3 * HUGE_PAGE, np.uint8))
-    fields = _vma_fields(copy.ctypes.data)
-    assert fields.get("THPeligible") == "1", fields
+    cache = zeroed_huge((64, 16, 8, 64))
+    assert cache.dtype == np.float32 and cache.shape == (64, 16, 8, 64) and not cache.any()
+    cache[::2] = 1.0
+    for a in (copy, cache):
+        fields = _vma_fields(a.ctypes.data)
+        assert fields.get("THPeligible") == "1", fields
