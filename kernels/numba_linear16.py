@@ -16,7 +16,7 @@ from kernels.numba_jit import JIT
 from kernels.numba_tiling import PREFETCH_BYTES, chunk_blocks, tile_at
 from kernels.simd_dot import q4_x16_i8_tile, q4_x16_split_tile
 from kernels.simd_scales import x16_acc_min_tile, x16_acc_tile
-from kernels.simd_vectors import prefetch, vstore, vzero_tile_of
+from kernels.simd_vectors import prefetch_weights, vstore, vzero_tile_of
 
 # Activation rows that share each unpacked group of a 16-row block (`matvec_i8_x16`): a tile's float
 # accumulators, one zmm a row, beside the group's eight unpacked weight vectors.
@@ -48,10 +48,10 @@ def _x16_tile(w, xa, out, ts, rows, xds, b0, b1, ng, N):
         for g in range(ng):
             s = (blk * ng + g) * 16
             b = s * 16  # 256 bytes a group
-            prefetch(q, b + PREFETCH_BYTES)
-            prefetch(q, b + PREFETCH_BYTES + 64)
-            prefetch(q, b + PREFETCH_BYTES + 128)
-            prefetch(q, b + PREFETCH_BYTES + 192)
+            prefetch_weights(q, b + PREFETCH_BYTES, rows, X16_TILE)
+            prefetch_weights(q, b + PREFETCH_BYTES + 64, rows, X16_TILE)
+            prefetch_weights(q, b + PREFETCH_BYTES + 128, rows, X16_TILE)
+            prefetch_weights(q, b + PREFETCH_BYTES + 192, rows, X16_TILE)
             if split:
                 ints = q4_x16_split_tile(q, b, x, g * xg, rows)
             else:
