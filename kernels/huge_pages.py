@@ -69,7 +69,10 @@ class HugePageArena:
 
 
 def zeroed_huge(shape: tuple[int, ...]) -> np.ndarray:
-    """A zero float32 array in `huge_mapping` memory (the CPU backends' KV caches). A KV cache grows into fresh
-    memory a few slots at a time: in 4 KiB pages every few tokens of every sequence took a page fault."""
+    """A zero float32 array (the CPU backends' KV caches), in `huge_mapping` memory from one huge page up. A KV cache
+    grows into fresh memory a few slots at a time: in 4 KiB pages every few tokens of every sequence took a page
+    fault. A smaller array stays in plain pages, where a huge one would take more memory than the array holds."""
     n = int(np.prod(shape))
+    if n * 4 < HUGE_PAGE:
+        return np.zeros(shape, dtype=np.float32)
     return huge_mapping(n * 4)[: n * 4].view(np.float32).reshape(shape)

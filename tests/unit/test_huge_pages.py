@@ -66,9 +66,21 @@ def test_the_arena_and_a_kv_cache_are_private_memory_eligible_for_huge_pages() -
     """The mappings are private (a shared anonymous mapping is shared memory, which stays in 4 KiB pages) and marked
     for huge pages (THPeligible); whether the kernel finds free 2 MiB pages at that moment is the machine's state."""
     copy = HugePageArena().copy(np.ones(3 * HUGE_PAGE, np.uint8))
-    cache = zeroed_huge((64, 16, 8, 64))
-    assert cache.dtype == np.float32 and cache.shape == (64, 16, 8, 64) and not cache.any()
+    cache = zeroed_huge((256, 16, 8, 64))  # 8 MiB
+    assert cache.dtype == np.float32 and cache.shape == (256, 16, 8, 64) and not cache.any()
     cache[::2] = 1.0
     for a in (copy, cache):
         fields = _vma_fields(a.ctypes.data)
         assert fields.get("THPeligible") == "1", fields
+
+
+@pytest.mark.skipif(
+    not THP.exists() or "[madvise]" not in THP.read_text(),
+    reason="only where huge pages come on advice (THP `madvise`) does Forge choose them; `always` gives them to all",
+)
+def test_a_kv_cache_under_one_huge_page_is_not_advised_to_take_them() -> None:
+    """A 1.5 MiB cache (a small KV budget's layer) would take a whole 2 MiB page once touched."""
+    cache = zeroed_huge((48, 16, 8, 64))
+    assert cache.nbytes < HUGE_PAGE and not cache.any()
+    cache[0] = 1.0
+    assert _vma_fields(cache.ctypes.data).get("THPeligible") == "0"
