@@ -11,9 +11,11 @@ products on register tiles (`_attend_rows`): every loaded vector of keys or valu
 independent FMAs.
 
 An item of one row (decode) reads K and V rows in place from the cache instead (a copy would cost
-as much as the row's whole attention): LANES keys' scores at once, one accumulator each, reduced
-together by a transposing tree (`simd_attention.vsum_lanes`); then the V rows of each group of LANES keys
-for every head while they are in L1, each head asking for its share of the rows PREFETCH_KEYS keys ahead
+as much as the row's whole attention). A step of a few decode rows cuts each row's keys into spans, an item
+each with every head (`_spans`), and weighs the spans' outputs by their log-sum-exp (`_combine_spans`). Within
+an item: LANES keys' scores at once, one accumulator each, reduced together by a transposing tree
+(`simd_attention.vsum_lanes`); then the V rows of each group of LANES keys for every head while they are in
+L1, each head asking for its share of the rows PREFETCH_KEYS keys ahead
 (`_prefetch_head`). The softmax's exp is `exp32` (vectorized).
 """
 
@@ -35,6 +37,11 @@ QT = 16  # query vectors per register tile of a prefill's scores and P.V
 # together: a decode row then reads each of its K/V rows whole (all kv heads side by side) instead of
 # a third of it per item. Fewer tiles keep an item per kv head, so that the threads have work.
 TILES_TOGETHER = 16
+# A step of fewer than TILES_TOGETHER decode rows splits each row's keys into up to SPLITS work items of at least
+# SPLIT_KEYS keys (block multiples), each with every head: whole K/V rows front to back, which the prefetchers follow,
+# where an item per kv head read a quarter of every row (1B heads, K/V from DRAM: docs/performance.md).
+SPLITS = 4
+SPLIT_KEYS = 64
 # How far ahead of the keys it scores (or weighs) a decode row asks for their K (V) rows: the cache's old rows come
 # from DRAM, and in order they kept one core's reads at ~8 GB/s.
 PREFETCH_KEYS = 2 * LANES
@@ -98,7 +105,8 @@ def _attend_rows(qf, of, kt, v, qoffs, vis, nq, scale, s, soffs):
 
 @njit(error_model="numpy", **JIT)
 def _softmax(s, n):
-    """s[:n] = softmax(s[:n]) in place."""
+    """s[:n] = softmax(s[:n]) in place; returns log(sum(exp(s[:n]))) of the input, which weighs this softmax's
+    output against another's over other keys (`_combine_spans`)."""
     mx = s[0]
     for l in range(1, n):
         mx = max(mx, s[l])
@@ -110,6 +118,7 @@ def _softmax(s, n):
     inv = f32(1.0) / total
     for l in range(n):
         s[l] *= inv
+    return mx + np.log(total)
 
 
 @njit(inline="always", **JIT)
@@ -125,13 +134,13 @@ def _prefetch_head(a, offs, k0, n_keys, h, G, Dh):
 
 
 @njit(error_model="numpy", **JIT)
-def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out):
+def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out, lse):
     """One query row: out [n, Dh] = softmax(scale * q [n, Dh] . K[:n_keys]) @ V[:n_keys] for n query heads in
-    groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the block table. s [n, W],
-    offs [W] (int64): W = n_keys rounded up to LANES. Scores LANES keys at a time: one accumulator per key (no chain
-    of latencies), their sums reduced together by one transposing tree (`vsum_lanes`). Then each group of LANES
-    keys' V rows serves every head while it is in L1, a head's output added up four vectors at a time (independent
-    chains again). A head dim that is not a multiple of LANES takes the scalar tail loops."""
+    groups of G per kv head, from kv head kv0 on, reading K and V rows in place through the block table; lse [n] the
+    heads' log-sum-exp of the scaled scores. s [n, W], offs [W] (int64): W = n_keys rounded up to LANES. Scores LANES
+    keys at a time: one accumulator per key (no chain of latencies), their sums reduced together by one transposing
+    tree (`vsum_lanes`). Then each group of LANES keys' V rows serves every head while it is in L1, a head's output
+    added up four vectors at a time (independent chains again). A head dim not a multiple of LANES: scalar loops."""
     n, Dh = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     kf, vf = k_cache.reshape(-1), v_cache.reshape(-1)
@@ -158,7 +167,7 @@ def _attend_in_place(q, k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs,
                     dot += qf[h * Dh + d] * kf[base + d]
                 sf[h * W + l] = dot * scale
     for h in range(n):
-        _softmax(s[h], n_keys)
+        lse[h] = _softmax(s[h], n_keys)
     wide = Dh - Dh % (4 * LANES)
     full = Dh - Dh % LANES
     of[:] = 0.0
@@ -218,21 +227,10 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
     n_keys = start + (i1 - r0)  # keys visible to the tile's last row
     if i1 - i0 == 1:
         width = (n_keys + LANES - 1) // LANES * LANES
-        s = np.empty(((kv1 - kv0) * G, width), dtype=np.float32)
-        offs = np.empty(width, dtype=np.int64)
-        _attend_in_place(
-            q[i0, kv0 * G : kv1 * G],
-            k_cache,
-            v_cache,
-            block_tables[b],
-            kv0,
-            G,
-            n_keys,
-            scale,
-            s,
-            offs,
-            out[i0, kv0 * G : kv1 * G],
-        )
+        h0, h1 = kv0 * G, kv1 * G
+        s, offs, lse = np.empty((h1 - h0, width), np.float32), np.empty(width, np.int64), np.empty(h1 - h0, np.float32)
+        table = block_tables[b]
+        _attend_in_place(q[i0, h0:h1], k_cache, v_cache, table, kv0, G, n_keys, scale, s, offs, out[i0, h0:h1], lse)
         return
     # Row stride of K^T and the scores: whole vectors, an odd number of them so that a column's values
     # (one per head dim, or per query) fall in different cache sets (a power-of-two stride keeps them
@@ -261,15 +259,77 @@ def _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, o
         _attend_rows(q.reshape(-1), out.reshape(-1), kt, v, qoffs, vis, nq, scale, s, soffs)
 
 
+@njit(**JIT)
+def _spans(context_lens, bs):
+    """Decode rows split over their keys: each sequence's keys a work item (a multiple of the block size bs, up to
+    SPLITS of them) and each sequence's first item ([B + 1], cumulative)."""
+    B = context_lens.shape[0]
+    span = np.empty(B, dtype=np.int64)
+    first = np.zeros(B + 1, dtype=np.int64)
+    for b in range(B):
+        c = context_lens[b]
+        span[b] = -(-max(SPLIT_KEYS, -(-c // SPLITS)) // bs) * bs
+        first[b + 1] = first[b] + -(-c // span[b])
+    return span, first
+
+
+@njit(**JIT)
+def _span(q, k_cache, v_cache, context_lens, block_tables, scale, span, first, item, part, lse):
+    """Work item `item` of `_spans`: its sequence's one query row against the item's keys, every head (whole K/V
+    rows, front to back), normalized over those keys -> part[item] [H, Dh] and their log-sum-exp lse[item] [H]."""
+    b = np.searchsorted(first, item, side="right") - 1
+    k0 = (item - first[b]) * span[b]
+    n_keys = min(span[b], context_lens[b] - k0)
+    H = q.shape[1]
+    width = (n_keys + LANES - 1) // LANES * LANES
+    s, offs = np.empty((H, width), dtype=np.float32), np.empty(width, dtype=np.int64)
+    table = block_tables[b, k0 // k_cache.shape[1] :]
+    G = H // k_cache.shape[2]
+    _attend_in_place(q[b], k_cache, v_cache, table, 0, G, n_keys, scale, s, offs, part[item], lse[item])
+
+
+@njit(**JIT)
+def _combine_spans(first, part, lse, out):
+    """out[b] = each head's outputs over its sequence's spans, weighed by exp(lse): the softmax over all the keys."""
+    Dh = part.shape[2]
+    for b in range(first.shape[0] - 1):
+        for h in range(part.shape[1]):
+            top = lse[first[b], h]
+            for i in range(first[b] + 1, first[b + 1]):
+                top = max(top, lse[i, h])
+            row = out[b, h]
+            row[:] = 0.0
+            total = f32(0.0)
+            for i in range(first[b], first[b + 1]):
+                w = exp32(lse[i, h] - top)
+                total += w
+                for d in range(Dh):
+                    row[d] += w * part[i, h, d]
+            inv = f32(1.0) / total
+            for d in range(Dh):
+                row[d] *= inv
+
+
 @njit(parallel=True, **JIT)
 def paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out):
     """q [T, H, Dh] -> out [T, H, Dh]: causal attention of each sequence's new rows over its paged context.
 
     Query row i of sequence b (n new rows, context c) sits at position c - n + i and sees keys 0..c-n+i.
-    Work items: (row tile, kv head), or row tiles with all their kv heads from TILES_TOGETHER tiles on.
+    Work items: with decode rows only (one new row a sequence) and fewer than TILES_TOGETHER of them, spans of a
+    sequence's keys with all heads (`_spans`), then one pass that combines each sequence's spans; otherwise (row tile,
+    kv head), or row tiles with all their kv heads from TILES_TOGETHER tiles on.
     """
     tiles = _tiles(query_start)
     Hkv = k_cache.shape[2]
+    B = context_lens.shape[0]
+    if q.shape[0] == B and B < TILES_TOGETHER:
+        span, first = _spans(context_lens, k_cache.shape[1])
+        part = np.empty((first[-1], q.shape[1], q.shape[2]), dtype=np.float32)
+        lse = np.empty((first[-1], q.shape[1]), dtype=np.float32)
+        for item in prange(first[-1]):
+            _span(q, k_cache, v_cache, context_lens, block_tables, scale, span, first, item, part, lse)
+        _combine_spans(first, part, lse, out)
+        return
     if tiles[-1] >= TILES_TOGETHER:  # many tiles: each reads its K/V rows whole, every kv head at once
         for tile in prange(tiles[-1]):
             _tile(q, k_cache, v_cache, query_start, context_lens, block_tables, scale, out, tiles, tile, 0, Hkv)

@@ -168,6 +168,14 @@ def split_attention(q_shape: tuple[int, ...], cache_shape: tuple[int, ...], meta
     return tables, ctx, qs, kernel, long, (rows, s_qs, ctx[keep], np.ascontiguousarray(tables[keep]))
 
 
+def _blocked(w: Weight, half: bool, caps: CpuCaps, arena: HugePageArena) -> Blocked:
+    """A q4/q8 weight in the row blocks its routes read (routes.stripe_for: sixteen rows for q4 on AVX-512 VNNI
+    without AMX, where the sixteen-row kernels take every product; four elsewhere), its arrays in `arena`."""
+    b = (block_rows16 if routes.stripe_for(w.kind, caps) == STRIPE16 else block_rows)(w, half)
+    b.data, b.scale, b.min = (arena.copy(a) for a in (b.data, b.scale, b.min))
+    return b
+
+
 class NumbaBackend(host_ops.CpuHostOps):
     """Compiled CPU kernels over quantized weights; `threads` parallel workers per kernel.
 
@@ -264,8 +272,9 @@ class NumbaBackend(host_ops.CpuHostOps):
         q8_16 = Weight("q8", q8.data, np.full((8, 4), 0.25, np.float32), None, 16)
         with_min = Weight("q8", q8.data, q8.scale, q8.scale, 32)
         parts = (q8, with_min, q8.to_q4(), with_min.to_q4(), q8_16)
+        arena = HugePageArena()  # the model's weights' arena holds nothing of these
         weights = [
-            Linear(w.shape, self._block(w, half=dtype == np.uint16))
+            Linear(w.shape, _blocked(w, dtype == np.uint16, self.caps, arena))
             for dtype in sorted(self.scale_dtypes or {np.dtype(np.float32)}, key=str)
             for w in parts
         ]
@@ -307,7 +316,7 @@ class NumbaBackend(host_ops.CpuHostOps):
         if self._recent is not None and self._recent[0]() is w.data and (lin := self._recent[1]()) is not None:
             return lin
         if w.kind in ("q4", "q8"):
-            blocked = self._block(w, self.caps.f16c and half_exact(w))
+            blocked = _blocked(w, self.caps.f16c and half_exact(w), self.caps, self._arena)
             lin = Linear(w.shape, blocked)
             self.scale_dtypes.add(blocked.scale.dtype)
         else:
@@ -315,13 +324,6 @@ class NumbaBackend(host_ops.CpuHostOps):
         self.forms.add(lin.form)
         self._recent = (weakref.ref(w.data), weakref.ref(lin))
         return lin
-
-    def _block(self, w: Weight, half: bool) -> Blocked:
-        """A q4/q8 weight in the row blocks its routes read (routes.stripe_for: sixteen rows for q4 on AVX-512 VNNI
-        without AMX, where the sixteen-row kernels take every product; four elsewhere), in huge pages."""
-        b = (block_rows16 if routes.stripe_for(w.kind, self.caps) == STRIPE16 else block_rows)(w, half)
-        b.data, b.scale, b.min = (self._arena.copy(a) for a in (b.data, b.scale, b.min))
-        return b
 
     def prepare_embedding(self, w: Weight) -> Linear:
         return self.prepare_linear(w)

@@ -271,6 +271,28 @@ def test_decode_attention_reads_the_cache_in_place_on_model_shapes(be, rng, monk
     np.testing.assert_allclose(got, naive_attention(case, 0.125), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_a_few_decode_rows_split_their_keys_and_combine_to_the_softmax_over_all(be, rng, monkeypatch, block_size):
+    # Fewer than TILES_TOGETHER decode rows take the parallel kernel's spans of keys (every head an item, the spans'
+    # outputs weighed by their log-sum-exp): one span, spans on and off the block and span edges, SPLITS of them.
+    from _attention_cases import make_case
+    from test_kernels_numpy import naive_attention
+
+    monkeypatch.setattr("kernels.numba_backend.SERIAL_ATTENTION_DOTS", 0)
+    contexts = [1, 31, 32, 33, 170, 1000, 1025]
+    case = make_case(rng, [(1, c) for c in contexts], heads=32, kv_heads=8, head_dim=64, block_size=block_size)
+    meta = case.meta()
+    be.write_kv(case.k_cache, case.v_cache, case.k_new, case.v_new, meta.slot_mapping)
+    got = be.paged_attention(case.q, case.k_cache, case.v_cache, meta, 0.125)
+    assert meta.plan[3] is numba_attention.paged_attention and len(contexts) < numba_attention.TILES_TOGETHER
+    np.testing.assert_allclose(got, naive_attention(case, 0.125), rtol=1e-5, atol=1e-5)
+    span, first = numba_attention._spans(np.array(contexts, np.int32), block_size)
+    items = np.diff(first)
+    assert (span % block_size == 0).all() and (span >= numba_attention.SPLIT_KEYS).all()
+    assert (items <= numba_attention.SPLITS).all() and items[-1] == numba_attention.SPLITS
+    assert (span * items >= contexts).all() and (span * (items - 1) < contexts).all()
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim"),
     [(4, 4, 24), (8, 2, 80), (6, 3, 40), (32, 8, 64), (4, 1, 128)],
